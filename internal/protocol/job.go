@@ -1,0 +1,66 @@
+package protocol
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// MaxJobBytes bounds one encoded job; DecodeJob refuses larger input.
+const MaxJobBytes = 4 << 20
+
+// EncodeJob returns the wire form of j, stamping the current JobVersion.
+func EncodeJob(j Job) ([]byte, error) {
+	j.Version = JobVersion
+	b, err := json.Marshal(j)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: encode job %s: %w", j.RequestID, err)
+	}
+	return b, nil
+}
+
+// DecodeJob parses and checks a job read from a queue. It never panics; an
+// input it cannot accept gives an error wrapping ErrMalformed, and such a
+// job belongs in the dead-letter queue.
+func DecodeJob(b []byte) (Job, error) {
+	if len(b) > MaxJobBytes {
+		return Job{}, fmt.Errorf("%w: job of %d bytes exceeds %d", ErrMalformed, len(b), MaxJobBytes)
+	}
+	var j Job
+	if err := strictUnmarshal(b, &j); err != nil {
+		return Job{}, fmt.Errorf("%w: job: %v", ErrMalformed, err)
+	}
+	if j.Version != JobVersion {
+		return Job{}, fmt.Errorf("%w: job version %d, want %d", ErrMalformed, j.Version, JobVersion)
+	}
+	if j.RequestID == "" || len(j.RequestID) > 128 || !validIDChars(j.RequestID) {
+		return Job{}, fmt.Errorf("%w: job request_id %q", ErrMalformed, j.RequestID)
+	}
+	if j.Deadline.IsZero() || j.EnqueueTime.IsZero() {
+		return Job{}, fmt.Errorf("%w: job %s lacks enqueue_time or deadline", ErrMalformed, j.RequestID)
+	}
+	if err := validateMessages(j.Payload.Messages, maxMessagesHardLimit); err != nil {
+		return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
+	}
+	return j, nil
+}
+
+// validIDChars reports whether s uses only the characters allowed in user
+// and request identifiers: A-Z a-z 0-9 . _ : @ -
+func validIDChars(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '.', c == '_', c == ':', c == '@', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// ValidUserID reports whether s is an acceptable X-User-ID: 1 to 128
+// characters of A-Z a-z 0-9 . _ : @ -
+func ValidUserID(s string) bool {
+	return len(s) >= 1 && len(s) <= 128 && validIDChars(s)
+}

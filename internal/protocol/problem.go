@@ -1,0 +1,65 @@
+package protocol
+
+import "fmt"
+
+// ProblemTypeBase prefixes every problem `type` URI Spillway writes.
+const ProblemTypeBase = "https://spillway.dev/errors/"
+
+// Problem type slugs. The full `type` is ProblemTypeBase + slug.
+const (
+	ProblemBadRequest          = "bad-request"
+	ProblemUnauthorized        = "unauthorized"
+	ProblemNotFound            = "not-found"
+	ProblemMethodNotAllowed    = "method-not-allowed"
+	ProblemBodyTooLarge        = "body-too-large"
+	ProblemUnsupportedMedia    = "unsupported-media-type"
+	ProblemRateLimited         = "rate-limited"
+	ProblemPoolExhausted       = "pool-exhausted"
+	ProblemQueueOverflow       = "queue-overflow"
+	ProblemQueueTimeout        = "queue-timeout"
+	ProblemQueueUnavailable    = "queue-unavailable"
+	ProblemProviderError       = "provider-error"
+	ProblemProviderUnavailable = "provider-unavailable"
+	ProblemWorkerLost          = "worker-lost"
+	ProblemShuttingDown        = "shutting-down"
+	ProblemSlowClient          = "slow-client"
+	ProblemInternal            = "internal"
+)
+
+// Problem is an RFC 9457 problem document. It is what a refused request
+// gets as application/problem+json and what an `error` SSE event carries.
+// Detail is written for the client on purpose; internal error text never
+// goes into it.
+type Problem struct {
+	Type              string `json:"type"`
+	Title             string `json:"title"`
+	Status            int    `json:"status"`
+	Detail            string `json:"detail,omitempty"`
+	Instance          string `json:"instance,omitempty"`
+	RetryAfterSeconds int    `json:"retry_after_seconds,omitempty"`
+}
+
+// NewProblem returns a problem of the given slug, title, status and detail.
+func NewProblem(slug, title string, status int, detail string) *Problem {
+	return &Problem{Type: ProblemTypeBase + slug, Title: title, Status: status, Detail: detail}
+}
+
+// Error makes *Problem usable as an error that carries its own client text.
+func (p *Problem) Error() string {
+	return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail)
+}
+
+// WithRetryAfter returns a copy of p advising a retry after secs seconds.
+func (p *Problem) WithRetryAfter(secs int) *Problem {
+	c := *p
+	c.RetryAfterSeconds = secs
+	return &c
+}
+
+// Slug returns the last part of the problem type ("queue-timeout").
+func (p *Problem) Slug() string {
+	if len(p.Type) > len(ProblemTypeBase) && p.Type[:len(ProblemTypeBase)] == ProblemTypeBase {
+		return p.Type[len(ProblemTypeBase):]
+	}
+	return p.Type
+}

@@ -1,0 +1,69 @@
+// Package protocol owns the wire formats between the api and the workers: the
+// request body, the job message, the result-channel messages and the SSE
+// event payloads. It is pure: no I/O, no clocks, no globals that change.
+package protocol
+
+import (
+	"time"
+)
+
+// Message is one chat message.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// ChatRequest is a validated streaming request: the body of POST /v1/stream
+// after DecodeChatRequest, and the payload of a queued Job.
+type ChatRequest struct {
+	Messages    []Message `json:"messages"`
+	Model       string    `json:"model,omitempty"`
+	MaxTokens   int       `json:"max_tokens,omitempty"`
+	Temperature *float64  `json:"temperature,omitempty"`
+	ThreadID    string    `json:"thread_id,omitempty"`
+}
+
+// Usage counts tokens of one answer, in the OpenAI shape.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
+}
+
+// Chunk is one piece of an answer with its sequence number, counted from 1
+// within one attempt.
+type Chunk struct {
+	Seq     int    `json:"seq"`
+	Content string `json:"content"`
+}
+
+// Done is the payload of the terminal SSE `done` event and of SIGNAL:DONE.
+type Done struct {
+	RequestID    string `json:"request_id,omitempty"`
+	FinishReason string `json:"finish_reason,omitempty"`
+	Path         string `json:"path,omitempty"`
+	Usage        *Usage `json:"usage,omitempty"`
+}
+
+// Reset is the payload of the SSE `reset` event and of SIGNAL:RESET: the
+// chunks so far are void and attempt Attempt starts again at sequence 1.
+type Reset struct {
+	Attempt int `json:"attempt"`
+}
+
+// JobVersion is the version of the Job wire format this package writes.
+const JobVersion = 1
+
+// Job is a queued request as it travels through Redis Streams or Kafka.
+type Job struct {
+	Version   int         `json:"v"`
+	RequestID string      `json:"request_id"`
+	UserID    string      `json:"user_id"`
+	ThreadID  string      `json:"thread_id,omitempty"`
+	Payload   ChatRequest `json:"payload"`
+	// EnqueueTime is when the api accepted the job.
+	EnqueueTime time.Time `json:"enqueue_time"`
+	// Deadline is the latest time a worker may start the job; after it the
+	// client has been told queue-timeout and the job is skipped.
+	Deadline time.Time `json:"deadline"`
+}
