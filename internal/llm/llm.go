@@ -1,0 +1,65 @@
+// Package llm owns the model providers: the Provider interface, an
+// OpenAI-compatible streaming client and the deterministic in-process
+// simulator used by embedded mode, simllm, tests and the load tool.
+package llm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// Provider streams one answer.
+//
+// Stream calls emit once per chunk, in order, from the calling goroutine,
+// and returns when the answer is complete, when emit returns an error (which
+// Stream then returns, wrapped), or promptly (well under a second) after ctx
+// ends, returning an error that wraps ctx.Err(). Implementations are safe for
+// concurrent use. On failure the returned error is an *Error when the
+// provider knows whether a retry may help.
+type Provider interface {
+	Name() string
+	Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error)
+}
+
+// Result describes a completed answer.
+type Result struct {
+	FinishReason string // "stop" or "length"
+	Usage        protocol.Usage
+}
+
+// Error is a provider failure that says whether a retry may succeed.
+type Error struct {
+	Retryable  bool
+	Status     int           // upstream HTTP status, 0 when none
+	RetryAfter time.Duration // upstream Retry-After, 0 when none
+	Err        error
+}
+
+// Error describes the failure for logs; it is never shown to clients.
+func (e *Error) Error() string {
+	kind := "permanent"
+	if e.Retryable {
+		kind = "retryable"
+	}
+	if e.Status != 0 {
+		return fmt.Sprintf("llm: %s error (status %d): %v", kind, e.Status, e.Err)
+	}
+	return fmt.Sprintf("llm: %s error: %v", kind, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// IsRetryable reports whether err is a provider failure a retry may cure.
+// Context cancellation is never retryable.
+func IsRetryable(err error) bool {
+	if errors.Is(err, context.Canceled) {
+		return false
+	}
+	var e *Error
+	return errors.As(err, &e) && e.Retryable
+}

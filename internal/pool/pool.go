@@ -1,0 +1,40 @@
+// Package pool owns the concurrency slots that bound calls to the provider:
+// a global limit and a per-user limit, with a local backend and a
+// Redis-backed distributed one.
+package pool
+
+import (
+	"context"
+	"errors"
+)
+
+// Sentinel errors of TryAcquire and Acquire.
+var (
+	// ErrPoolExhausted means every global slot is taken.
+	ErrPoolExhausted = errors.New("pool: all slots in use")
+	// ErrUserLimit means the user holds CONNECTION_POOL_PER_USER slots already.
+	ErrUserLimit = errors.New("pool: per-user limit reached")
+)
+
+// Lease is one held slot. Release is idempotent and safe to call from any
+// goroutine; after the first call it does nothing.
+type Lease interface {
+	Release()
+}
+
+// Pool hands out slots. Implementations are safe for concurrent use.
+//
+// TryAcquire never waits: it returns a lease, or an error wrapping
+// ErrPoolExhausted or ErrUserLimit. Acquire waits until a slot is free or ctx
+// ends (then it returns an error wrapping ctx.Err()).
+type Pool interface {
+	TryAcquire(ctx context.Context, user string) (Lease, error)
+	Acquire(ctx context.Context, user string) (Lease, error)
+	Stats() Stats
+}
+
+// Stats is a snapshot of the pool for metrics.
+type Stats struct {
+	InUse    int
+	Capacity int
+}
