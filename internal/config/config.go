@@ -1,0 +1,122 @@
+// Package config owns Spillway's one typed configuration: its defaults, how
+// it is read from the environment and an optional YAML file (env wins), and
+// its validation at start.
+package config
+
+// Config is every setting of the api, consumer and simllm processes. Env
+// names and defaults are the contract in DESIGN.md; the yaml key of each
+// field is its env name in lower case.
+type Config struct {
+	// HTTPAddr is the api listen address. Default ":8080".
+	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
+	// ConsumerHTTPAddr serves the consumer's /metrics and /healthz. Default ":9090".
+	ConsumerHTTPAddr string `env:"CONSUMER_HTTP_ADDR" envDefault:":9090"`
+	// RedisURL is a redis:// or rediss:// URL; empty means embedded mode.
+	RedisURL string `env:"REDIS_URL"`
+
+	// QueueType is "redis" or "kafka". Default "redis".
+	QueueType string `env:"QUEUE_TYPE" envDefault:"redis"`
+	// KafkaBrokers lists host:port brokers, needed when QueueType is kafka.
+	KafkaBrokers []string `env:"KAFKA_BROKERS" envSeparator:","`
+
+	// QueueFailoverEnabled off makes a full pool answer 503. Default true.
+	QueueFailoverEnabled bool `env:"QUEUE_FAILOVER_ENABLED" envDefault:"true"`
+	// DirectPathEnabled off sends every request through the queue. Default true.
+	DirectPathEnabled bool `env:"DIRECT_PATH_ENABLED" envDefault:"true"`
+	// QueueFailoverTimeoutSeconds is the longest wait for a worker to start a job. Default 30.
+	QueueFailoverTimeoutSeconds int `env:"QUEUE_FAILOVER_TIMEOUT_SECONDS" envDefault:"30"`
+	// QueueFailoverMaxRetries is provider retries before dead-letter. Default 5.
+	QueueFailoverMaxRetries int `env:"QUEUE_FAILOVER_MAX_RETRIES" envDefault:"5"`
+	// QueueFailoverBaseDelayMS is the first backoff delay. Default 100.
+	QueueFailoverBaseDelayMS int `env:"QUEUE_FAILOVER_BASE_DELAY_MS" envDefault:"100"`
+	// QueueFailoverMaxDelayMS caps the backoff delay. Default 5000.
+	QueueFailoverMaxDelayMS int `env:"QUEUE_FAILOVER_MAX_DELAY_MS" envDefault:"5000"`
+	// QueueFailoverChunkBatchSize is chunks per published batch. Default 5.
+	QueueFailoverChunkBatchSize int `env:"QUEUE_FAILOVER_CHUNK_BATCH_SIZE" envDefault:"5"`
+	// QueueFailoverChunkBatchTimeoutMS flushes a partial batch after this long. Default 100.
+	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
+	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
+	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
+	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
+	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`
+	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again. Default 500.
+	QueueOverflowHysteresis int `env:"QUEUE_OVERFLOW_HYSTERESIS" envDefault:"500"`
+	// QueueRetryAfterSeconds is the upper bound of Retry-After on overflow. Default 60.
+	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
+	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
+	QueueDepthCacheTTLMS int `env:"QUEUE_DEPTH_CACHE_TTL_MS" envDefault:"1000"`
+	// QueuePrefix prefixes every queue key and channel. Default "queue:".
+	QueuePrefix string `env:"QUEUE_PREFIX" envDefault:"queue:"`
+
+	// WorkerConcurrency is jobs at once per consumer process. Default 16.
+	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"16"`
+	// WorkerHeartbeatSeconds is the worker to api heartbeat period. Default 5.
+	WorkerHeartbeatSeconds int `env:"WORKER_HEARTBEAT_SECONDS" envDefault:"5"`
+	// EmbeddedWorkers runs workers inside the api. Default false, true in embedded mode.
+	EmbeddedWorkers *bool `env:"EMBEDDED_WORKERS"`
+
+	// ConnectionPoolSize is the global slot count. Default 100 (embedded: 2).
+	ConnectionPoolSize int `env:"CONNECTION_POOL_SIZE"`
+	// ConnectionPoolPerUser is slots per identity. Default 5.
+	ConnectionPoolPerUser int `env:"CONNECTION_POOL_PER_USER" envDefault:"5"`
+	// PoolBackend is "local" or "redis". Default redis when RedisURL is set, else local.
+	PoolBackend string `env:"POOL_BACKEND"`
+	// PoolLeaseTTLSeconds is how long a Redis lease lives without renewal. Default 30.
+	PoolLeaseTTLSeconds int `env:"POOL_LEASE_TTL_SECONDS" envDefault:"30"`
+	// PoolLocalFallbackSize is the local limit while Redis is unreachable. Default 10.
+	PoolLocalFallbackSize int `env:"POOL_LOCAL_FALLBACK_SIZE" envDefault:"10"`
+
+	// HeartbeatIntervalSeconds is the SSE `: ping` period. Default 15.
+	HeartbeatIntervalSeconds int `env:"HEARTBEAT_INTERVAL_SECONDS" envDefault:"15"`
+	// MaxBodyBytes bounds the request body. Default 1048576.
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576"`
+	// MaxMessages bounds messages per request. Default 1000.
+	MaxMessages int `env:"MAX_MESSAGES" envDefault:"1000"`
+	// MaxTokensLimit bounds max_tokens. Default 32768.
+	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"32768"`
+	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
+	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
+
+	// RateLimitRPS is requests per second per identity; 0 is off. Default 0.
+	RateLimitRPS float64 `env:"RATE_LIMIT_RPS" envDefault:"0"`
+	// RateLimitBurst is the burst per identity. Default 0.
+	RateLimitBurst int `env:"RATE_LIMIT_BURST" envDefault:"0"`
+	// APIKeys are accepted bearer keys (or sha256 hex of them); empty means no auth.
+	APIKeys []string `env:"API_KEYS" envSeparator:","`
+
+	// LLMProvider is "sim" or "openai". Default "sim".
+	LLMProvider string `env:"LLM_PROVIDER" envDefault:"sim"`
+	// LLMBaseURL is the OpenAI-compatible base URL, e.g. http://127.0.0.1:8081/v1.
+	LLMBaseURL string `env:"LLM_BASE_URL"`
+	// LLMAPIKey is sent as a bearer token upstream.
+	LLMAPIKey string `env:"LLM_API_KEY"`
+	// LLMTimeoutSeconds bounds one upstream call. Default 120.
+	LLMTimeoutSeconds int `env:"LLM_TIMEOUT_SECONDS" envDefault:"120"`
+
+	// SimFirstTokenMS is the simulator's delay before the first chunk. Default 150.
+	SimFirstTokenMS int `env:"SIM_FIRST_TOKEN_MS" envDefault:"150"`
+	// SimTokenMS is the simulator's delay between chunks. Default 20.
+	SimTokenMS int `env:"SIM_TOKEN_MS" envDefault:"20"`
+	// SimTokens is chunks per simulated answer. Default 48.
+	SimTokens int `env:"SIM_TOKENS" envDefault:"48"`
+	// SimSeed makes the simulated text deterministic. Default 1.
+	SimSeed int64 `env:"SIM_SEED" envDefault:"1"`
+	// SimFailRate is the share of simulated calls failing before the first chunk. Default 0.
+	SimFailRate float64 `env:"SIM_FAIL_RATE" envDefault:"0"`
+	// SimFailMidstreamRate is the share failing after some chunks. Default 0.
+	SimFailMidstreamRate float64 `env:"SIM_FAIL_MIDSTREAM_RATE" envDefault:"0"`
+
+	// LogLevel is debug, info, warn or error. Default info.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+// Embedded reports whether the process runs without Redis (embedded mode).
+func (c *Config) Embedded() bool { return c.RedisURL == "" }
+
+// WorkersInProcess reports whether the api should run queue workers itself.
+func (c *Config) WorkersInProcess() bool {
+	if c.EmbeddedWorkers != nil {
+		return *c.EmbeddedWorkers
+	}
+	return c.Embedded()
+}
