@@ -1,0 +1,58 @@
+// Package failover owns the spill-over path: the queue that carries jobs
+// from the api to the workers, the result-channel subscriber the api relays
+// from, and the consumer worker. Backends live in sibling packages
+// (redisstream, kafka, memqueue) and all pass failovertest.Run.
+package failover
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrQueueUnavailable wraps backend failures on Enqueue, so the api can
+// refuse with 503 instead of hanging.
+var ErrQueueUnavailable = errors.New("failover: queue unavailable")
+
+// Delivery is one job handed to a worker by a Consumer.
+type Delivery struct {
+	// ID identifies the delivery to its backend (a stream entry id, or
+	// "partition:offset"); opaque to callers.
+	ID string
+	// Body is the encoded protocol.Job exactly as enqueued. It may be
+	// malformed: the worker decodes it and dead-letters what it cannot.
+	Body []byte
+	// Attempt is 1 on first delivery and grows with each redelivery or
+	// takeover of the same job.
+	Attempt int
+}
+
+// Producer enqueues jobs. Safe for concurrent use.
+//
+// Enqueue returns nil only once the backend durably accepted the job; on
+// failure it returns an error wrapping ErrQueueUnavailable (or ctx.Err())
+// and the job was not accepted — or, when the answer was lost, may have
+// been: workers tolerate a job whose client is gone.
+type Producer interface {
+	Enqueue(ctx context.Context, requestID string, body []byte) error
+}
+
+// Depther reports the backlog: jobs accepted and not yet acknowledged.
+type Depther interface {
+	Depth(ctx context.Context) (int64, error)
+}
+
+// Consumer is one worker process's member of the consumer group. Safe for
+// concurrent use by the worker's goroutines.
+//
+// Fetch blocks until at least one delivery is available or ctx ends (then
+// it returns ctx.Err() and no deliveries); it returns at most max
+// deliveries, new jobs and jobs taken over from dead members alike. Every
+// delivery must end in Ack or DeadLetter, or be left for takeover by
+// another member when this process dies or stops. Touch tells the backend
+// the job is still being worked on, so it is not taken over.
+type Consumer interface {
+	Fetch(ctx context.Context, max int) ([]Delivery, error)
+	Ack(ctx context.Context, d Delivery) error
+	Touch(ctx context.Context, d Delivery) error
+	DeadLetter(ctx context.Context, d Delivery, reason string) error
+}
