@@ -1,0 +1,138 @@
+package pool
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Local is an in-process Pool. Waiters are served in arrival order: a freed
+// slot goes to the oldest waiter that fits (global and per-user limits)
+// before any later TryAcquire can take it, so queued jobs are not starved
+// by newer direct requests.
+type Local struct {
+	size, perUser int
+
+	mu      sync.Mutex
+	inUse   int
+	users   map[string]int
+	waiters list.List // of *waiter, oldest first
+}
+
+type waiter struct {
+	user  string
+	ready chan *localLease // buffered 1; receives the granted lease
+}
+
+var _ Pool = (*Local)(nil)
+
+// NewLocal returns a pool of size global slots and perUser slots per user.
+func NewLocal(size, perUser int) (*Local, error) {
+	if size < 1 || perUser < 1 {
+		return nil, fmt.Errorf("pool: size (%d) and per-user limit (%d) must be at least 1", size, perUser)
+	}
+	return &Local{size: size, perUser: perUser, users: make(map[string]int)}, nil
+}
+
+// TryAcquire takes a slot if one is free for user, without waiting.
+func (p *Local) TryAcquire(_ context.Context, user string) (Lease, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.fitsLocked(user); err != nil {
+		return nil, err
+	}
+	return p.grantLocked(user), nil
+}
+
+// Acquire waits for a slot for user, in FIFO order among waiters, until
+// ctx ends.
+func (p *Local) Acquire(ctx context.Context, user string) (Lease, error) {
+	p.mu.Lock()
+	// Any waiter that fitted was granted when capacity freed, so the ones
+	// left wait on their own per-user limit: a fitting caller may go first.
+	if p.fitsLocked(user) == nil {
+		l := p.grantLocked(user)
+		p.mu.Unlock()
+		return l, nil
+	}
+	w := &waiter{user: user, ready: make(chan *localLease, 1)}
+	elem := p.waiters.PushBack(w)
+	p.mu.Unlock()
+
+	select {
+	case l := <-w.ready:
+		return l, nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		select {
+		case l := <-w.ready:
+			// Granted while we were giving up: hand it back.
+			p.mu.Unlock()
+			l.Release()
+		default:
+			p.waiters.Remove(elem)
+			p.mu.Unlock()
+		}
+		return nil, fmt.Errorf("pool: acquire for %s: %w", user, ctx.Err())
+	}
+}
+
+// Stats returns slots in use and capacity.
+func (p *Local) Stats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return Stats{InUse: p.inUse, Capacity: p.size}
+}
+
+// Waiting returns how many Acquire calls are waiting.
+func (p *Local) Waiting() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.waiters.Len()
+}
+
+func (p *Local) fitsLocked(user string) error {
+	if p.inUse >= p.size {
+		return ErrPoolExhausted
+	}
+	if p.users[user] >= p.perUser {
+		return ErrUserLimit
+	}
+	return nil
+}
+
+func (p *Local) grantLocked(user string) *localLease {
+	p.inUse++
+	p.users[user]++
+	return &localLease{pool: p, user: user}
+}
+
+func (p *Local) release(user string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inUse--
+	if p.users[user]--; p.users[user] <= 0 {
+		delete(p.users, user)
+	}
+	// Hand freed capacity to the oldest waiters that fit.
+	for e := p.waiters.Front(); e != nil && p.inUse < p.size; {
+		next := e.Next()
+		w := e.Value.(*waiter)
+		if p.users[w.user] < p.perUser {
+			p.waiters.Remove(e)
+			w.ready <- p.grantLocked(w.user)
+		}
+		e = next
+	}
+}
+
+type localLease struct {
+	pool *Local
+	user string
+	once sync.Once
+}
+
+func (l *localLease) Release() {
+	l.once.Do(func() { l.pool.release(l.user) })
+}
