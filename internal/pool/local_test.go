@@ -156,4 +156,3 @@ func TestLocalNeverExceedsLimits(t *testing.T) {
 		t.Fatalf("in use %d at end", s.InUse)
 	}
 }
-
