@@ -1,0 +1,122 @@
+// Package stream owns the client side of a stream: the SSE writer
+// (headers, events, flushes, heartbeats, disconnects) and the request
+// handler that validates a request and picks the direct or queued path.
+package stream
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// Writer writes SSE events to one response. It is owned by the handler
+// goroutine and is not safe for concurrent use: producers hand frames to
+// that goroutine over a bounded channel instead.
+//
+// Every event is written and flushed at once, under a write deadline, so a
+// client that stops reading is cut off after writeTimeout instead of
+// holding memory or a goroutine forever.
+type Writer struct {
+	w            http.ResponseWriter
+	rc           *http.ResponseController
+	writeTimeout time.Duration
+	buf          []byte
+	terminal     bool
+	flushes      int
+}
+
+// ErrTerminated is returned for writes after the terminal event.
+var ErrTerminated = errors.New("stream: terminal event already written")
+
+// NewWriter returns a writer for w. writeTimeout bounds each write; zero
+// means no deadline.
+func NewWriter(w http.ResponseWriter, writeTimeout time.Duration) *Writer {
+	return &Writer{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, buf: make([]byte, 0, 512)}
+}
+
+// Start writes the 200 status and the SSE headers, with the request id and
+// the path taken, and flushes them so the client sees the stream open.
+func (sw *Writer) Start(requestID, path string) error {
+	h := sw.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("X-Request-ID", requestID)
+	h.Set("X-Stream-Path", path)
+	sw.w.WriteHeader(http.StatusOK)
+	return sw.flush()
+}
+
+// Chunk writes a chunk event with sequence number seq.
+func (sw *Writer) Chunk(seq int, content string) error {
+	return sw.write(protocol.AppendChunkEvent(sw.buf[:0], seq, content), false)
+}
+
+// Reset writes a reset event: the client drops the chunks so far.
+func (sw *Writer) Reset(r protocol.Reset) error {
+	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventReset, r)
+	if err != nil {
+		return fmt.Errorf("stream: encode reset: %w", err)
+	}
+	return sw.write(b, false)
+}
+
+// Done writes the terminal done event.
+func (sw *Writer) Done(d protocol.Done) error {
+	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventDone, d)
+	if err != nil {
+		return fmt.Errorf("stream: encode done: %w", err)
+	}
+	return sw.write(b, true)
+}
+
+// Error writes the terminal error event carrying p.
+func (sw *Writer) Error(p *protocol.Problem) error {
+	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventError, p)
+	if err != nil {
+		return fmt.Errorf("stream: encode error: %w", err)
+	}
+	return sw.write(b, true)
+}
+
+// Ping writes the `: ping` heartbeat comment.
+func (sw *Writer) Ping() error {
+	return sw.write(append(sw.buf[:0], protocol.PingFrame...), false)
+}
+
+// Terminated reports whether a done or error event was written.
+func (sw *Writer) Terminated() bool { return sw.terminal }
+
+// Flushes returns how many flushes the writer made, for tests.
+func (sw *Writer) Flushes() int { return sw.flushes }
+
+func (sw *Writer) write(b []byte, terminal bool) error {
+	if sw.terminal {
+		return ErrTerminated
+	}
+	if sw.writeTimeout > 0 {
+		// Not every ResponseWriter supports deadlines (httptest's does
+		// not); the stream still works, only without the slow-client cut.
+		_ = sw.rc.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
+	}
+	if _, err := sw.w.Write(b); err != nil {
+		return fmt.Errorf("stream: write: %w", err)
+	}
+	sw.buf = b[:0]
+	if terminal {
+		sw.terminal = true
+	}
+	return sw.flush()
+}
+
+func (sw *Writer) flush() error {
+	sw.flushes++
+	if err := sw.rc.Flush(); err != nil {
+		return fmt.Errorf("stream: flush: %w", err)
+	}
+	return nil
+}
