@@ -3,6 +3,12 @@
 // its validation at start.
 package config
 
+import (
+	"log/slog"
+	"strings"
+	"time"
+)
+
 // Config is every setting of the api, consumer and simllm processes. Env
 // names and defaults are the contract in DESIGN.md; the yaml key of each
 // field is its env name in lower case.
@@ -120,3 +126,73 @@ func (c *Config) WorkersInProcess() bool {
 	}
 	return c.Embedded()
 }
+
+// logLevels maps each LOG_LEVEL value (any case) to its slog level.
+var logLevels = map[string]slog.Level{
+	"debug": slog.LevelDebug,
+	"info":  slog.LevelInfo,
+	"warn":  slog.LevelWarn,
+	"error": slog.LevelError,
+}
+
+// SlogLevel returns LogLevel as a slog.Level; info for a value Validate
+// would reject.
+func (c *Config) SlogLevel() slog.Level {
+	if l, ok := logLevels[strings.ToLower(c.LogLevel)]; ok {
+		return l
+	}
+	return slog.LevelInfo
+}
+
+// HeartbeatInterval is the SSE `: ping` period (HEARTBEAT_INTERVAL_SECONDS).
+func (c *Config) HeartbeatInterval() time.Duration { return seconds(c.HeartbeatIntervalSeconds) }
+
+// QueueFailoverTimeout is the longest wait for a worker to start a job
+// (QUEUE_FAILOVER_TIMEOUT_SECONDS).
+func (c *Config) QueueFailoverTimeout() time.Duration {
+	return seconds(c.QueueFailoverTimeoutSeconds)
+}
+
+// WorkerHeartbeat is the worker to api heartbeat period (WORKER_HEARTBEAT_SECONDS).
+func (c *Config) WorkerHeartbeat() time.Duration { return seconds(c.WorkerHeartbeatSeconds) }
+
+// QueueReclaimIdle is how long a job may sit idle before another worker takes
+// it over (QUEUE_RECLAIM_IDLE_SECONDS).
+func (c *Config) QueueReclaimIdle() time.Duration { return seconds(c.QueueReclaimIdleSeconds) }
+
+// QueueRetryAfter is the upper bound of Retry-After on overflow
+// (QUEUE_RETRY_AFTER_SECONDS).
+func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
+
+// ShutdownGrace is the drain time for open streams (SHUTDOWN_GRACE_SECONDS).
+func (c *Config) ShutdownGrace() time.Duration { return seconds(c.ShutdownGraceSeconds) }
+
+// BatchTimeout flushes a partial chunk batch after this long
+// (QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS).
+func (c *Config) BatchTimeout() time.Duration { return millis(c.QueueFailoverChunkBatchTimeoutMS) }
+
+// BaseDelay is the first retry backoff (QUEUE_FAILOVER_BASE_DELAY_MS).
+func (c *Config) BaseDelay() time.Duration { return millis(c.QueueFailoverBaseDelayMS) }
+
+// MaxDelay caps the retry backoff (QUEUE_FAILOVER_MAX_DELAY_MS).
+func (c *Config) MaxDelay() time.Duration { return millis(c.QueueFailoverMaxDelayMS) }
+
+// DepthCacheTTL is how often the queue depth is refreshed (QUEUE_DEPTH_CACHE_TTL_MS).
+func (c *Config) DepthCacheTTL() time.Duration { return millis(c.QueueDepthCacheTTLMS) }
+
+// LeaseTTL is how long a Redis pool lease lives without renewal
+// (POOL_LEASE_TTL_SECONDS).
+func (c *Config) LeaseTTL() time.Duration { return seconds(c.PoolLeaseTTLSeconds) }
+
+// LLMTimeout bounds one upstream provider call (LLM_TIMEOUT_SECONDS).
+func (c *Config) LLMTimeout() time.Duration { return seconds(c.LLMTimeoutSeconds) }
+
+// SimFirstToken is the simulator's delay before the first chunk (SIM_FIRST_TOKEN_MS).
+func (c *Config) SimFirstToken() time.Duration { return millis(c.SimFirstTokenMS) }
+
+// SimTokenInterval is the simulator's delay between chunks (SIM_TOKEN_MS).
+func (c *Config) SimTokenInterval() time.Duration { return millis(c.SimTokenMS) }
+
+func seconds(n int) time.Duration { return time.Duration(n) * time.Second }
+
+func millis(n int) time.Duration { return time.Duration(n) * time.Millisecond }

@@ -1,19 +1,22 @@
 package protocol
 
 import (
-	"encoding/json"
 	"fmt"
 )
 
 // MaxJobBytes bounds one encoded job; DecodeJob refuses larger input.
 const MaxJobBytes = 4 << 20
 
-// EncodeJob returns the wire form of j, stamping the current JobVersion.
+// EncodeJob returns the wire form of j, stamping the current JobVersion. It
+// refuses a job larger than MaxJobBytes, which DecodeJob would refuse.
 func EncodeJob(j Job) ([]byte, error) {
 	j.Version = JobVersion
-	b, err := json.Marshal(j)
+	b, err := appendJSON(nil, j)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: encode job %s: %w", j.RequestID, err)
+	}
+	if len(b) > MaxJobBytes {
+		return nil, fmt.Errorf("protocol: encode job %s: %d bytes exceeds %d", j.RequestID, len(b), MaxJobBytes)
 	}
 	return b, nil
 }
@@ -33,7 +36,8 @@ func DecodeJob(b []byte) (Job, error) {
 		return Job{}, fmt.Errorf("%w: job version %d, want %d", ErrMalformed, j.Version, JobVersion)
 	}
 	if j.RequestID == "" || len(j.RequestID) > 128 || !validIDChars(j.RequestID) {
-		return Job{}, fmt.Errorf("%w: job request_id %q", ErrMalformed, j.RequestID)
+		// Quote at most 128 bytes: a request_id can be megabytes long.
+		return Job{}, fmt.Errorf("%w: job request_id %.128q (%d bytes)", ErrMalformed, j.RequestID, len(j.RequestID))
 	}
 	if j.Deadline.IsZero() || j.EnqueueTime.IsZero() {
 		return Job{}, fmt.Errorf("%w: job %s lacks enqueue_time or deadline", ErrMalformed, j.RequestID)

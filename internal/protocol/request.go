@@ -52,7 +52,7 @@ func DecodeChatRequest(body []byte, lim Limits) (ChatRequest, error) {
 	if !utf8.Valid(body) {
 		return ChatRequest{}, invalid("body is not valid UTF-8")
 	}
-	if bytes.IndexByte(body, 0) >= 0 || bytes.Contains(body, []byte(`\u0000`)) {
+	if hasNUL(body) {
 		return ChatRequest{}, invalid("body contains a NUL character")
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
@@ -60,12 +60,8 @@ func DecodeChatRequest(body []byte, lim Limits) (ChatRequest, error) {
 		return ChatRequest{}, invalid("body must be a JSON object")
 	}
 	var raw rawRequest
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&raw); err != nil {
+	if err := strictUnmarshal(body, &raw); err != nil {
 		return ChatRequest{}, invalid("malformed JSON: %s", jsonErrorText(err))
-	}
-	if _, err := dec.Token(); err == nil {
-		return ChatRequest{}, invalid("malformed JSON: data after the object")
 	}
 	var req ChatRequest
 	switch {
@@ -120,6 +116,24 @@ func DecodeChatRequest(body []byte, lim Limits) (ChatRequest, error) {
 		req.ThreadID = *raw.ThreadID
 	}
 	return req, nil
+}
+
+// hasNUL reports whether body holds a NUL byte or a JSON \u0000 escape. A
+// backslash always starts a two-byte escape in valid JSON, so an escaped
+// backslash followed by "u0000" is the text \u0000, not a NUL.
+func hasNUL(body []byte) bool {
+	for i := 0; i < len(body); i++ {
+		switch body[i] {
+		case 0:
+			return true
+		case '\\':
+			if bytes.HasPrefix(body[i+1:], []byte("u0000")) {
+				return true
+			}
+			i++ // skip the escaped byte
+		}
+	}
+	return false
 }
 
 func validateMessages(msgs []Message, max int) error {

@@ -62,50 +62,73 @@ var (
 	prefixReset     = []byte("SIGNAL:RESET:")
 )
 
-// EncodeResult returns the wire form of r.
+// EncodeResult returns the wire form of r. It refuses a result that
+// DecodeResult would refuse, so a worker learns at publish time rather than
+// the api dropping the message.
 func EncodeResult(r Result) ([]byte, error) {
+	var (
+		out []byte
+		err error
+	)
 	switch r.Kind {
 	case KindBatch:
-		if len(r.Chunks) == 0 {
-			return nil, fmt.Errorf("protocol: encode batch: no chunks")
+		if err = checkBatch(r.Chunks); err == nil {
+			out, err = appendJSON(prefixBatch, r.Chunks)
 		}
-		b, err := json.Marshal(r.Chunks)
-		if err != nil {
-			return nil, fmt.Errorf("protocol: encode batch: %w", err)
-		}
-		return append(append([]byte(nil), prefixBatch...), b...), nil
 	case KindDone:
 		if r.Done == nil {
 			return append([]byte(nil), prefixDone...), nil
 		}
-		b, err := json.Marshal(r.Done)
-		if err != nil {
-			return nil, fmt.Errorf("protocol: encode done: %w", err)
-		}
-		out := append(append([]byte(nil), prefixDone...), ':')
-		return append(out, b...), nil
+		out, err = appendJSON(append(append([]byte(nil), prefixDone...), ':'), r.Done)
 	case KindError:
-		if r.Problem == nil {
-			return nil, fmt.Errorf("protocol: encode error: no problem")
+		if err = checkProblem(r.Problem); err == nil {
+			out, err = appendJSON(prefixError, r.Problem)
 		}
-		b, err := json.Marshal(r.Problem)
-		if err != nil {
-			return nil, fmt.Errorf("protocol: encode error: %w", err)
-		}
-		return append(append([]byte(nil), prefixError...), b...), nil
 	case KindHeartbeat:
 		return append([]byte(nil), prefixHeartbeat...), nil
 	case KindReset:
-		if r.Reset == nil {
-			return nil, fmt.Errorf("protocol: encode reset: no payload")
+		if err = checkReset(r.Reset); err == nil {
+			out, err = appendJSON(prefixReset, r.Reset)
 		}
-		b, err := json.Marshal(r.Reset)
-		if err != nil {
-			return nil, fmt.Errorf("protocol: encode reset: %w", err)
-		}
-		return append(append([]byte(nil), prefixReset...), b...), nil
+	default:
+		return nil, fmt.Errorf("protocol: encode result: unknown kind %d", r.Kind)
 	}
-	return nil, fmt.Errorf("protocol: encode result: unknown kind %d", r.Kind)
+	if err != nil {
+		return nil, fmt.Errorf("protocol: encode %s: %w", r.Kind, err)
+	}
+	if len(out) > MaxResultBytes {
+		return nil, fmt.Errorf("protocol: encode %s: %d bytes exceeds %d", r.Kind, len(out), MaxResultBytes)
+	}
+	return out, nil
+}
+
+func checkBatch(chunks []Chunk) error {
+	if len(chunks) == 0 {
+		return errors.New("empty batch")
+	}
+	for i, c := range chunks {
+		if c.Seq < 1 {
+			return fmt.Errorf("batch chunk %d has seq %d", i, c.Seq)
+		}
+		if i > 0 && c.Seq != chunks[i-1].Seq+1 {
+			return fmt.Errorf("batch seq %d follows %d", c.Seq, chunks[i-1].Seq)
+		}
+	}
+	return nil
+}
+
+func checkProblem(p *Problem) error {
+	if p == nil || p.Type == "" || p.Status < 400 || p.Status > 599 {
+		return errors.New("problem needs type and a 4xx/5xx status")
+	}
+	return nil
+}
+
+func checkReset(r *Reset) error {
+	if r == nil || r.Attempt < 1 {
+		return errors.New("reset needs an attempt of at least 1")
+	}
+	return nil
 }
 
 // DecodeResult parses one result-channel message. It never panics; any input
@@ -120,16 +143,8 @@ func DecodeResult(msg []byte) (Result, error) {
 		if err := strictUnmarshal(msg[len(prefixBatch):], &chunks); err != nil {
 			return Result{}, fmt.Errorf("%w: batch: %v", ErrMalformed, err)
 		}
-		if len(chunks) == 0 {
-			return Result{}, fmt.Errorf("%w: empty batch", ErrMalformed)
-		}
-		for i, c := range chunks {
-			if c.Seq < 1 {
-				return Result{}, fmt.Errorf("%w: batch chunk %d has seq %d", ErrMalformed, i, c.Seq)
-			}
-			if i > 0 && c.Seq != chunks[i-1].Seq+1 {
-				return Result{}, fmt.Errorf("%w: batch seq %d follows %d", ErrMalformed, c.Seq, chunks[i-1].Seq)
-			}
+		if err := checkBatch(chunks); err != nil {
+			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 		}
 		return Result{Kind: KindBatch, Chunks: chunks}, nil
 	case bytes.Equal(msg, prefixHeartbeat):
@@ -147,8 +162,8 @@ func DecodeResult(msg []byte) (Result, error) {
 		if err := strictUnmarshal(msg[len(prefixError):], &p); err != nil {
 			return Result{}, fmt.Errorf("%w: error: %v", ErrMalformed, err)
 		}
-		if p.Type == "" || p.Status < 400 || p.Status > 599 {
-			return Result{}, fmt.Errorf("%w: error: problem needs type and a 4xx/5xx status", ErrMalformed)
+		if err := checkProblem(&p); err != nil {
+			return Result{}, fmt.Errorf("%w: error: %v", ErrMalformed, err)
 		}
 		return Result{Kind: KindError, Problem: &p}, nil
 	case bytes.HasPrefix(msg, prefixReset):
@@ -156,25 +171,31 @@ func DecodeResult(msg []byte) (Result, error) {
 		if err := strictUnmarshal(msg[len(prefixReset):], &r); err != nil {
 			return Result{}, fmt.Errorf("%w: reset: %v", ErrMalformed, err)
 		}
-		if r.Attempt < 1 {
-			return Result{}, fmt.Errorf("%w: reset attempt %d", ErrMalformed, r.Attempt)
+		if err := checkReset(&r); err != nil {
+			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 		}
 		return Result{Kind: KindReset, Reset: &r}, nil
 	}
 	return Result{}, fmt.Errorf("%w: unknown prefix", ErrMalformed)
 }
 
-// strictUnmarshal decodes exactly one JSON value with nothing after it.
+// strictUnmarshal decodes exactly one JSON value with nothing but white
+// space after it. json.Unmarshal checks the whole input before decoding; a
+// Decoder followed by More and Token let a stray `}` or `]`, or any tail
+// that is not itself a JSON value, through.
 func strictUnmarshal(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(v); err != nil {
-		return err
+	return json.Unmarshal(b, v)
+}
+
+// appendJSON appends v as JSON to a copy of prefix. HTML characters stay as
+// they are: json.Marshal would write each `<`, `>` and `&` as six bytes,
+// and model output is full of them.
+func appendJSON(prefix []byte, v any) ([]byte, error) {
+	buf := bytes.NewBuffer(append([]byte(nil), prefix...))
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
 	}
-	if dec.More() {
-		return errors.New("trailing data")
-	}
-	if _, err := dec.Token(); err == nil {
-		return errors.New("trailing data")
-	}
-	return nil
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }

@@ -1,0 +1,925 @@
+package config
+
+import (
+	"errors"
+	"io/fs"
+	"log/slog"
+	"maps"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+const exampleFile = "../../configs/spillway.yaml"
+
+func mustLoad(tb testing.TB, path string, environ map[string]string) *Config {
+	tb.Helper()
+	c, err := Load(path, environ)
+	if err != nil {
+		tb.Fatalf("Load(%q, %v): %v", path, environ, err)
+	}
+	return c
+}
+
+func writeFile(tb testing.TB, text string) string {
+	tb.Helper()
+	path := filepath.Join(tb.TempDir(), "spillway.yaml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
+// errVars returns the Var of every *FieldError in err's tree, sorted.
+func errVars(err error) []string {
+	var vars []string
+	var walk func(error)
+	walk = func(e error) {
+		if fe, ok := e.(*FieldError); ok {
+			vars = append(vars, fe.Var)
+			return
+		}
+		switch u := e.(type) {
+		case interface{ Unwrap() []error }:
+			for _, x := range u.Unwrap() {
+				walk(x)
+			}
+		case interface{ Unwrap() error }:
+			if x := u.Unwrap(); x != nil {
+				walk(x)
+			}
+		}
+	}
+	walk(err)
+	slices.Sort(vars)
+	return vars
+}
+
+func allVars() []string { return slices.Sorted(maps.Keys(knownVars)) }
+
+func ptr[T any](v T) *T { return &v }
+
+func TestDefaults(t *testing.T) {
+	t.Parallel()
+	c := mustLoad(t, "", nil)
+
+	// One row per setting, values from DESIGN.md's table.
+	rows := []struct {
+		name      string
+		got, want any
+	}{
+		{"HTTP_ADDR", c.HTTPAddr, ":8080"},
+		{"CONSUMER_HTTP_ADDR", c.ConsumerHTTPAddr, ":9090"},
+		{"REDIS_URL", c.RedisURL, ""},
+		{"QUEUE_TYPE", c.QueueType, "redis"},
+		{"KAFKA_BROKERS", c.KafkaBrokers, []string(nil)},
+		{"QUEUE_FAILOVER_ENABLED", c.QueueFailoverEnabled, true},
+		{"DIRECT_PATH_ENABLED", c.DirectPathEnabled, true},
+		{"QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeoutSeconds, 30},
+		{"QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 5},
+		{"QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelayMS, 100},
+		{"QUEUE_FAILOVER_MAX_DELAY_MS", c.QueueFailoverMaxDelayMS, 5000},
+		{"QUEUE_FAILOVER_CHUNK_BATCH_SIZE", c.QueueFailoverChunkBatchSize, 5},
+		{"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS", c.QueueFailoverChunkBatchTimeoutMS, 100},
+		{"QUEUE_RECLAIM_IDLE_SECONDS", c.QueueReclaimIdleSeconds, 15},
+		{"QUEUE_OVERFLOW_THRESHOLD", c.QueueOverflowThreshold, 10000},
+		{"QUEUE_OVERFLOW_HYSTERESIS", c.QueueOverflowHysteresis, 500},
+		{"QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 60},
+		{"QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, 1000},
+		{"QUEUE_PREFIX", c.QueuePrefix, "queue:"},
+		{"WORKER_CONCURRENCY", c.WorkerConcurrency, 16},
+		{"WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeatSeconds, 5},
+		{"EMBEDDED_WORKERS", c.EmbeddedWorkers, (*bool)(nil)},
+		{"CONNECTION_POOL_SIZE", c.ConnectionPoolSize, 2}, // embedded mode
+		{"CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 5},
+		{"POOL_BACKEND", c.PoolBackend, "local"}, // embedded mode
+		{"POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, 30},
+		{"POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 10},
+		{"HEARTBEAT_INTERVAL_SECONDS", c.HeartbeatIntervalSeconds, 15},
+		{"MAX_BODY_BYTES", c.MaxBodyBytes, int64(1048576)},
+		{"MAX_MESSAGES", c.MaxMessages, 1000},
+		{"MAX_TOKENS_LIMIT", c.MaxTokensLimit, 32768},
+		{"SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 25},
+		{"RATE_LIMIT_RPS", c.RateLimitRPS, 0.0},
+		{"RATE_LIMIT_BURST", c.RateLimitBurst, 0},
+		{"API_KEYS", c.APIKeys, []string(nil)},
+		{"LLM_PROVIDER", c.LLMProvider, "sim"},
+		{"LLM_BASE_URL", c.LLMBaseURL, ""},
+		{"LLM_API_KEY", c.LLMAPIKey, ""},
+		{"LLM_TIMEOUT_SECONDS", c.LLMTimeoutSeconds, 120},
+		{"SIM_FIRST_TOKEN_MS", c.SimFirstTokenMS, 150},
+		{"SIM_TOKEN_MS", c.SimTokenMS, 20},
+		{"SIM_TOKENS", c.SimTokens, 48},
+		{"SIM_SEED", c.SimSeed, int64(1)},
+		{"SIM_FAIL_RATE", c.SimFailRate, 0.0},
+		{"SIM_FAIL_MIDSTREAM_RATE", c.SimFailMidstreamRate, 0.0},
+		{"LOG_LEVEL", c.LogLevel, "info"},
+	}
+	var covered []string
+	for _, r := range rows {
+		covered = append(covered, r.name)
+		if !reflect.DeepEqual(r.got, r.want) {
+			t.Errorf("%s default = %#v, want %#v", r.name, r.got, r.want)
+		}
+	}
+	slices.Sort(covered)
+	if !slices.Equal(covered, allVars()) {
+		t.Errorf("default rows cover %v,\nsettings are %v", covered, allVars())
+	}
+	if !c.Embedded() || !c.WorkersInProcess() {
+		t.Errorf("no REDIS_URL: Embedded() = %v, WorkersInProcess() = %v, want true, true", c.Embedded(), c.WorkersInProcess())
+	}
+	if c.SlogLevel() != slog.LevelInfo {
+		t.Errorf("SlogLevel() = %v, want info", c.SlogLevel())
+	}
+}
+
+func TestEnvOverridesEverySetting(t *testing.T) {
+	t.Parallel()
+	environ := map[string]string{
+		"HTTP_ADDR":                             "127.0.0.1:9000",
+		"CONSUMER_HTTP_ADDR":                    ":9191",
+		"REDIS_URL":                             "rediss://user:pw@redis.example:6380/2",
+		"QUEUE_TYPE":                            "kafka",
+		"KAFKA_BROKERS":                         "k1:9092, k2:9092",
+		"QUEUE_FAILOVER_ENABLED":                "false",
+		"DIRECT_PATH_ENABLED":                   "false",
+		"QUEUE_FAILOVER_TIMEOUT_SECONDS":        "31",
+		"QUEUE_FAILOVER_MAX_RETRIES":            "0",
+		"QUEUE_FAILOVER_BASE_DELAY_MS":          "101",
+		"QUEUE_FAILOVER_MAX_DELAY_MS":           "5001",
+		"QUEUE_FAILOVER_CHUNK_BATCH_SIZE":       "6",
+		"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS": "102",
+		"QUEUE_RECLAIM_IDLE_SECONDS":            "16",
+		"QUEUE_OVERFLOW_THRESHOLD":              "10001",
+		"QUEUE_OVERFLOW_HYSTERESIS":             "501",
+		"QUEUE_RETRY_AFTER_SECONDS":             "61",
+		"QUEUE_DEPTH_CACHE_TTL_MS":              "1001",
+		"QUEUE_PREFIX":                          "sw:",
+		"WORKER_CONCURRENCY":                    "17",
+		"WORKER_HEARTBEAT_SECONDS":              "6",
+		"EMBEDDED_WORKERS":                      "true",
+		"CONNECTION_POOL_SIZE":                  "101",
+		"CONNECTION_POOL_PER_USER":              "7",
+		"POOL_BACKEND":                          "local",
+		"POOL_LEASE_TTL_SECONDS":                "32",
+		"POOL_LOCAL_FALLBACK_SIZE":              "11",
+		"HEARTBEAT_INTERVAL_SECONDS":            "14",
+		"MAX_BODY_BYTES":                        "2048",
+		"MAX_MESSAGES":                          "1001",
+		"MAX_TOKENS_LIMIT":                      "32769",
+		"SHUTDOWN_GRACE_SECONDS":                "26",
+		"RATE_LIMIT_RPS":                        "2.5",
+		"RATE_LIMIT_BURST":                      "3",
+		"API_KEYS":                              "key-a,key-b",
+		"LLM_PROVIDER":                          "openai",
+		"LLM_BASE_URL":                          "http://127.0.0.1:8081/v1",
+		"LLM_API_KEY":                           "sk-test",
+		"LLM_TIMEOUT_SECONDS":                   "121",
+		"SIM_FIRST_TOKEN_MS":                    "151",
+		"SIM_TOKEN_MS":                          "21",
+		"SIM_TOKENS":                            "49",
+		"SIM_SEED":                              "-7",
+		"SIM_FAIL_RATE":                         "0.25",
+		"SIM_FAIL_MIDSTREAM_RATE":               "1",
+		"LOG_LEVEL":                             "debug",
+		"UNRELATED_VAR":                         "ignored",
+	}
+	// DIRECT_PATH_ENABLED=false and QUEUE_FAILOVER_ENABLED=false together are
+	// invalid, so each bool is overridden in its own load below.
+	direct := maps.Clone(environ)
+	direct["DIRECT_PATH_ENABLED"] = "true"
+	c := mustLoad(t, "", direct)
+	want := &Config{
+		HTTPAddr:                         "127.0.0.1:9000",
+		ConsumerHTTPAddr:                 ":9191",
+		RedisURL:                         "rediss://user:pw@redis.example:6380/2",
+		QueueType:                        "kafka",
+		KafkaBrokers:                     []string{"k1:9092", "k2:9092"},
+		QueueFailoverEnabled:             false,
+		DirectPathEnabled:                true,
+		QueueFailoverTimeoutSeconds:      31,
+		QueueFailoverMaxRetries:          0,
+		QueueFailoverBaseDelayMS:         101,
+		QueueFailoverMaxDelayMS:          5001,
+		QueueFailoverChunkBatchSize:      6,
+		QueueFailoverChunkBatchTimeoutMS: 102,
+		QueueReclaimIdleSeconds:          16,
+		QueueOverflowThreshold:           10001,
+		QueueOverflowHysteresis:          501,
+		QueueRetryAfterSeconds:           61,
+		QueueDepthCacheTTLMS:             1001,
+		QueuePrefix:                      "sw:",
+		WorkerConcurrency:                17,
+		WorkerHeartbeatSeconds:           6,
+		EmbeddedWorkers:                  ptr(true),
+		ConnectionPoolSize:               101,
+		ConnectionPoolPerUser:            7,
+		PoolBackend:                      "local",
+		PoolLeaseTTLSeconds:              32,
+		PoolLocalFallbackSize:            11,
+		HeartbeatIntervalSeconds:         14,
+		MaxBodyBytes:                     2048,
+		MaxMessages:                      1001,
+		MaxTokensLimit:                   32769,
+		ShutdownGraceSeconds:             26,
+		RateLimitRPS:                     2.5,
+		RateLimitBurst:                   3,
+		APIKeys:                          []string{"key-a", "key-b"},
+		LLMProvider:                      "openai",
+		LLMBaseURL:                       "http://127.0.0.1:8081/v1",
+		LLMAPIKey:                        "sk-test",
+		LLMTimeoutSeconds:                121,
+		SimFirstTokenMS:                  151,
+		SimTokenMS:                       21,
+		SimTokens:                        49,
+		SimSeed:                          -7,
+		SimFailRate:                      0.25,
+		SimFailMidstreamRate:             1,
+		LogLevel:                         "debug",
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("Load with every var set:\n got %+v\nwant %+v", c, want)
+	}
+
+	queued := maps.Clone(environ)
+	queued["QUEUE_FAILOVER_ENABLED"] = "true"
+	if c := mustLoad(t, "", queued); c.DirectPathEnabled || !c.QueueFailoverEnabled {
+		t.Errorf("DIRECT_PATH_ENABLED=false: DirectPathEnabled = %v, QueueFailoverEnabled = %v", c.DirectPathEnabled, c.QueueFailoverEnabled)
+	}
+
+	var names []string
+	for k := range environ {
+		if k != "UNRELATED_VAR" {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, allVars()) {
+		t.Errorf("override env covers %v,\nsettings are %v", names, allVars())
+	}
+}
+
+func TestEnvEdgeCases(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		environ map[string]string
+		check   func(testing.TB, *Config)
+	}{
+		{
+			name:    "empty value counts as unset",
+			environ: map[string]string{"HTTP_ADDR": "", "REDIS_URL": "", "WORKER_CONCURRENCY": ""},
+			check: func(tb testing.TB, c *Config) {
+				if c.HTTPAddr != ":8080" || !c.Embedded() || c.WorkerConcurrency != 16 {
+					tb.Errorf("HTTPAddr %q, Embedded %v, WorkerConcurrency %d; want defaults", c.HTTPAddr, c.Embedded(), c.WorkerConcurrency)
+				}
+			},
+		},
+		{
+			name: "lists are trimmed and empty items dropped",
+			environ: map[string]string{
+				"REDIS_URL": "redis://r:6379", "QUEUE_TYPE": "kafka",
+				"KAFKA_BROKERS": " a:1 , b:2,,", "API_KEYS": "k1, ,k2 ",
+			},
+			check: func(tb testing.TB, c *Config) {
+				if !slices.Equal(c.KafkaBrokers, []string{"a:1", "b:2"}) || !slices.Equal(c.APIKeys, []string{"k1", "k2"}) {
+					tb.Errorf("KafkaBrokers %q, APIKeys %q", c.KafkaBrokers, c.APIKeys)
+				}
+			},
+		},
+		{
+			name:    "list of only separators is empty",
+			environ: map[string]string{"API_KEYS": " , "},
+			check: func(tb testing.TB, c *Config) {
+				if c.APIKeys != nil {
+					tb.Errorf("APIKeys = %q, want nil", c.APIKeys)
+				}
+			},
+		},
+		{
+			name:    "log level in any case",
+			environ: map[string]string{"LOG_LEVEL": "WARN"},
+			check: func(tb testing.TB, c *Config) {
+				if c.SlogLevel() != slog.LevelWarn {
+					tb.Errorf("SlogLevel() = %v, want warn", c.SlogLevel())
+				}
+			},
+		},
+		{
+			name:    "EMBEDDED_WORKERS=false in embedded mode",
+			environ: map[string]string{"EMBEDDED_WORKERS": "false"},
+			check: func(tb testing.TB, c *Config) {
+				if c.EmbeddedWorkers == nil || *c.EmbeddedWorkers || c.WorkersInProcess() {
+					tb.Errorf("EmbeddedWorkers %v, WorkersInProcess %v; want explicit false", c.EmbeddedWorkers, c.WorkersInProcess())
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.check(t, mustLoad(t, "", tt.environ))
+		})
+	}
+}
+
+func TestDerivedDefaults(t *testing.T) {
+	t.Parallel()
+	const redisURL = "redis://localhost:6379/0"
+	tests := []struct {
+		name        string
+		environ     map[string]string
+		wantPool    int
+		wantBackend string
+		wantWorkers bool
+	}{
+		{"embedded", nil, 2, "local", true},
+		{"redis", map[string]string{"REDIS_URL": redisURL}, 100, "redis", false},
+		{"redis, zero pool means unset", map[string]string{"REDIS_URL": redisURL, "CONNECTION_POOL_SIZE": "0"}, 100, "redis", false},
+		{"embedded, explicit pool kept", map[string]string{"CONNECTION_POOL_SIZE": "7"}, 7, "local", true},
+		{"redis, explicit pool kept", map[string]string{"REDIS_URL": redisURL, "CONNECTION_POOL_SIZE": "2"}, 2, "redis", false},
+		{"redis, explicit local backend kept", map[string]string{"REDIS_URL": redisURL, "POOL_BACKEND": "local"}, 100, "local", false},
+		{"redis, embedded workers on", map[string]string{"REDIS_URL": redisURL, "EMBEDDED_WORKERS": "true"}, 100, "redis", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := mustLoad(t, "", tt.environ)
+			if c.ConnectionPoolSize != tt.wantPool || c.PoolBackend != tt.wantBackend || c.WorkersInProcess() != tt.wantWorkers {
+				t.Errorf("pool %d, backend %q, workers in process %v; want %d, %q, %v",
+					c.ConnectionPoolSize, c.PoolBackend, c.WorkersInProcess(), tt.wantPool, tt.wantBackend, tt.wantWorkers)
+			}
+		})
+	}
+}
+
+func TestFileAndEnvPrecedence(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name    string
+		file    string
+		environ map[string]string
+		check   func(testing.TB, *Config)
+	}{
+		{
+			name:    "file beats default, env beats file",
+			file:    "http_addr: \":9000\"\nworker_concurrency: 3\nsim_tokens: 9\n",
+			environ: map[string]string{"WORKER_CONCURRENCY": "7"},
+			check: func(tb testing.TB, c *Config) {
+				if c.HTTPAddr != ":9000" || c.WorkerConcurrency != 7 || c.SimTokens != 9 || c.MaxMessages != 1000 {
+					tb.Errorf("HTTPAddr %q WorkerConcurrency %d SimTokens %d MaxMessages %d; want :9000 7 9 1000",
+						c.HTTPAddr, c.WorkerConcurrency, c.SimTokens, c.MaxMessages)
+				}
+			},
+		},
+		{
+			name:    "empty env does not erase the file's value",
+			file:    "redis_url: redis://file:6379\nllm_api_key: from-file\n",
+			environ: map[string]string{"REDIS_URL": "", "LLM_API_KEY": ""},
+			check: func(tb testing.TB, c *Config) {
+				if c.RedisURL != "redis://file:6379" || c.LLMAPIKey != "from-file" {
+					tb.Errorf("RedisURL %q LLMAPIKey %q; want the file's", c.RedisURL, c.LLMAPIKey)
+				}
+			},
+		},
+		{
+			name: "redis_url in file drives derived defaults",
+			file: "redis_url: redis://file:6379\n",
+			check: func(tb testing.TB, c *Config) {
+				if c.ConnectionPoolSize != 100 || c.PoolBackend != "redis" {
+					tb.Errorf("pool %d backend %q; want 100 redis", c.ConnectionPoolSize, c.PoolBackend)
+				}
+			},
+		},
+		{
+			name: "flow list",
+			file: "redis_url: redis://r:6379\nqueue_type: kafka\nkafka_brokers: [a:1, b:2]\n",
+			check: func(tb testing.TB, c *Config) {
+				if !slices.Equal(c.KafkaBrokers, []string{"a:1", "b:2"}) {
+					tb.Errorf("KafkaBrokers = %q", c.KafkaBrokers)
+				}
+			},
+		},
+		{
+			name: "block list",
+			file: "api_keys:\n  - k1\n  - k2\n",
+			check: func(tb testing.TB, c *Config) {
+				if !slices.Equal(c.APIKeys, []string{"k1", "k2"}) {
+					tb.Errorf("APIKeys = %q", c.APIKeys)
+				}
+			},
+		},
+		{
+			name: "comma string",
+			file: "redis_url: redis://r:6379\nqueue_type: kafka\nkafka_brokers: \"a:1,b:2\"\n",
+			check: func(tb testing.TB, c *Config) {
+				if !slices.Equal(c.KafkaBrokers, []string{"a:1", "b:2"}) {
+					tb.Errorf("KafkaBrokers = %q", c.KafkaBrokers)
+				}
+			},
+		},
+		{
+			name:    "env list replaces file list",
+			file:    "api_keys: [k1, k2]\n",
+			environ: map[string]string{"API_KEYS": "k3"},
+			check: func(tb testing.TB, c *Config) {
+				if !slices.Equal(c.APIKeys, []string{"k3"}) {
+					tb.Errorf("APIKeys = %q", c.APIKeys)
+				}
+			},
+		},
+		{
+			name: "null is unset",
+			file: "redis_url: ~\nhttp_addr:\n",
+			check: func(tb testing.TB, c *Config) {
+				if !c.Embedded() || c.HTTPAddr != ":8080" {
+					tb.Errorf("RedisURL %q HTTPAddr %q; want unset, default", c.RedisURL, c.HTTPAddr)
+				}
+			},
+		},
+		{
+			name: "bools, floats, pointers",
+			file: "queue_failover_enabled: false\nrate_limit_rps: 2.5\nrate_limit_burst: 4\nembedded_workers: false\nmax_body_bytes: 4096\n",
+			check: func(tb testing.TB, c *Config) {
+				if c.QueueFailoverEnabled || c.RateLimitRPS != 2.5 || c.RateLimitBurst != 4 || c.WorkersInProcess() || c.MaxBodyBytes != 4096 {
+					tb.Errorf("QueueFailoverEnabled %v RateLimitRPS %v RateLimitBurst %d WorkersInProcess %v MaxBodyBytes %d",
+						c.QueueFailoverEnabled, c.RateLimitRPS, c.RateLimitBurst, c.WorkersInProcess(), c.MaxBodyBytes)
+				}
+			},
+		},
+		{
+			name:    "file with only comments",
+			file:    "# nothing here\n",
+			environ: map[string]string{"SIM_SEED": "3"},
+			check: func(tb testing.TB, c *Config) {
+				want := mustLoad(tb, "", map[string]string{"SIM_SEED": "3"})
+				if !reflect.DeepEqual(c, want) {
+					tb.Errorf("got %+v, want %+v", c, want)
+				}
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			tt.check(t, mustLoad(t, writeFile(t, tt.file), tt.environ))
+		})
+	}
+}
+
+func TestFileErrors(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name string
+		file string
+		want []string
+	}{
+		{"unknown key", "http_addr: \":1\"\nworker_concurency: 3\n", []string{`line 2: unknown key "worker_concurency"`}},
+		{"every unknown key", "foo: 1\nbar: 2\n", []string{`unknown key "foo"`, `unknown key "bar"`}},
+		{"upper-case key", "HTTP_ADDR: \":1\"\n", []string{`unknown key "HTTP_ADDR"`, `"http_addr"`}},
+		{"duplicate key", "sim_tokens: 1\nsim_tokens: 2\n", []string{`line 2: key "sim_tokens" given twice`}},
+		{"nested mapping", "http_addr:\n  host: x\n", []string{"http_addr: value must be a plain value or a list"}},
+		{"nested list", "api_keys: [[a]]\n", []string{"api_keys: list items must be plain values"}},
+		{"comma inside a list item", "api_keys: [\"a,b\"]\n", []string{`api_keys: list item "a,b" contains a comma`}},
+		{"top level list", "- http_addr\n", []string{"top level must be a mapping"}},
+		{"not yaml", "http_addr: [\n", []string{"settings file"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := writeFile(t, tt.file)
+			_, err := Load(path, nil)
+			if err == nil {
+				t.Fatal("Load succeeded, want an error")
+			}
+			for _, w := range append(tt.want, path) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+		})
+	}
+
+	t.Run("missing file", func(t *testing.T) {
+		t.Parallel()
+		_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"), nil)
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("error = %v, want fs.ErrNotExist", err)
+		}
+	})
+}
+
+func TestParseErrorsNameTheVariable(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		file     string
+		environ  map[string]string
+		wantVars []string
+		wantMsg  []string
+	}{
+		{
+			name:     "int from env",
+			environ:  map[string]string{"HTTP_ADDR": ":9000", "WORKER_CONCURRENCY": "abc"},
+			wantVars: []string{"WORKER_CONCURRENCY"},
+			wantMsg:  []string{"WORKER_CONCURRENCY (in env) is not a valid int", `"abc"`},
+		},
+		{
+			name:     "int from file",
+			file:     "worker_concurrency: abc\n",
+			wantVars: []string{"WORKER_CONCURRENCY"},
+			wantMsg:  []string{"WORKER_CONCURRENCY (in ", ".yaml) is not a valid int"},
+		},
+		{
+			name:     "env value is the one reported",
+			file:     "sim_tokens: 5\n",
+			environ:  map[string]string{"SIM_TOKENS": "many"},
+			wantVars: []string{"SIM_TOKENS"},
+			wantMsg:  []string{"SIM_TOKENS (in env)", `"many"`},
+		},
+		{
+			name: "every bad value at once",
+			environ: map[string]string{
+				"WORKER_CONCURRENCY": "abc", "QUEUE_FAILOVER_ENABLED": "maybe", "SIM_FAIL_RATE": "half",
+				"EMBEDDED_WORKERS": "perhaps", "MAX_BODY_BYTES": "1.5", "SIM_SEED": "x",
+			},
+			wantVars: []string{"EMBEDDED_WORKERS", "MAX_BODY_BYTES", "QUEUE_FAILOVER_ENABLED", "SIM_FAIL_RATE", "SIM_SEED", "WORKER_CONCURRENCY"},
+			wantMsg:  []string{"is not a valid bool", "is not a valid float64", "is not a valid int64"},
+		},
+		{
+			name:     "int out of range",
+			environ:  map[string]string{"QUEUE_OVERFLOW_THRESHOLD": "99999999999"},
+			wantVars: []string{"QUEUE_OVERFLOW_THRESHOLD"},
+			wantMsg:  []string{"QUEUE_OVERFLOW_THRESHOLD (in env) is not a valid int"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			path := ""
+			if tt.file != "" {
+				path = writeFile(t, tt.file)
+			}
+			_, err := Load(path, tt.environ)
+			if err == nil {
+				t.Fatal("Load succeeded, want an error")
+			}
+			if got := errVars(err); !slices.Equal(got, tt.wantVars) {
+				t.Errorf("error names %v, want %v; error: %v", got, tt.wantVars, err)
+			}
+			for _, w := range append(tt.wantMsg, tt.wantVars...) {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not contain %q", err, w)
+				}
+			}
+			if strings.Contains(err.Error(), "HTTP_ADDR") {
+				t.Errorf("error %q names HTTP_ADDR, whose value is fine", err)
+			}
+		})
+	}
+}
+
+func TestValidateRules(t *testing.T) {
+	t.Parallel()
+	const redisURL = "redis://localhost:6379/0"
+	tests := []struct {
+		name     string
+		mutate   func(*Config)
+		wantVars []string
+		wantMsg  string
+	}{
+		{"http addr empty", func(c *Config) { c.HTTPAddr = "" }, []string{"HTTP_ADDR"}, "HTTP_ADDR must not be empty"},
+		{"http addr without colon", func(c *Config) { c.HTTPAddr = "8080" }, []string{"HTTP_ADDR"}, `HTTP_ADDR ("8080") must be host:port`},
+		{"consumer addr empty", func(c *Config) { c.ConsumerHTTPAddr = "" }, []string{"CONSUMER_HTTP_ADDR"}, "CONSUMER_HTTP_ADDR must not be empty"},
+		{"consumer addr without port", func(c *Config) { c.ConsumerHTTPAddr = "localhost:" }, []string{"CONSUMER_HTTP_ADDR"}, `CONSUMER_HTTP_ADDR ("localhost:") must be host:port`},
+		{"redis url scheme", func(c *Config) { c.RedisURL = "http://r:6379" }, []string{"REDIS_URL"}, `REDIS_URL is not a valid redis:// or rediss:// URL: scheme is "http"`},
+		{"redis url unix socket", func(c *Config) { c.RedisURL = "unix:///tmp/redis.sock" }, []string{"REDIS_URL"}, `scheme is "unix"`},
+		{"redis url bad db", func(c *Config) { c.RedisURL = "redis://r:6379/db" }, []string{"REDIS_URL"}, "REDIS_URL is not a valid redis:// or rediss:// URL: redis: invalid database number"},
+		{"redis url unparsable", func(c *Config) { c.RedisURL = "redis://u:s3cret@r:port" }, []string{"REDIS_URL"}, "REDIS_URL is not a valid"},
+		{"queue type", func(c *Config) { c.QueueType = "rabbit" }, []string{"QUEUE_TYPE"}, `QUEUE_TYPE ("rabbit") must be redis or kafka`},
+		{"kafka in embedded mode", func(c *Config) { c.QueueType = "kafka"; c.KafkaBrokers = []string{"k:9092"} }, []string{"QUEUE_TYPE"}, "QUEUE_TYPE (kafka) needs REDIS_URL: embedded mode"},
+		{"kafka without brokers", func(c *Config) { c.RedisURL = redisURL; c.QueueType = "kafka" }, []string{"KAFKA_BROKERS"}, "KAFKA_BROKERS is required when QUEUE_TYPE=kafka"},
+		{"kafka broker without port", func(c *Config) {
+			c.RedisURL = redisURL
+			c.QueueType = "kafka"
+			c.KafkaBrokers = []string{"k:9092", "kafka"}
+		}, []string{"KAFKA_BROKERS"}, `KAFKA_BROKERS item "kafka" must be host:port`},
+		{"queue prefix empty", func(c *Config) { c.QueuePrefix = "" }, []string{"QUEUE_PREFIX"}, "QUEUE_PREFIX must not be empty"},
+		{"queue prefix with space", func(c *Config) { c.QueuePrefix = "my queue:" }, []string{"QUEUE_PREFIX"}, `QUEUE_PREFIX ("my queue:") must not contain spaces`},
+		{"queue prefix with tab", func(c *Config) { c.QueuePrefix = "q\t" }, []string{"QUEUE_PREFIX"}, "must not contain spaces"},
+		{"direct and failover both off", func(c *Config) { c.DirectPathEnabled = false; c.QueueFailoverEnabled = false }, []string{"DIRECT_PATH_ENABLED"}, "DIRECT_PATH_ENABLED (false) needs QUEUE_FAILOVER_ENABLED=true"},
+		{"pool backend unknown", func(c *Config) { c.PoolBackend = "memcached" }, []string{"POOL_BACKEND"}, `POOL_BACKEND ("memcached") must be local or redis`},
+		{"pool backend unset", func(c *Config) { c.PoolBackend = "" }, []string{"POOL_BACKEND"}, `POOL_BACKEND ("") must be local or redis`},
+		{"redis pool in embedded mode", func(c *Config) { c.PoolBackend = "redis" }, []string{"POOL_BACKEND"}, "POOL_BACKEND (redis) needs REDIS_URL"},
+		{"pool size", func(c *Config) { c.ConnectionPoolSize = 0 }, []string{"CONNECTION_POOL_SIZE"}, "CONNECTION_POOL_SIZE (0) must be at least 1"},
+		{"pool per user", func(c *Config) { c.ConnectionPoolPerUser = 0 }, []string{"CONNECTION_POOL_PER_USER"}, "CONNECTION_POOL_PER_USER (0) must be at least 1"},
+		{"lease ttl", func(c *Config) { c.PoolLeaseTTLSeconds = 1 }, []string{"POOL_LEASE_TTL_SECONDS"}, "POOL_LEASE_TTL_SECONDS (1) must be at least 2"},
+		{"fallback size", func(c *Config) { c.PoolLocalFallbackSize = 0 }, []string{"POOL_LOCAL_FALLBACK_SIZE"}, "POOL_LOCAL_FALLBACK_SIZE (0) must be at least 1"},
+		{"worker concurrency", func(c *Config) { c.WorkerConcurrency = 0 }, []string{"WORKER_CONCURRENCY"}, "WORKER_CONCURRENCY (0) must be at least 1"},
+		{"worker heartbeat", func(c *Config) { c.WorkerHeartbeatSeconds = 0 }, []string{"WORKER_HEARTBEAT_SECONDS"}, "WORKER_HEARTBEAT_SECONDS (0) must be at least 1"},
+		{"reclaim equals heartbeat", func(c *Config) { c.QueueReclaimIdleSeconds = 5 }, []string{"QUEUE_RECLAIM_IDLE_SECONDS"}, "QUEUE_RECLAIM_IDLE_SECONDS (5) must be greater than WORKER_HEARTBEAT_SECONDS (5)"},
+		{"reclaim below heartbeat", func(c *Config) { c.WorkerHeartbeatSeconds = 20 }, []string{"QUEUE_RECLAIM_IDLE_SECONDS"}, "QUEUE_RECLAIM_IDLE_SECONDS (15) must be greater than WORKER_HEARTBEAT_SECONDS (20)"},
+		{"failover timeout", func(c *Config) { c.QueueFailoverTimeoutSeconds = 0 }, []string{"QUEUE_FAILOVER_TIMEOUT_SECONDS"}, "QUEUE_FAILOVER_TIMEOUT_SECONDS (0) must be at least 1"},
+		{"max retries", func(c *Config) { c.QueueFailoverMaxRetries = -1 }, []string{"QUEUE_FAILOVER_MAX_RETRIES"}, "QUEUE_FAILOVER_MAX_RETRIES (-1) must be at least 0"},
+		{"base delay", func(c *Config) { c.QueueFailoverBaseDelayMS = 0 }, []string{"QUEUE_FAILOVER_BASE_DELAY_MS"}, "QUEUE_FAILOVER_BASE_DELAY_MS (0) must be at least 1"},
+		{"max delay below base", func(c *Config) { c.QueueFailoverMaxDelayMS = 99 }, []string{"QUEUE_FAILOVER_MAX_DELAY_MS"}, "QUEUE_FAILOVER_MAX_DELAY_MS (99) must be at least QUEUE_FAILOVER_BASE_DELAY_MS (100)"},
+		{"batch size", func(c *Config) { c.QueueFailoverChunkBatchSize = 0 }, []string{"QUEUE_FAILOVER_CHUNK_BATCH_SIZE"}, "QUEUE_FAILOVER_CHUNK_BATCH_SIZE (0) must be at least 1"},
+		{"batch timeout", func(c *Config) { c.QueueFailoverChunkBatchTimeoutMS = 0 }, []string{"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS"}, "QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS (0) must be at least 1"},
+		{"overflow threshold", func(c *Config) { c.QueueOverflowThreshold = 0; c.QueueOverflowHysteresis = 0 }, []string{"QUEUE_OVERFLOW_HYSTERESIS", "QUEUE_OVERFLOW_THRESHOLD"}, "QUEUE_OVERFLOW_THRESHOLD (0) must be at least 1"},
+		{"hysteresis negative", func(c *Config) { c.QueueOverflowHysteresis = -1 }, []string{"QUEUE_OVERFLOW_HYSTERESIS"}, "QUEUE_OVERFLOW_HYSTERESIS (-1) must be at least 0"},
+		{"hysteresis not below threshold", func(c *Config) { c.QueueOverflowHysteresis = 10000 }, []string{"QUEUE_OVERFLOW_HYSTERESIS"}, "QUEUE_OVERFLOW_HYSTERESIS (10000) must be less than QUEUE_OVERFLOW_THRESHOLD (10000)"},
+		{"retry after", func(c *Config) { c.QueueRetryAfterSeconds = 0 }, []string{"QUEUE_RETRY_AFTER_SECONDS"}, "QUEUE_RETRY_AFTER_SECONDS (0) must be at least 1"},
+		{"depth cache ttl", func(c *Config) { c.QueueDepthCacheTTLMS = 9 }, []string{"QUEUE_DEPTH_CACHE_TTL_MS"}, "QUEUE_DEPTH_CACHE_TTL_MS (9) must be at least 10"},
+		{"sse heartbeat", func(c *Config) { c.HeartbeatIntervalSeconds = 0 }, []string{"HEARTBEAT_INTERVAL_SECONDS"}, "HEARTBEAT_INTERVAL_SECONDS (0) must be at least 1"},
+		{"max body", func(c *Config) { c.MaxBodyBytes = 1023 }, []string{"MAX_BODY_BYTES"}, "MAX_BODY_BYTES (1023) must be at least 1024"},
+		{"max messages", func(c *Config) { c.MaxMessages = 0 }, []string{"MAX_MESSAGES"}, "MAX_MESSAGES (0) must be at least 1"},
+		{"max tokens", func(c *Config) { c.MaxTokensLimit = 0 }, []string{"MAX_TOKENS_LIMIT"}, "MAX_TOKENS_LIMIT (0) must be at least 1"},
+		{"shutdown grace", func(c *Config) { c.ShutdownGraceSeconds = -1 }, []string{"SHUTDOWN_GRACE_SECONDS"}, "SHUTDOWN_GRACE_SECONDS (-1) must be at least 0"},
+		{"rps negative", func(c *Config) { c.RateLimitRPS = -1 }, []string{"RATE_LIMIT_RPS"}, "RATE_LIMIT_RPS (-1) must be 0 (off) or a positive number"},
+		{"rps NaN", func(c *Config) { c.RateLimitRPS = math.NaN() }, []string{"RATE_LIMIT_RPS"}, "RATE_LIMIT_RPS (NaN)"},
+		{"rps infinite", func(c *Config) { c.RateLimitRPS = math.Inf(1); c.RateLimitBurst = 1 }, []string{"RATE_LIMIT_RPS"}, "RATE_LIMIT_RPS (+Inf)"},
+		{"burst negative", func(c *Config) { c.RateLimitBurst = -1 }, []string{"RATE_LIMIT_BURST"}, "RATE_LIMIT_BURST (-1) must be at least 0"},
+		{"burst zero with rps", func(c *Config) { c.RateLimitRPS = 5 }, []string{"RATE_LIMIT_BURST"}, "RATE_LIMIT_BURST (0) must be at least 1 when RATE_LIMIT_RPS is set (5)"},
+		{"provider unknown", func(c *Config) { c.LLMProvider = "anthropic" }, []string{"LLM_PROVIDER"}, `LLM_PROVIDER ("anthropic") must be sim or openai`},
+		{"openai without base url", func(c *Config) { c.LLMProvider = "openai" }, []string{"LLM_BASE_URL"}, "LLM_BASE_URL is required when LLM_PROVIDER=openai"},
+		{"base url scheme", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "ftp://h/v1" }, []string{"LLM_BASE_URL"}, `LLM_BASE_URL must be an http:// or https:// URL with a host: scheme is "ftp"`},
+		{"base url without host", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "http:///v1" }, []string{"LLM_BASE_URL"}, "host is missing"},
+		{"base url without scheme", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "localhost:8081/v1" }, []string{"LLM_BASE_URL"}, "LLM_BASE_URL must be an http:// or https:// URL"},
+		{"base url checked for sim too", func(c *Config) { c.LLMBaseURL = "::" }, []string{"LLM_BASE_URL"}, "LLM_BASE_URL must be an http:// or https:// URL"},
+		{"llm timeout", func(c *Config) { c.LLMTimeoutSeconds = 0 }, []string{"LLM_TIMEOUT_SECONDS"}, "LLM_TIMEOUT_SECONDS (0) must be at least 1"},
+		{"sim first token", func(c *Config) { c.SimFirstTokenMS = -1 }, []string{"SIM_FIRST_TOKEN_MS"}, "SIM_FIRST_TOKEN_MS (-1) must be at least 0"},
+		{"sim token ms", func(c *Config) { c.SimTokenMS = -1 }, []string{"SIM_TOKEN_MS"}, "SIM_TOKEN_MS (-1) must be at least 0"},
+		{"sim tokens", func(c *Config) { c.SimTokens = 0 }, []string{"SIM_TOKENS"}, "SIM_TOKENS (0) must be at least 1"},
+		{"fail rate above 1", func(c *Config) { c.SimFailRate = 1.5 }, []string{"SIM_FAIL_RATE"}, "SIM_FAIL_RATE (1.5) must be between 0 and 1"},
+		{"fail rate negative", func(c *Config) { c.SimFailRate = -0.1 }, []string{"SIM_FAIL_RATE"}, "SIM_FAIL_RATE (-0.1) must be between 0 and 1"},
+		{"fail rate NaN", func(c *Config) { c.SimFailRate = math.NaN() }, []string{"SIM_FAIL_RATE"}, "SIM_FAIL_RATE (NaN) must be between 0 and 1"},
+		{"midstream rate", func(c *Config) { c.SimFailMidstreamRate = 2 }, []string{"SIM_FAIL_MIDSTREAM_RATE"}, "SIM_FAIL_MIDSTREAM_RATE (2) must be between 0 and 1"},
+		{"log level", func(c *Config) { c.LogLevel = "verbose" }, []string{"LOG_LEVEL"}, `LOG_LEVEL ("verbose") must be debug, info, warn or error`},
+		{"log level empty", func(c *Config) { c.LogLevel = "" }, []string{"LOG_LEVEL"}, `LOG_LEVEL ("") must be`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := mustLoad(t, "", nil)
+			tt.mutate(c)
+			before := *c
+			err := c.Validate()
+			if err == nil {
+				t.Fatal("Validate() = nil, want an error")
+			}
+			if got := errVars(err); !slices.Equal(got, tt.wantVars) {
+				t.Errorf("error names %v, want %v; error: %v", got, tt.wantVars, err)
+			}
+			if !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Errorf("error %q does not contain %q", err, tt.wantMsg)
+			}
+			if strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("error %q leaks the Redis password", err)
+			}
+			if !reflect.DeepEqual(*c, before) && !hasNaN(c) {
+				t.Errorf("Validate changed the config: %+v, was %+v", *c, before)
+			}
+		})
+	}
+}
+
+// hasNaN reports whether a float field is NaN, which DeepEqual never
+// considers equal to itself.
+func hasNaN(c *Config) bool {
+	return math.IsNaN(c.RateLimitRPS) || math.IsNaN(c.SimFailRate) || math.IsNaN(c.SimFailMidstreamRate)
+}
+
+// Each bound is inclusive where the rule says so: the edge values pass.
+func TestValidateAcceptsEdges(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+	}{
+		{"defaults", func(*Config) {}},
+		{"smallest numbers", func(c *Config) {
+			c.ConnectionPoolSize, c.ConnectionPoolPerUser, c.PoolLeaseTTLSeconds, c.PoolLocalFallbackSize = 1, 1, 2, 1
+			c.WorkerConcurrency, c.WorkerHeartbeatSeconds, c.QueueReclaimIdleSeconds = 1, 1, 2
+			c.QueueFailoverTimeoutSeconds, c.QueueFailoverMaxRetries = 1, 0
+			c.QueueFailoverBaseDelayMS, c.QueueFailoverMaxDelayMS = 1, 1
+			c.QueueFailoverChunkBatchSize, c.QueueFailoverChunkBatchTimeoutMS = 1, 1
+			c.QueueOverflowThreshold, c.QueueOverflowHysteresis, c.QueueRetryAfterSeconds, c.QueueDepthCacheTTLMS = 1, 0, 1, 10
+			c.HeartbeatIntervalSeconds, c.MaxBodyBytes, c.MaxMessages, c.MaxTokensLimit, c.ShutdownGraceSeconds = 1, 1024, 1, 1, 0
+			c.LLMTimeoutSeconds, c.SimFirstTokenMS, c.SimTokenMS, c.SimTokens = 1, 0, 0, 1
+		}},
+		{"rates at 1", func(c *Config) { c.SimFailRate, c.SimFailMidstreamRate = 1, 1 }},
+		{"rate limit on", func(c *Config) { c.RateLimitRPS, c.RateLimitBurst = 0.5, 1 }},
+		{"hysteresis just below threshold", func(c *Config) { c.QueueOverflowHysteresis = 9999 }},
+		{"addresses", func(c *Config) { c.HTTPAddr, c.ConsumerHTTPAddr = "127.0.0.1:0", "[::1]:9090" }},
+		{"log levels in any case", func(c *Config) { c.LogLevel = "Error" }},
+		{"redis and kafka", func(c *Config) {
+			c.RedisURL = "rediss://user:pw@r.example:6380/3"
+			c.QueueType, c.KafkaBrokers, c.PoolBackend = "kafka", []string{"k1:9092", "[::1]:9093"}, "redis"
+		}},
+		{"openai", func(c *Config) { c.LLMProvider, c.LLMBaseURL = "openai", "https://api.example.com/v1" }},
+		{"queue only", func(c *Config) { c.DirectPathEnabled = false }},
+		{"no failover", func(c *Config) { c.QueueFailoverEnabled = false }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			c := mustLoad(t, "", nil)
+			tt.mutate(c)
+			if err := c.Validate(); err != nil {
+				t.Errorf("Validate() = %v, want nil", err)
+			}
+		})
+	}
+}
+
+func TestLoadReportsEveryBadValue(t *testing.T) {
+	t.Parallel()
+	environ := map[string]string{
+		"WORKER_CONCURRENCY":         "0",
+		"QUEUE_TYPE":                 "rabbit",
+		"LOG_LEVEL":                  "loud",
+		"SIM_FAIL_RATE":              "2",
+		"QUEUE_RECLAIM_IDLE_SECONDS": "5",
+		"QUEUE_PREFIX":               "a b",
+		"POOL_BACKEND":               "redis",
+		"HTTP_ADDR":                  "8080",
+	}
+	_, err := Load("", environ)
+	if err == nil {
+		t.Fatal("Load succeeded, want an error")
+	}
+	want := []string{"HTTP_ADDR", "LOG_LEVEL", "POOL_BACKEND", "QUEUE_PREFIX", "QUEUE_RECLAIM_IDLE_SECONDS", "QUEUE_TYPE", "SIM_FAIL_RATE", "WORKER_CONCURRENCY"}
+	if got := errVars(err); !slices.Equal(got, want) {
+		t.Errorf("error names %v, want %v", got, want)
+	}
+	for _, name := range want {
+		if !strings.Contains(err.Error(), name) {
+			t.Errorf("error %q does not name %s", err, name)
+		}
+	}
+	if !strings.Contains(err.Error(), "QUEUE_RECLAIM_IDLE_SECONDS (5) must be greater than WORKER_HEARTBEAT_SECONDS (5)") {
+		t.Errorf("error %q lacks the reclaim message", err)
+	}
+}
+
+func TestExampleFileMatchesDefaults(t *testing.T) {
+	t.Parallel()
+	for _, environ := range []map[string]string{
+		nil,
+		{"REDIS_URL": "redis://localhost:6379/0"},
+	} {
+		got := mustLoad(t, exampleFile, environ)
+		want := mustLoad(t, "", environ)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("env %v: %s loads as\n %+v\nwant defaults\n %+v", environ, exampleFile, got, want)
+		}
+	}
+}
+
+func TestExampleFileDocumentsEverySetting(t *testing.T) {
+	t.Parallel()
+	data, err := os.ReadFile(exampleFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// These have mode-dependent defaults (or nil means "decide by mode"), so
+	// setting them in the file would change behaviour.
+	commentedOut := []string{"CONNECTION_POOL_SIZE", "EMBEDDED_WORKERS", "POOL_BACKEND", "REDIS_URL"}
+
+	active := regexp.MustCompile(`^([a-z_]+):`)
+	commented := regexp.MustCompile(`^# ([a-z_]+):`)
+	commentedKey := func(line string) string {
+		if m := commented.FindStringSubmatch(line); m != nil && knownVars[strings.ToUpper(m[1])] {
+			return m[1]
+		}
+		return ""
+	}
+	var gotActive, gotCommented []string
+	lines := strings.Split(string(data), "\n")
+	for i, line := range lines {
+		var key string
+		if m := active.FindStringSubmatch(line); m != nil {
+			key = m[1]
+			gotActive = append(gotActive, strings.ToUpper(key))
+		} else if key = commentedKey(line); key != "" {
+			gotCommented = append(gotCommented, strings.ToUpper(key))
+		} else {
+			continue
+		}
+		if i == 0 || !strings.HasPrefix(lines[i-1], "# ") || commentedKey(lines[i-1]) != "" {
+			t.Errorf("line %d (%s) has no one-line comment above it", i+1, key)
+		}
+	}
+	slices.Sort(gotActive)
+	slices.Sort(gotCommented)
+	if !slices.Equal(gotCommented, commentedOut) {
+		t.Errorf("commented-out keys %v, want exactly %v", gotCommented, commentedOut)
+	}
+	wantActive := slices.DeleteFunc(allVars(), func(n string) bool { return slices.Contains(commentedOut, n) })
+	if !slices.Equal(gotActive, wantActive) {
+		t.Errorf("keys set in %s:\n %v\nwant every setting but the commented-out ones:\n %v", exampleFile, gotActive, wantActive)
+	}
+}
+
+func TestSlogLevel(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		level string
+		want  slog.Level
+	}{
+		{"debug", slog.LevelDebug},
+		{"info", slog.LevelInfo},
+		{"warn", slog.LevelWarn},
+		{"error", slog.LevelError},
+		{"DEBUG", slog.LevelDebug},
+		{"bogus", slog.LevelInfo},
+	}
+	for _, tt := range tests {
+		t.Run(tt.level, func(t *testing.T) {
+			t.Parallel()
+			c := &Config{LogLevel: tt.level}
+			if got := c.SlogLevel(); got != tt.want {
+				t.Errorf("SlogLevel() = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDurations(t *testing.T) {
+	t.Parallel()
+	// Distinct values so a helper reading the wrong field fails.
+	c := &Config{
+		HeartbeatIntervalSeconds:         2,
+		QueueFailoverTimeoutSeconds:      3,
+		WorkerHeartbeatSeconds:           5,
+		QueueReclaimIdleSeconds:          7,
+		QueueRetryAfterSeconds:           11,
+		ShutdownGraceSeconds:             13,
+		QueueFailoverChunkBatchTimeoutMS: 17,
+		QueueFailoverBaseDelayMS:         19,
+		QueueFailoverMaxDelayMS:          23,
+		QueueDepthCacheTTLMS:             29,
+		PoolLeaseTTLSeconds:              31,
+		LLMTimeoutSeconds:                37,
+		SimFirstTokenMS:                  41,
+		SimTokenMS:                       43,
+	}
+	tests := []struct {
+		name string
+		got  time.Duration
+		want time.Duration
+	}{
+		{"HeartbeatInterval", c.HeartbeatInterval(), 2 * time.Second},
+		{"QueueFailoverTimeout", c.QueueFailoverTimeout(), 3 * time.Second},
+		{"WorkerHeartbeat", c.WorkerHeartbeat(), 5 * time.Second},
+		{"QueueReclaimIdle", c.QueueReclaimIdle(), 7 * time.Second},
+		{"QueueRetryAfter", c.QueueRetryAfter(), 11 * time.Second},
+		{"ShutdownGrace", c.ShutdownGrace(), 13 * time.Second},
+		{"BatchTimeout", c.BatchTimeout(), 17 * time.Millisecond},
+		{"BaseDelay", c.BaseDelay(), 19 * time.Millisecond},
+		{"MaxDelay", c.MaxDelay(), 23 * time.Millisecond},
+		{"DepthCacheTTL", c.DepthCacheTTL(), 29 * time.Millisecond},
+		{"LeaseTTL", c.LeaseTTL(), 31 * time.Second},
+		{"LLMTimeout", c.LLMTimeout(), 37 * time.Second},
+		{"SimFirstToken", c.SimFirstToken(), 41 * time.Millisecond},
+		{"SimTokenInterval", c.SimTokenInterval(), 43 * time.Millisecond},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s() = %v, want %v", tt.name, tt.got, tt.want)
+		}
+	}
+}
+
+func TestEnvironMap(t *testing.T) {
+	t.Parallel()
+	got := environMap([]string{"A=1", "B=x=y", "C=", "D", "=C:=C:\\", "A=2"})
+	want := map[string]string{"A": "2", "B": "x=y", "C": "", "D": ""}
+	if !maps.Equal(got, want) {
+		t.Errorf("environMap = %v, want %v", got, want)
+	}
+}
+
+// TestFromEnv reads the real process environment, so it cannot run in
+// parallel (t.Setenv forbids it); setting a var to "" makes it unset for Load.
+func TestFromEnv(t *testing.T) {
+	for _, name := range allVars() {
+		t.Setenv(name, "")
+	}
+	t.Setenv("WORKER_CONCURRENCY", "9")
+	path := writeFile(t, "worker_concurrency: 3\nsim_tokens: 4\n")
+	c, err := FromEnv(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WorkerConcurrency != 9 || c.SimTokens != 4 {
+		t.Errorf("WorkerConcurrency %d SimTokens %d; want 9 from env, 4 from file", c.WorkerConcurrency, c.SimTokens)
+	}
+}

@@ -1,0 +1,271 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"strings"
+
+	"github.com/caarlos0/env/v11"
+	"gopkg.in/yaml.v3"
+)
+
+// Derived defaults: they depend on whether REDIS_URL is set, so they cannot
+// live in envDefault tags.
+const (
+	defaultPoolSize         = 100
+	defaultEmbeddedPoolSize = 2
+)
+
+// FieldError is one bad setting. Load and Validate return every FieldError
+// they find, joined with errors.Join; walk the tree to collect them.
+type FieldError struct {
+	// Var is the env name of the setting, e.g. "WORKER_CONCURRENCY".
+	Var string
+	// Err says what is wrong, phrased to follow Var in a sentence.
+	Err error
+}
+
+// Error returns the env name followed by what is wrong with its value.
+func (e *FieldError) Error() string { return e.Var + " " + e.Err.Error() }
+
+// Unwrap returns the underlying cause.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// FromEnv is Load with the process environment. path may be empty.
+func FromEnv(path string) (*Config, error) {
+	return Load(path, environMap(os.Environ()))
+}
+
+// Load builds a Config from the defaults, then the YAML file at path (skipped
+// when path is empty), then environ, later sources winning, and validates it.
+//
+// The file's keys are the env names in lower case; a list value is the same
+// as a comma-separated string. An unknown key is an error. A setting that is
+// empty (an env var set to "", a YAML null or "") counts as not set, so it
+// neither overrides the file nor the default: docker-compose passes
+// `${VAR}` of an unset host variable as "", and that must not erase a value.
+//
+// CONNECTION_POOL_SIZE (unset or 0) and POOL_BACKEND (unset) get defaults
+// that depend on the mode: 2 and "local" without REDIS_URL (embedded), 100
+// and "redis" with it.
+func Load(path string, environ map[string]string) (*Config, error) {
+	merged := make(map[string]string)
+	source := make(map[string]string)
+	if path != "" {
+		fileVals, err := readFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		for k, v := range fileVals {
+			merged[k] = v
+			source[k] = "in " + path
+		}
+	}
+	for k, v := range environ {
+		if v == "" {
+			continue
+		}
+		merged[k] = v
+		source[k] = "in env"
+	}
+
+	var c Config
+	if err := env.ParseWithOptions(&c, env.Options{Environment: merged}); err != nil {
+		return nil, fmt.Errorf("config: %w", nameParseErrors(err, source))
+	}
+	c.KafkaBrokers = cleanList(c.KafkaBrokers)
+	c.APIKeys = cleanList(c.APIKeys)
+	if c.ConnectionPoolSize == 0 {
+		c.ConnectionPoolSize = defaultPoolSize
+		if c.Embedded() {
+			c.ConnectionPoolSize = defaultEmbeddedPoolSize
+		}
+	}
+	if c.PoolBackend == "" {
+		c.PoolBackend = PoolBackendRedis
+		if c.Embedded() {
+			c.PoolBackend = PoolBackendLocal
+		}
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return &c, nil
+}
+
+// environMap turns os.Environ's KEY=VALUE entries into a map. Entries
+// without a key (Windows keeps "=C:=C:\" style ones) are skipped.
+func environMap(entries []string) map[string]string {
+	m := make(map[string]string, len(entries))
+	for _, e := range entries {
+		k, v, _ := strings.Cut(e, "=")
+		if k == "" {
+			continue
+		}
+		m[k] = v
+	}
+	return m
+}
+
+// cleanList trims each item and drops empty ones, so "a:1, b:2," is two
+// brokers; nil when nothing is left.
+func cleanList(items []string) []string {
+	var out []string
+	for _, it := range items {
+		if it = strings.TrimSpace(it); it != "" {
+			out = append(out, it)
+		}
+	}
+	return out
+}
+
+// envVars maps each Config field name to its env name, in field order.
+var envVars = func() map[string]string {
+	m := make(map[string]string)
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name != "" {
+			m[f.Name] = name
+		}
+	}
+	return m
+}()
+
+// knownVars is the set of env names Config reads.
+var knownVars = func() map[string]bool {
+	m := make(map[string]bool, len(envVars))
+	for _, v := range envVars {
+		m[v] = true
+	}
+	return m
+}()
+
+// nameParseErrors rewrites caarlos0/env's parse errors, which name the Go
+// field, into FieldErrors that name the env var and where its value came from.
+func nameParseErrors(err error, source map[string]string) error {
+	var agg env.AggregateError
+	if !errors.As(err, &agg) {
+		return err
+	}
+	errs := make([]error, 0, len(agg.Errors))
+	for _, e := range agg.Errors {
+		var pe env.ParseError
+		name, ok := "", false
+		if errors.As(e, &pe) {
+			name, ok = envVars[pe.Name]
+		}
+		if !ok {
+			errs = append(errs, e)
+			continue
+		}
+		typ := pe.Type
+		if typ.Kind() == reflect.Pointer {
+			typ = typ.Elem()
+		}
+		if typ.Kind() == reflect.Slice {
+			typ = typ.Elem()
+		}
+		errs = append(errs, &FieldError{Var: name, Err: fmt.Errorf("(%s) is not a valid %s: %w", source[name], typ, pe.Err)})
+	}
+	return errors.Join(errs...)
+}
+
+// readFile reads a YAML settings file into env-style KEY=value pairs.
+func readFile(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read settings file: %w", err)
+	}
+	vals, err := parseYAML(data)
+	if err != nil {
+		return nil, fmt.Errorf("settings file %s: %w", path, err)
+	}
+	return vals, nil
+}
+
+// parseYAML decodes a mapping of lower-case env names to scalars or lists of
+// scalars. Scalars keep their source text, so `0.10` or `1e3` reach the env
+// parser exactly as written. Every bad key is reported, not just the first.
+func parseYAML(data []byte) (map[string]string, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	vals := make(map[string]string)
+	if doc.Kind == 0 { // empty file or only comments
+		return vals, nil
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("line %d: top level must be a mapping of setting names to values", root.Line)
+	}
+	var errs []error
+	seen := make(map[string]bool)
+	for i := 0; i+1 < len(root.Content); i += 2 {
+		k, v := root.Content[i], root.Content[i+1]
+		key := k.Value
+		name := strings.ToUpper(key)
+		switch {
+		case k.Kind != yaml.ScalarNode:
+			errs = append(errs, fmt.Errorf("line %d: key must be a setting name", k.Line))
+			continue
+		case !knownVars[name] || key != strings.ToLower(key):
+			if knownVars[name] {
+				errs = append(errs, fmt.Errorf("line %d: unknown key %q (keys are lower case: %q)", k.Line, key, strings.ToLower(key)))
+			} else {
+				errs = append(errs, fmt.Errorf("line %d: unknown key %q", k.Line, key))
+			}
+			continue
+		case seen[name]:
+			errs = append(errs, fmt.Errorf("line %d: key %q given twice", k.Line, key))
+			continue
+		}
+		seen[name] = true
+		s, err := yamlValue(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("line %d: %s: %w", v.Line, key, err))
+			continue
+		}
+		vals[name] = s
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return vals, nil
+}
+
+// yamlValue renders a YAML value the way it would be written in env: a
+// scalar as is, null as empty (not set), a list joined by commas.
+func yamlValue(n *yaml.Node) (string, error) {
+	if n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			return "", nil
+		}
+		return n.Value, nil
+	case yaml.SequenceNode:
+		items := make([]string, 0, len(n.Content))
+		for _, it := range n.Content {
+			if it.Kind == yaml.AliasNode {
+				it = it.Alias
+			}
+			if it.Kind != yaml.ScalarNode || it.Tag == "!!null" {
+				return "", errors.New("list items must be plain values")
+			}
+			if strings.Contains(it.Value, ",") {
+				return "", fmt.Errorf("list item %q contains a comma, which separates items", it.Value)
+			}
+			items = append(items, it.Value)
+		}
+		return strings.Join(items, ","), nil
+	default:
+		return "", errors.New("value must be a plain value or a list")
+	}
+}

@@ -1,0 +1,233 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/url"
+	"strings"
+	"unicode"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Values of QUEUE_TYPE, POOL_BACKEND and LLM_PROVIDER.
+const (
+	// QueueTypeRedis is the QUEUE_TYPE for Redis Streams.
+	QueueTypeRedis = "redis"
+	// QueueTypeKafka is the QUEUE_TYPE for Kafka.
+	QueueTypeKafka = "kafka"
+	// PoolBackendLocal is the POOL_BACKEND that counts slots in this process only.
+	PoolBackendLocal = "local"
+	// PoolBackendRedis is the POOL_BACKEND shared through Redis by every api and consumer.
+	PoolBackendRedis = "redis"
+	// ProviderSim is the LLM_PROVIDER for the in-process simulator.
+	ProviderSim = "sim"
+	// ProviderOpenAI is the LLM_PROVIDER for any OpenAI-compatible endpoint at LLM_BASE_URL.
+	ProviderOpenAI = "openai"
+)
+
+// Lower bounds that are not simply "at least 1".
+const (
+	minMaxBodyBytes        = 1024
+	minDepthCacheTTLMS     = 10
+	minPoolLeaseTTLSeconds = 2
+)
+
+// Validate reports every bad value at once, joined with errors.Join, each a
+// *FieldError naming its env var. It does not change c. It checks the final
+// config, so the mode-dependent defaults Load fills in must be present.
+func (c *Config) Validate() error {
+	var v validator
+
+	v.listenAddr("HTTP_ADDR", c.HTTPAddr)
+	v.listenAddr("CONSUMER_HTTP_ADDR", c.ConsumerHTTPAddr)
+	if c.RedisURL != "" {
+		if err := checkRedisURL(c.RedisURL); err != nil {
+			// The URL itself is not echoed: it may carry a password.
+			v.fail("REDIS_URL", "is not a valid redis:// or rediss:// URL: %v", err)
+		}
+	}
+
+	switch c.QueueType {
+	case QueueTypeRedis:
+	case QueueTypeKafka:
+		if c.Embedded() {
+			v.fail("QUEUE_TYPE", "(kafka) needs REDIS_URL: embedded mode (no REDIS_URL) supports only QUEUE_TYPE=redis, and results and the pool go through Redis")
+		}
+		if len(c.KafkaBrokers) == 0 {
+			v.fail("KAFKA_BROKERS", "is required when QUEUE_TYPE=kafka")
+		}
+	default:
+		v.fail("QUEUE_TYPE", "(%q) must be redis or kafka", c.QueueType)
+	}
+	for _, b := range c.KafkaBrokers {
+		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || port == "" {
+			v.fail("KAFKA_BROKERS", "item %q must be host:port", b)
+		}
+	}
+	if c.QueuePrefix == "" {
+		v.fail("QUEUE_PREFIX", "must not be empty")
+	} else if strings.ContainsFunc(c.QueuePrefix, unicode.IsSpace) {
+		v.fail("QUEUE_PREFIX", "(%q) must not contain spaces", c.QueuePrefix)
+	}
+	if !c.DirectPathEnabled && !c.QueueFailoverEnabled {
+		v.fail("DIRECT_PATH_ENABLED", "(false) needs QUEUE_FAILOVER_ENABLED=true: with both off no request could be served")
+	}
+
+	switch c.PoolBackend {
+	case PoolBackendLocal:
+	case PoolBackendRedis:
+		if c.Embedded() {
+			v.fail("POOL_BACKEND", "(redis) needs REDIS_URL")
+		}
+	default:
+		v.fail("POOL_BACKEND", "(%q) must be local or redis", c.PoolBackend)
+	}
+	v.atLeast("CONNECTION_POOL_SIZE", c.ConnectionPoolSize, 1)
+	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
+	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
+	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
+
+	v.atLeast("WORKER_CONCURRENCY", c.WorkerConcurrency, 1)
+	v.atLeast("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeatSeconds, 1)
+	// A live worker refreshes its claim every heartbeat; if the idle limit
+	// were not longer, live workers' jobs would be taken over.
+	if c.QueueReclaimIdleSeconds <= c.WorkerHeartbeatSeconds {
+		v.fail("QUEUE_RECLAIM_IDLE_SECONDS", "(%d) must be greater than WORKER_HEARTBEAT_SECONDS (%d)",
+			c.QueueReclaimIdleSeconds, c.WorkerHeartbeatSeconds)
+	}
+	v.atLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeoutSeconds, 1)
+	v.atLeast("QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 0)
+	v.atLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelayMS, 1)
+	if c.QueueFailoverMaxDelayMS < c.QueueFailoverBaseDelayMS {
+		v.fail("QUEUE_FAILOVER_MAX_DELAY_MS", "(%d) must be at least QUEUE_FAILOVER_BASE_DELAY_MS (%d)",
+			c.QueueFailoverMaxDelayMS, c.QueueFailoverBaseDelayMS)
+	}
+	v.atLeast("QUEUE_FAILOVER_CHUNK_BATCH_SIZE", c.QueueFailoverChunkBatchSize, 1)
+	v.atLeast("QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS", c.QueueFailoverChunkBatchTimeoutMS, 1)
+	v.atLeast("QUEUE_OVERFLOW_THRESHOLD", c.QueueOverflowThreshold, 1)
+	if v.atLeast("QUEUE_OVERFLOW_HYSTERESIS", c.QueueOverflowHysteresis, 0) &&
+		c.QueueOverflowHysteresis >= c.QueueOverflowThreshold {
+		v.fail("QUEUE_OVERFLOW_HYSTERESIS", "(%d) must be less than QUEUE_OVERFLOW_THRESHOLD (%d)",
+			c.QueueOverflowHysteresis, c.QueueOverflowThreshold)
+	}
+	v.atLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 1)
+	v.atLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, minDepthCacheTTLMS)
+
+	v.atLeast("HEARTBEAT_INTERVAL_SECONDS", c.HeartbeatIntervalSeconds, 1)
+	atLeast(&v, "MAX_BODY_BYTES", c.MaxBodyBytes, minMaxBodyBytes)
+	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
+	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
+	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
+
+	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
+		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)
+	}
+	if v.atLeast("RATE_LIMIT_BURST", c.RateLimitBurst, 0) && c.RateLimitRPS > 0 && c.RateLimitBurst < 1 {
+		v.fail("RATE_LIMIT_BURST", "(%d) must be at least 1 when RATE_LIMIT_RPS is set (%g)", c.RateLimitBurst, c.RateLimitRPS)
+	}
+
+	switch c.LLMProvider {
+	case ProviderSim:
+	case ProviderOpenAI:
+		if c.LLMBaseURL == "" {
+			v.fail("LLM_BASE_URL", "is required when LLM_PROVIDER=openai")
+		}
+	default:
+		v.fail("LLM_PROVIDER", "(%q) must be sim or openai", c.LLMProvider)
+	}
+	if c.LLMBaseURL != "" {
+		if err := checkHTTPURL(c.LLMBaseURL); err != nil {
+			v.fail("LLM_BASE_URL", "must be an http:// or https:// URL with a host: %v", err)
+		}
+	}
+	v.atLeast("LLM_TIMEOUT_SECONDS", c.LLMTimeoutSeconds, 1)
+
+	v.atLeast("SIM_FIRST_TOKEN_MS", c.SimFirstTokenMS, 0)
+	v.atLeast("SIM_TOKEN_MS", c.SimTokenMS, 0)
+	v.atLeast("SIM_TOKENS", c.SimTokens, 1)
+	v.rate("SIM_FAIL_RATE", c.SimFailRate)
+	v.rate("SIM_FAIL_MIDSTREAM_RATE", c.SimFailMidstreamRate)
+
+	if _, ok := logLevels[strings.ToLower(c.LogLevel)]; !ok {
+		v.fail("LOG_LEVEL", "(%q) must be debug, info, warn or error", c.LogLevel)
+	}
+
+	return errors.Join(v.errs...)
+}
+
+// validator collects FieldErrors.
+type validator struct {
+	errs []error
+}
+
+func (v *validator) fail(name, format string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Var: name, Err: fmt.Errorf(format, args...)})
+}
+
+// atLeast reports whether got >= minimum, recording a failure if not.
+func (v *validator) atLeast(name string, got, minimum int) bool {
+	return atLeast(v, name, got, minimum)
+}
+
+func atLeast[T int | int64](v *validator, name string, got, minimum T) bool {
+	if got >= minimum {
+		return true
+	}
+	v.fail(name, "(%d) must be at least %d", got, minimum)
+	return false
+}
+
+func (v *validator) rate(name string, got float64) {
+	if !(got >= 0 && got <= 1) { // written so NaN fails too
+		v.fail(name, "(%g) must be between 0 and 1", got)
+	}
+}
+
+func (v *validator) listenAddr(name, addr string) {
+	if addr == "" {
+		v.fail(name, "must not be empty")
+		return
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		v.fail(name, "(%q) must be host:port or :port, e.g. \":8080\"", addr)
+	}
+}
+
+func checkRedisURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return urlCause(err)
+	}
+	if u.Scheme != "redis" && u.Scheme != "rediss" {
+		return fmt.Errorf("scheme is %q", u.Scheme)
+	}
+	if _, err := redis.ParseURL(raw); err != nil {
+		return urlCause(err)
+	}
+	return nil
+}
+
+func checkHTTPURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return urlCause(err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("scheme is %q", u.Scheme)
+	}
+	if u.Host == "" {
+		return errors.New("host is missing")
+	}
+	return nil
+}
+
+// urlCause drops the URL that *url.Error repeats, since it may hold a secret.
+func urlCause(err error) error {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		return ue.Err
+	}
+	return err
+}

@@ -1,0 +1,267 @@
+package protocol
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// Wire samples as workers and clients send them; the fuzzers start here.
+var (
+	resultSamples = []string{
+		`BATCH:[{"seq":1,"content":"Hel"}]`,
+		`BATCH:[{"seq":4,"content":"lo"},{"seq":5,"content":","},{"seq":6,"content":" wor"}]`,
+		`BATCH:[{"seq":1,"content":"a \"q\"\n<b>&\r\\ \u2028 🌊"}]`,
+		`SIGNAL:DONE`,
+		`SIGNAL:DONE:{}`,
+		`SIGNAL:DONE:{"request_id":"req-1","finish_reason":"stop","path":"queued","usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}`,
+		`SIGNAL:ERROR:{"type":"https://spillway.dev/errors/queue-timeout","title":"Queue Timeout","status":503,"detail":"no worker started the request in time","retry_after_seconds":2}`,
+		`SIGNAL:HEARTBEAT`,
+		`SIGNAL:RESET:{"attempt":2}`,
+		`BATCH:[{"seq":1,"content":"a"}]]`,
+		`SIGNAL:DONE:{}}`,
+		`BATCH:[]`,
+		``,
+	}
+	requestSamples = []string{
+		`{"messages":[{"role":"user","content":"Hello"}],"model":"sim-1","max_tokens":256,"temperature":0.7,"thread_id":"optional"}`,
+		`{"prompt":"Hello"}`,
+		`{"messages":[{"role":"system","content":"s"},{"role":"user","content":"u"},{"role":"assistant","content":"a"},{"role":"tool","content":"t"}]}`,
+		`{"prompt":"how do I write \\u0000 in JSON?"}`,
+		`{"prompt":"x\u0000"}`,
+		`{"prompt":"x","messages":[]}`,
+		`{"prompt":"x","max_tokens":1.5,"temperature":2.1}`,
+		`{"prompt":"x"}}`,
+		`[{"prompt":"x"}]`,
+		"{\"prompt\":\"\xff\"}",
+	}
+)
+
+func FuzzDecodeResult(f *testing.F) {
+	for _, s := range resultSamples {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, msg []byte) {
+		r, err := DecodeResult(msg)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("DecodeResult error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		checkResult(t, r)
+		enc, err := EncodeResult(r)
+		if err != nil {
+			// Re-encoding may grow a message that was near the limit
+			// (invalid UTF-8 becomes U+FFFD); nothing else may fail.
+			if len(msg)*3 > MaxResultBytes {
+				return
+			}
+			t.Fatalf("EncodeResult(DecodeResult(%q)): %v", msg, err)
+		}
+		again, err := DecodeResult(enc)
+		if err != nil {
+			t.Fatalf("DecodeResult(EncodeResult(r)) of %q: %v (encoded %q)", msg, err, enc)
+		}
+		if !reflect.DeepEqual(again, r) {
+			t.Fatalf("round trip changed the result:\n first %+v\nsecond %+v\n(input %q, encoded %q)", r, again, msg, enc)
+		}
+	})
+}
+
+// checkResult checks what a successful DecodeResult promises.
+func checkResult(tb testing.TB, r Result) {
+	tb.Helper()
+	switch r.Kind {
+	case KindBatch:
+		if len(r.Chunks) == 0 || r.Chunks[0].Seq < 1 {
+			tb.Fatalf("batch %+v: empty or starts below seq 1", r.Chunks)
+		}
+		for i := 1; i < len(r.Chunks); i++ {
+			if r.Chunks[i].Seq != r.Chunks[i-1].Seq+1 {
+				tb.Fatalf("batch %+v: seq not contiguous at %d", r.Chunks, i)
+			}
+		}
+		if r.Done != nil || r.Problem != nil || r.Reset != nil {
+			tb.Fatalf("batch result carries other payloads: %+v", r)
+		}
+	case KindDone:
+		if r.Chunks != nil || r.Problem != nil || r.Reset != nil {
+			tb.Fatalf("done result carries other payloads: %+v", r)
+		}
+	case KindError:
+		if r.Problem == nil || r.Problem.Type == "" || r.Problem.Status < 400 || r.Problem.Status > 599 {
+			tb.Fatalf("error result with bad problem: %+v", r.Problem)
+		}
+	case KindHeartbeat:
+		if !reflect.DeepEqual(r, Result{Kind: KindHeartbeat}) {
+			tb.Fatalf("heartbeat carries payloads: %+v", r)
+		}
+	case KindReset:
+		if r.Reset == nil || r.Reset.Attempt < 1 {
+			tb.Fatalf("reset with bad payload: %+v", r.Reset)
+		}
+	default:
+		tb.Fatalf("decoded unknown kind %d", r.Kind)
+	}
+}
+
+func FuzzDecodeJob(f *testing.F) {
+	f.Add([]byte(sampleJobWire))
+	f.Add([]byte(`{"v":1,"request_id":"r1","user_id":"10.0.0.1","payload":{"messages":[{"role":"user","content":"Hi <b> & \"you\"\n"}]},` +
+		`"enqueue_time":"2025-01-02T03:04:05Z","deadline":"2025-01-02T03:04:35+05:30"}`))
+	f.Add([]byte(sampleJobWire + `}`))
+	f.Add([]byte(strings.Replace(sampleJobWire, `"v":1`, `"v":2`, 1)))
+	f.Add([]byte(`null`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		j, err := DecodeJob(b)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("DecodeJob error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if j.Version != JobVersion || !validIDChars(j.RequestID) || j.RequestID == "" || len(j.RequestID) > 128 {
+			t.Fatalf("DecodeJob accepted version %d request_id %q", j.Version, j.RequestID)
+		}
+		if j.EnqueueTime.IsZero() || j.Deadline.IsZero() {
+			t.Fatalf("DecodeJob accepted zero times: %+v", j)
+		}
+		checkMessages(t, j.Payload.Messages, maxMessagesHardLimit)
+		enc, err := EncodeJob(j)
+		if err != nil {
+			if len(b)*3 > MaxJobBytes {
+				return
+			}
+			t.Fatalf("EncodeJob(DecodeJob(%q)): %v", b, err)
+		}
+		again, err := DecodeJob(enc)
+		if err != nil {
+			t.Fatalf("DecodeJob(EncodeJob(j)) of %q: %v (encoded %q)", b, err, enc)
+		}
+		if !jobsEqual(again, j) {
+			t.Fatalf("round trip changed the job:\n first %+v\nsecond %+v\n(input %q, encoded %q)", j, again, b, enc)
+		}
+	})
+}
+
+func FuzzDecodeChatRequest(f *testing.F) {
+	for _, s := range requestSamples {
+		f.Add([]byte(s), 1000, 32768)
+	}
+	f.Add([]byte(`{"messages":[{"role":"user","content":"1"},{"role":"user","content":"2"}],"max_tokens":3}`), 1, 2)
+	f.Fuzz(func(t *testing.T, body []byte, maxMessages, maxTokens int) {
+		lim := Limits{MaxMessages: maxMessages, MaxTokens: maxTokens}
+		req, err := DecodeChatRequest(body, lim)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("DecodeChatRequest error %v does not wrap ErrInvalidRequest", err)
+			}
+			if len(err.Error()) > 200 {
+				t.Fatalf("error text is %d bytes, it must not carry the input: %q", len(err.Error()), err)
+			}
+			return
+		}
+		checkMessages(t, req.Messages, lim.MaxMessages)
+		if req.MaxTokens != 0 && (req.MaxTokens < 1 || req.MaxTokens > lim.MaxTokens) {
+			t.Fatalf("max_tokens %d outside 1..%d", req.MaxTokens, lim.MaxTokens)
+		}
+		if req.Temperature != nil && !(*req.Temperature >= 0 && *req.Temperature <= 2) {
+			t.Fatalf("temperature %v outside 0..2", *req.Temperature)
+		}
+		if len(req.Model) > 256 || len(req.ThreadID) > 128 {
+			t.Fatalf("model of %d or thread_id of %d bytes accepted", len(req.Model), len(req.ThreadID))
+		}
+		for _, s := range []string{req.Model, req.ThreadID} {
+			if strings.IndexByte(s, 0) >= 0 || !utf8.ValidString(s) {
+				t.Fatalf("accepted NUL or invalid UTF-8 in %q", s)
+			}
+		}
+		// What the api accepted, a worker must accept as a job.
+		if len(body) < MaxJobBytes/8 {
+			j := sampleJob()
+			j.Payload = req
+			enc, err := EncodeJob(j)
+			if err != nil {
+				t.Fatalf("EncodeJob of an accepted request: %v", err)
+			}
+			back, err := DecodeJob(enc)
+			if err != nil {
+				t.Fatalf("DecodeJob of an accepted request %q: %v", body, err)
+			}
+			if !reflect.DeepEqual(back.Payload, req) {
+				t.Fatalf("accepted request changed on the queue:\n got %+v\nwant %+v", back.Payload, req)
+			}
+		}
+	})
+}
+
+// checkMessages checks the invariants every accepted message list holds.
+func checkMessages(tb testing.TB, msgs []Message, max int) {
+	tb.Helper()
+	if len(msgs) < 1 || len(msgs) > max {
+		tb.Fatalf("accepted %d messages, want 1..%d", len(msgs), max)
+	}
+	for i, m := range msgs {
+		switch m.Role {
+		case "system", "user", "assistant", "tool":
+		default:
+			tb.Fatalf("messages[%d] has role %q", i, m.Role)
+		}
+		if m.Content == "" {
+			tb.Fatalf("messages[%d] has empty content", i)
+		}
+		if strings.IndexByte(m.Content, 0) >= 0 {
+			tb.Fatalf("messages[%d] content holds NUL", i)
+		}
+		if !utf8.ValidString(m.Content) {
+			tb.Fatalf("messages[%d] content is not valid UTF-8", i)
+		}
+	}
+}
+
+func FuzzAppendEvent(f *testing.F) {
+	f.Add("", "", "")
+	f.Add(EventDone, "", `{"request_id":"req-1","finish_reason":"stop","path":"queued"}`)
+	f.Add(EventReset, "", `{"attempt":2}`)
+	f.Add("", "1", `{"content":"Hel"}`)
+	f.Add("note", "7", "a\nb\r\nc\rd")
+	f.Add("x\ny", "", "data")
+	f.Add("", "1\r", "data")
+	f.Add("", "", "\n\nevent: done\ndata: {}\nid: 9\n\n")
+	f.Add("", "", "a\x00b\r\r\n\n")
+	f.Fuzz(func(t *testing.T, name, id, data string) {
+		dst := []byte("id: 0\ndata: prior\n\n")
+		out, err := AppendEvent(dst, name, id, data)
+		if strings.ContainsAny(name, "\r\n\x00") || strings.ContainsAny(id, "\r\n\x00") {
+			if !errors.Is(err, ErrFieldInjection) {
+				t.Fatalf("AppendEvent(%q, %q) error = %v, want ErrFieldInjection", name, id, err)
+			}
+			if string(out) != string(dst) {
+				t.Fatalf("AppendEvent changed dst on error: %q", out)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("AppendEvent(%q, %q, %q): %v", name, id, data, err)
+		}
+		events := checkFrames(t, out)
+		if len(events) != 2 {
+			t.Fatalf("output holds %d events, want 2: %q", len(events), out)
+		}
+		want := sseEvent{
+			id: id, event: name,
+			data: strings.NewReplacer("\r\n", "\n", "\r", "\n", "\x00", "\uFFFD").Replace(data),
+		}
+		if events[1] != want {
+			t.Fatalf("event parsed back as %+v, want %+v", events[1], want)
+		}
+
+		chunk := AppendChunkEvent(nil, 1, data)
+		if ev := checkFrames(t, chunk); len(ev) != 1 || strings.Count(string(chunk), "\n") != 3 {
+			t.Fatalf("chunk frame for %q is not one id line, one data line and a blank line: %q", data, chunk)
+		}
+	})
+}
