@@ -21,6 +21,7 @@ type Server struct {
 	Addr string // 127.0.0.1:port
 	Port int
 	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited and been waited for
 	args []string
 	dir  string
 }
@@ -70,6 +71,7 @@ func (s *Server) launch(bin string) error {
 		return err
 	}
 	done := make(chan struct{})
+	s.done = done
 	go func() { _ = s.cmd.Wait(); close(done) }()
 	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
 	defer c.Close()
@@ -99,7 +101,7 @@ func (s *Server) launch(bin string) error {
 func (s *Server) Stop() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Kill()
-		_ = s.cmd.Wait()
+		<-s.done
 	}
 }
 

@@ -1,0 +1,394 @@
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// maxChannelsPerCommand caps one batched SUBSCRIBE or UNSUBSCRIBE, so a
+// burst of thousands of requests becomes a few commands of bounded size.
+const maxChannelsPerCommand = 1024
+
+var errNoPong = errors.New("pubsub: no reply to ping")
+
+type opKind uint8
+
+const (
+	opSubscribe opKind = iota
+	opUnsubscribe
+	opPing
+)
+
+// op is a command queued for a shard's writer; ops are sent in queue order,
+// which keeps SUBSCRIBE and UNSUBSCRIBE of one channel in the order the
+// reader expects their replies.
+type op struct {
+	kind    opKind
+	channel string
+}
+
+// shard is one Redis Pub/Sub connection with its subscriptions.
+//
+// The PubSub is replaced, not reused, when its connection fails: go-redis
+// would reconnect and resubscribe by itself, but messages published during
+// the gap are lost, so every subscription of the shard is ended instead
+// and the old PubSub (with whatever it resubscribed) is closed. The fresh
+// PubSub connects on the next SUBSCRIBE.
+type shard struct {
+	s   *Subscriber
+	idx int
+
+	writeWake chan struct{} // buffered 1: ops were queued
+	readWake  chan struct{} // buffered 1: ps became live
+
+	mu     sync.Mutex
+	ps     *redis.PubSub
+	live   bool // the writer has used ps successfully, so the reader may Receive
+	closed bool
+	subs   map[string]*Subscription
+	// unsubPending counts UNSUBSCRIBE replies still due per channel on ps.
+	unsubPending map[string]int
+	ops          []op
+}
+
+func newShard(s *Subscriber, idx int) *shard {
+	return &shard{
+		s:            s,
+		idx:          idx,
+		writeWake:    make(chan struct{}, 1),
+		readWake:     make(chan struct{}, 1),
+		ps:           s.client.Subscribe(context.Background()), // no channels: no I/O
+		subs:         make(map[string]*Subscription),
+		unsubPending: make(map[string]int),
+	}
+}
+
+// register adds a pending subscription and queues its SUBSCRIBE.
+func (sh *shard) register(channel string) (*Subscription, error) {
+	sub := &Subscription{
+		sh:        sh,
+		channel:   channel,
+		c:         make(chan []byte, sh.s.cfg.Buffer),
+		confirmed: make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.closed {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrClosed)
+	}
+	if _, ok := sh.subs[channel]; ok {
+		return nil, ErrDuplicate
+	}
+	sub.waitUnsub = sh.unsubPending[channel]
+	sh.subs[channel] = sub
+	sh.s.active.Add(1)
+	sh.enqueueLocked(op{kind: opSubscribe, channel: channel})
+	return sub, nil
+}
+
+func (sh *shard) enqueueLocked(o op) {
+	sh.ops = append(sh.ops, o)
+	select {
+	case sh.writeWake <- struct{}{}:
+	default:
+	}
+}
+
+// removeLocked ends sub with err (nil: closed by its owner) and queues its
+// UNSUBSCRIBE. sub must not have ended yet.
+func (sh *shard) removeLocked(sub *Subscription, err error) {
+	sub.endLocked(err)
+	if sh.subs[sub.channel] == sub {
+		delete(sh.subs, sub.channel)
+	}
+	sh.s.active.Add(-1)
+	if sh.closed {
+		return
+	}
+	sh.unsubPending[sub.channel]++
+	sh.enqueueLocked(op{kind: opUnsubscribe, channel: sub.channel})
+}
+
+// endLocked marks sub ended; the caller holds sub.sh.mu, which also
+// serialises every send on sub.c with its close.
+func (sub *Subscription) endLocked(err error) {
+	sub.state = stateEnded
+	close(sub.c)
+	if err != nil {
+		sub.err = err
+		close(sub.done)
+	}
+}
+
+// close ends all subscriptions with ErrClosed and returns the PubSub for
+// the Subscriber to close.
+func (sh *shard) close() *redis.PubSub {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.closed = true
+	for _, sub := range sh.subs {
+		sub.endLocked(ErrClosed)
+		sh.s.active.Add(-1)
+	}
+	clear(sh.subs)
+	sh.ops = nil
+	return sh.ps
+}
+
+// lost handles a failure of ps, seen by the reader or the writer: unless ps
+// was replaced already, every subscription ends with ErrConnectionLost and
+// a fresh PubSub takes its place.
+func (sh *shard) lost(ps *redis.PubSub, cause error) {
+	sh.mu.Lock()
+	if sh.ps != ps || sh.closed {
+		sh.mu.Unlock()
+		return
+	}
+	wasLive := sh.live
+	if wasLive {
+		// Counted before the subscriptions learn of it, so a handler that
+		// saw Done also sees the count.
+		sh.s.connectionLosses.Add(1)
+	}
+	err := fmt.Errorf("%w: %w", ErrConnectionLost, cause)
+	n := len(sh.subs)
+	for _, sub := range sh.subs {
+		sub.endLocked(err)
+	}
+	sh.s.active.Add(-int64(n))
+	clear(sh.subs)
+	clear(sh.unsubPending)
+	// Queued ops belong to the ended subscriptions or the old connection.
+	clear(sh.ops)
+	sh.ops = sh.ops[:0]
+	sh.ps = sh.s.client.Subscribe(context.Background())
+	sh.live = false
+	sh.mu.Unlock()
+
+	// Closing drops any connection go-redis re-established meanwhile,
+	// together with the resubscriptions it made there.
+	_ = ps.Close()
+	if wasLive {
+		sh.s.log.Warn("pubsub: redis connection lost", "shard", sh.idx, "subscriptions_ended", n, "err", cause)
+	} else if n > 0 {
+		sh.s.log.Warn("pubsub: redis unreachable", "shard", sh.idx, "subscriptions_ended", n, "err", cause)
+	}
+}
+
+// writeLoop sends queued ops. It owns no state besides the batch it took.
+func (sh *shard) writeLoop() {
+	defer sh.s.wg.Done()
+	var batch []op
+	for {
+		select {
+		case <-sh.s.quit:
+			return
+		case <-sh.writeWake:
+		}
+		for {
+			sh.mu.Lock()
+			if sh.closed || len(sh.ops) == 0 {
+				sh.mu.Unlock()
+				break
+			}
+			clear(batch)
+			batch, sh.ops = sh.ops, batch[:0]
+			ps := sh.ps
+			sh.mu.Unlock()
+			sh.flush(ps, batch)
+		}
+	}
+}
+
+// flush sends batch on ps, grouping runs of the same command. A failed
+// write means the connection is gone (or never came up): the shard is
+// reset and the rest of the batch is moot.
+func (sh *shard) flush(ps *redis.PubSub, batch []op) {
+	channels := make([]string, 0, min(len(batch), maxChannelsPerCommand))
+	for i := 0; i < len(batch); {
+		kind := batch[i].kind
+		channels = channels[:0]
+		for i < len(batch) && batch[i].kind == kind && len(channels) < maxChannelsPerCommand {
+			channels = append(channels, batch[i].channel)
+			i++
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), sh.s.cfg.SubscribeTimeout)
+		var err error
+		switch kind {
+		case opSubscribe:
+			err = ps.Subscribe(ctx, channels...)
+		case opUnsubscribe:
+			err = ps.Unsubscribe(ctx, channels...)
+		case opPing:
+			// One PING answers for any number of queued health checks.
+			err = ps.Ping(ctx)
+		}
+		cancel()
+		if err != nil {
+			sh.lost(ps, fmt.Errorf("send %s: %w", kindName(kind), err))
+			return
+		}
+		sh.markLive(ps)
+	}
+}
+
+func kindName(k opKind) string {
+	switch k {
+	case opSubscribe:
+		return "subscribe"
+	case opUnsubscribe:
+		return "unsubscribe"
+	default:
+		return "ping"
+	}
+}
+
+func (sh *shard) markLive(ps *redis.PubSub) {
+	sh.mu.Lock()
+	wake := sh.ps == ps && !sh.live
+	if wake {
+		sh.live = true
+	}
+	sh.mu.Unlock()
+	if wake {
+		select {
+		case sh.readWake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// readLoop is the only caller of Receive on the shard's PubSub. It reads
+// only a live PubSub, so an unused shard makes no connection and a shard
+// whose connection failed does not redial until the next SUBSCRIBE.
+func (sh *shard) readLoop() {
+	defer sh.s.wg.Done()
+	ctx := context.Background()
+	var cur *redis.PubSub
+	pingSent := false
+	for {
+		sh.mu.Lock()
+		ps, live, closed := sh.ps, sh.live, sh.closed
+		sh.mu.Unlock()
+		if closed {
+			return
+		}
+		if !live {
+			select {
+			case <-sh.s.quit:
+				return
+			case <-sh.readWake:
+			}
+			continue
+		}
+		if ps != cur {
+			cur, pingSent = ps, false
+		}
+
+		msg, err := ps.ReceiveTimeout(ctx, sh.s.healthInterval)
+		if err != nil {
+			var rerr redis.Error
+			switch {
+			case isTimeout(err) && !pingSent:
+				pingSent = true
+				sh.mu.Lock()
+				if sh.ps == ps {
+					sh.enqueueLocked(op{kind: opPing})
+				}
+				sh.mu.Unlock()
+			case isTimeout(err):
+				sh.lost(ps, errNoPong)
+			case errors.As(err, &rerr):
+				// The server refused a command (ACL, protocol); the
+				// connection itself is in sync and stays.
+				pingSent = false
+				sh.s.log.Error("pubsub: redis error on pubsub connection", "shard", sh.idx, "err", err)
+			default:
+				sh.lost(ps, err)
+			}
+			continue
+		}
+		pingSent = false
+		sh.dispatch(ps, msg)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (sh *shard) dispatch(ps *redis.PubSub, msg any) {
+	switch m := msg.(type) {
+	case *redis.Message:
+		sh.route(ps, m.Channel, m.Payload)
+	case *redis.Subscription:
+		switch m.Kind {
+		case "subscribe":
+			sh.confirm(ps, m.Channel)
+		case "unsubscribe":
+			sh.unsubscribed(ps, m.Channel)
+		}
+	case *redis.Pong:
+		// Liveness only; handled by the caller.
+	default:
+		sh.s.log.Debug("pubsub: unexpected pubsub reply", "shard", sh.idx, "type", fmt.Sprintf("%T", msg))
+	}
+}
+
+func (sh *shard) route(ps *redis.PubSub, channel, payload string) {
+	data := []byte(payload)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sub := sh.subs[channel]
+	if sh.ps != ps || sub == nil || sub.waitUnsub > 0 {
+		sh.s.droppedUnknown.Add(1)
+		return
+	}
+	if len(sub.c) == cap(sub.c) {
+		// Never wait for one slow reader: the others on this shard would
+		// stall behind it.
+		sh.s.overflows.Add(1)
+		sh.removeLocked(sub, ErrOverflow)
+		return
+	}
+	// Every send on sub.c happens here under sh.mu, so a channel with room
+	// takes the payload without blocking; counting first means a reader
+	// that got the payload also sees it counted.
+	sh.s.routed.Add(1)
+	sub.c <- data
+}
+
+func (sh *shard) confirm(ps *redis.PubSub, channel string) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sub := sh.subs[channel]
+	if sh.ps != ps || sub == nil || sub.state != statePending || sub.waitUnsub > 0 {
+		return
+	}
+	sub.state = stateActive
+	close(sub.confirmed)
+}
+
+func (sh *shard) unsubscribed(ps *redis.PubSub, channel string) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.ps != ps {
+		return
+	}
+	switch n := sh.unsubPending[channel]; {
+	case n > 1:
+		sh.unsubPending[channel] = n - 1
+	case n == 1:
+		delete(sh.unsubPending, channel)
+	}
+	if sub := sh.subs[channel]; sub != nil && sub.waitUnsub > 0 {
+		sub.waitUnsub--
+	}
+}

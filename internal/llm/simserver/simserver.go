@@ -1,0 +1,376 @@
+// Package simserver serves a Provider, normally the simulator, over an
+// OpenAI-compatible HTTP API. It is a package of its own, not part of
+// cmd/simllm, so that tests elsewhere can run the simulated upstream
+// in-process with httptest.
+package simserver
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// ModelID is the one model GET /v1/models lists; a request may name any
+// model, which the answer echoes.
+const ModelID = "sim-1"
+
+const (
+	maxBodyBytes = 4 << 20
+	// writeTimeout bounds one write to a client, so a client that stops
+	// reading cannot hold a handler forever.
+	writeTimeout = 30 * time.Second
+)
+
+// Server is an http.Handler for POST /v1/chat/completions (streaming and
+// not), GET /v1/models, GET /healthz and GET /metrics. It is safe for
+// concurrent use.
+type Server struct {
+	provider llm.Provider
+	log      *slog.Logger
+	mux      *http.ServeMux
+
+	requests  atomic.Int64
+	cancelled atomic.Int64
+	active    atomic.Int64
+}
+
+// New returns a server answering with p. A nil logger discards logs.
+func New(p llm.Provider, logger *slog.Logger) *Server {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{provider: p, log: logger, mux: http.NewServeMux()}
+	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	s.mux.HandleFunc("GET /v1/models", s.handleModels)
+	s.mux.HandleFunc("GET /healthz", s.handleHealth)
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.registry(), promhttp.HandlerOpts{}))
+	return s
+}
+
+// ServeHTTP routes r.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Requests returns how many chat completion requests arrived, valid or not
+// (simllm_requests_total).
+func (s *Server) Requests() int64 { return s.requests.Load() }
+
+// Cancelled returns how many chat completions ended because the client
+// went away before the answer was complete (simllm_cancelled_total).
+func (s *Server) Cancelled() int64 { return s.cancelled.Load() }
+
+// Active returns how many chat completions, streaming or not, are being
+// answered now (simllm_active_streams).
+func (s *Server) Active() int64 { return s.active.Load() }
+
+type chatRequest struct {
+	Model         string             `json:"model"`
+	Messages      []protocol.Message `json:"messages"`
+	MaxTokens     *int               `json:"max_tokens"`
+	Temperature   *float64           `json:"temperature"`
+	Stream        bool               `json:"stream"`
+	StreamOptions *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+type delta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content,omitempty"`
+}
+
+type chunkChoice struct {
+	Index        int     `json:"index"`
+	Delta        delta   `json:"delta"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type chunk struct {
+	ID      string          `json:"id"`
+	Object  string          `json:"object"`
+	Created int64           `json:"created"`
+	Model   string          `json:"model"`
+	Choices []chunkChoice   `json:"choices"`
+	Usage   *protocol.Usage `json:"usage,omitempty"`
+}
+
+type completionChoice struct {
+	Index        int              `json:"index"`
+	Message      protocol.Message `json:"message"`
+	FinishReason string           `json:"finish_reason"`
+}
+
+type completion struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []completionChoice `json:"choices"`
+	Usage   protocol.Usage     `json:"usage"`
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	s.requests.Add(1)
+	var body chatRequest
+	rb := http.MaxBytesReader(w, r.Body, maxBodyBytes)
+	err := json.NewDecoder(rb).Decode(&body)
+	if err == nil {
+		// The server notices a client going away, and cancels r.Context(),
+		// only once the body has been read to its end.
+		_, err = io.Copy(io.Discard, rb)
+	}
+	if err != nil {
+		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
+			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request body is too large")
+			return
+		}
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "request body is not a valid JSON object")
+		return
+	}
+	if msg := validate(&body); msg != "" {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", msg)
+		return
+	}
+	req := protocol.ChatRequest{Messages: body.Messages, Model: body.Model, Temperature: body.Temperature}
+	if body.MaxTokens != nil {
+		req.MaxTokens = *body.MaxTokens
+	}
+	if body.Model == "" {
+		body.Model = ModelID
+	}
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	a := answer{id: newID(), created: time.Now().Unix(), model: body.Model}
+	if body.Stream {
+		s.stream(w, r, req, a, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
+	} else {
+		s.complete(w, r, req, a)
+	}
+}
+
+func validate(b *chatRequest) string {
+	if len(b.Messages) == 0 {
+		return "messages must be a non-empty array"
+	}
+	for i, m := range b.Messages {
+		if m.Role == "" {
+			return fmt.Sprintf("messages[%d].role is required", i)
+		}
+	}
+	if b.MaxTokens != nil && *b.MaxTokens < 1 {
+		return "max_tokens must be at least 1"
+	}
+	if b.Temperature != nil && (*b.Temperature < 0 || *b.Temperature > 2) {
+		return "temperature must be between 0 and 2"
+	}
+	return ""
+}
+
+type answer struct {
+	id      string
+	created int64
+	model   string
+}
+
+func (a answer) chunk(choices []chunkChoice, usage *protocol.Usage) chunk {
+	return chunk{ID: a.id, Object: "chat.completion.chunk", Created: a.created, Model: a.model, Choices: choices, Usage: usage}
+}
+
+// stream answers with server-sent events. Headers wait for the first chunk
+// so that a failure before it can still be an HTTP error status, as real
+// upstreams do; a failure after it drops the connection, which the client
+// sees as a stream cut short.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, a answer, includeUsage bool) {
+	rc := http.NewResponseController(w)
+	started, writeFailed := false, false
+	var buf []byte
+	send := func(c chunk) error {
+		if !started {
+			h := w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("X-Accel-Buffering", "no")
+			w.WriteHeader(http.StatusOK)
+			started = true
+		}
+		b, err := json.Marshal(c)
+		if err != nil {
+			return fmt.Errorf("simserver: encode chunk: %w", err)
+		}
+		buf = append(append(append(buf[:0], "data: "...), b...), "\n\n"...)
+		if err := s.write(w, rc, buf); err != nil {
+			writeFailed = true
+			return err
+		}
+		return nil
+	}
+	first := true
+	res, err := s.provider.Stream(r.Context(), req, func(content string) error {
+		d := delta{Content: content}
+		if first {
+			d.Role, first = "assistant", false
+		}
+		return send(a.chunk([]chunkChoice{{Delta: d}}, nil))
+	})
+	if err != nil {
+		switch {
+		case writeFailed || r.Context().Err() != nil:
+			s.cancelled.Add(1)
+			s.log.Debug("client went away", "id", a.id, "err", err)
+		case !started:
+			s.providerError(w, a, err)
+		default:
+			s.log.Warn("provider failed mid-stream; dropping the connection", "id", a.id, "err", err)
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	finish := res.FinishReason
+	err = send(a.chunk([]chunkChoice{{Delta: delta{}, FinishReason: &finish}}, nil))
+	if err == nil && includeUsage {
+		u := res.Usage
+		err = send(a.chunk([]chunkChoice{}, &u))
+	}
+	if err == nil {
+		err = s.write(w, rc, []byte("data: [DONE]\n\n"))
+	}
+	if err != nil {
+		s.cancelled.Add(1)
+		s.log.Debug("client went away", "id", a.id, "err", err)
+	}
+}
+
+func (s *Server) write(w http.ResponseWriter, rc *http.ResponseController, b []byte) error {
+	_ = rc.SetWriteDeadline(time.Now().Add(writeTimeout)) // unsupported by some test writers; best effort
+	if _, err := w.Write(b); err != nil {
+		return fmt.Errorf("simserver: write: %w", err)
+	}
+	if err := rc.Flush(); err != nil {
+		return fmt.Errorf("simserver: flush: %w", err)
+	}
+	return nil
+}
+
+// complete answers with one chat.completion object.
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, a answer) {
+	var text strings.Builder
+	res, err := s.provider.Stream(r.Context(), req, func(content string) error {
+		text.WriteString(content)
+		return nil
+	})
+	if err != nil {
+		if r.Context().Err() != nil {
+			s.cancelled.Add(1)
+			s.log.Debug("client went away", "id", a.id, "err", err)
+			return
+		}
+		s.providerError(w, a, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, completion{
+		ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
+		Choices: []completionChoice{{
+			Message:      protocol.Message{Role: "assistant", Content: text.String()},
+			FinishReason: res.FinishReason,
+		}},
+		Usage: res.Usage,
+	})
+}
+
+// providerError answers a failure before any of the answer was sent with
+// the provider's status (502 when it has none), and Retry-After when known.
+func (s *Server) providerError(w http.ResponseWriter, a answer, err error) {
+	status := http.StatusBadGateway
+	var pe *llm.Error
+	if errors.As(err, &pe) {
+		if pe.Status >= 400 && pe.Status <= 599 {
+			status = pe.Status
+		}
+		if pe.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, pe.RetryAfter.Round(time.Second)/time.Second))))
+		}
+	}
+	s.log.Info("provider failed", "id", a.id, "status", status, "err", err)
+	writeError(w, status, "server_error", "the simulated provider failed; retry the request")
+}
+
+// registry exposes the server's counters on a registry of its own, so that
+// several servers in one test process do not collide. The atomics stay the
+// source of truth; the collectors read them at scrape time.
+func (s *Server) registry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "simllm_requests_total",
+			Help: "Chat completion requests received.",
+		}, func() float64 { return float64(s.Requests()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "simllm_cancelled_total",
+			Help: "Chat completions whose client went away before the answer was complete.",
+		}, func() float64 { return float64(s.Cancelled()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "simllm_active_streams",
+			Help: "Chat completions being answered now.",
+		}, func() float64 { return float64(s.Active()) }),
+	)
+	return reg
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{ID: ModelID, Object: "model", Created: 0, OwnedBy: "spillway"}}})
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// writeError writes an error in the OpenAI shape. msg is written for the
+// client; it never holds internal error text.
+func writeError(w http.ResponseWriter, status int, typ, msg string) {
+	type apiError struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	}
+	writeJSON(w, status, struct {
+		Error apiError `json:"error"`
+	}{apiError{Message: msg, Type: typ}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // the values written here are plain structs
+		http.Error(w, "internal error", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+func newID() string {
+	return fmt.Sprintf("chatcmpl-%016x%08x", rand.Uint64(), rand.Uint32())
+}
