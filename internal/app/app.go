@@ -10,15 +10,23 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"sync"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/gin-gonic/gin"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/pubsub"
+	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
@@ -37,6 +45,10 @@ type API struct {
 	engine  *gin.Engine
 	ready   []func(context.Context) error // readiness checks
 	closers []func()                      // run in reverse order by Close
+
+	rdb     redis.UniversalClient // nil when queue failover is off in embedded mode
+	queue   *redisstream.Queue
+	workers *failover.Worker // nil unless workers run in this process
 }
 
 // NewProvider builds the provider LLM_PROVIDER names.
@@ -64,6 +76,89 @@ type Options struct {
 	Provider llm.Provider
 }
 
+// connectRedis returns the Redis client the process uses: REDIS_URL's, or
+// in embedded mode an in-process miniredis on a loopback port. The caller
+// closes it (through API.Close).
+func (a *API) connectRedis() (redis.UniversalClient, error) {
+	if a.cfg.Embedded() {
+		mr := miniredis.NewMiniRedis()
+		if err := mr.Start(); err != nil {
+			return nil, fmt.Errorf("app: start embedded miniredis: %w", err)
+		}
+		a.closers = append(a.closers, mr.Close)
+		a.log.Warn("embedded mode: in-process miniredis, workers and provider; for development, not for production",
+			"miniredis", mr.Addr())
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		a.closers = append(a.closers, func() { _ = rdb.Close() })
+		return rdb, nil
+	}
+	opts, err := redis.ParseURL(a.cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("app: REDIS_URL: %w", err)
+	}
+	// Waiting clients hold no connection each (Pub/Sub is multiplexed), but
+	// enqueues and cancels need a few under load.
+	opts.PoolSize = max(opts.PoolSize, 64)
+	rdb := redis.NewClient(opts)
+	a.closers = append(a.closers, func() { _ = rdb.Close() })
+	return rdb, nil
+}
+
+// InstanceName names this process in the consumer group and logs.
+func InstanceName(role string) string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%s-%d-%s", role, host, os.Getpid(), uuid.NewString()[:8])
+}
+
+// setupQueue builds the queued path: queue, result subscriber, gateway,
+// and the in-process workers when configured.
+func (a *API) setupQueue(provider llm.Provider) (stream.Spiller, error) {
+	cfg := a.cfg
+	rdb, err := a.connectRedis()
+	if err != nil {
+		return nil, err
+	}
+	a.rdb = rdb
+	a.ready = append(a.ready, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+	q, err := redisstream.New(redisstream.Config{
+		Prefix: cfg.QueuePrefix, Consumer: InstanceName("api"), ReclaimIdle: cfg.QueueReclaimIdle(),
+	}, rdb)
+	if err != nil {
+		return nil, err
+	}
+	a.queue = q
+	sub, err := pubsub.New(pubsub.Config{}, rdb, a.log)
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, func() { _ = sub.Close() })
+	gw, err := failover.NewGateway(failover.GatewayConfig{
+		Prefix: cfg.QueuePrefix, QueueTimeout: cfg.QueueFailoverTimeout(), WorkerHeartbeat: cfg.WorkerHeartbeat(),
+		ReclaimIdle: cfg.QueueReclaimIdle(),
+	}, q, sub, rdb, a.m, a.log)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.WorkersInProcess() {
+		w, err := failover.NewWorker(WorkerConfig(cfg), q, a.pool, provider, rdb, a.m, a.log.With("component", "worker"))
+		if err != nil {
+			return nil, err
+		}
+		a.workers = w
+	}
+	return gw, nil
+}
+
+// WorkerConfig is the worker configuration the settings give.
+func WorkerConfig(cfg *config.Config) failover.WorkerConfig {
+	return failover.WorkerConfig{
+		Prefix: cfg.QueuePrefix, Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat(),
+		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
+		MaxRetries: cfg.QueueFailoverMaxRetries, BaseDelay: cfg.BaseDelay(), MaxDelay: cfg.MaxDelay(),
+		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+	}
+}
+
 // NewAPI builds the api for cfg. It does no network I/O beyond what the
 // queue and pool backends need to start; Close releases what it built.
 func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
@@ -80,19 +175,29 @@ func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 		}
 		provider = p
 	}
+	a.m.CircuitState.WithLabelValues(provider.Name()).Set(0)
 	p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
 	if err != nil {
 		return nil, err
 	}
 	a.pool = p
 
+	var spill stream.Spiller
+	if cfg.QueueFailoverEnabled {
+		gw, err := a.setupQueue(provider)
+		if err != nil {
+			a.Close()
+			return nil, err
+		}
+		spill = gw
+	}
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit},
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
-	}, a.pool, provider, nil, a.m, log)
+	}, a.pool, provider, spill, a.m, log)
 	if err != nil {
 		a.Close()
 		return nil, err
@@ -142,6 +247,16 @@ func (a *API) gatherer() prometheus.Gatherer {
 		st := a.pool.Stats()
 		a.m.PoolSlotsInUse.Set(float64(st.InUse))
 		a.m.PoolSlotsCapacity.Set(float64(st.Capacity))
+		if a.queue != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			if n, err := a.queue.Depth(ctx); err == nil {
+				a.m.QueueDepth.Set(float64(n))
+			}
+			if n, err := a.queue.DeadLetterDepth(ctx); err == nil {
+				a.m.DeadLetterDepth.Set(float64(n))
+			}
+			cancel()
+		}
 		return a.reg.Gather()
 	})
 }
@@ -171,6 +286,15 @@ func (a *API) Serve(ctx context.Context, ln net.Listener) error {
 		// No WriteTimeout: it would cut long streams; the SSE writer sets a
 		// deadline per write instead.
 		IdleTimeout: 120 * time.Second,
+	}
+	// Workers outlive the HTTP drain: queued streams still open need them.
+	workersCtx, stopWorkers := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWorkers()
+	var workers sync.WaitGroup
+	defer workers.Wait()
+	defer stopWorkers() // runs before workers.Wait
+	if a.workers != nil {
+		workers.Go(func() { _ = a.workers.Run(workersCtx) })
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

@@ -9,6 +9,11 @@ import (
 	"errors"
 )
 
+// ErrClaimLost is returned by Consumer.Touch when this member no longer
+// holds the delivery (another member took it over): the caller must stop
+// working on it and must not settle it.
+var ErrClaimLost = errors.New("failover: claim lost")
+
 // ErrQueueUnavailable wraps backend failures on Enqueue, so the api can
 // refuse with 503 instead of hanging.
 var ErrQueueUnavailable = errors.New("failover: queue unavailable")
@@ -49,7 +54,8 @@ type Depther interface {
 // deliveries, new jobs and jobs taken over from dead members alike. Every
 // delivery must end in Ack or DeadLetter, or be left for takeover by
 // another member when this process dies or stops. Touch tells the backend
-// the job is still being worked on, so it is not taken over.
+// the job is still being worked on, so it is not taken over; it returns an
+// error wrapping ErrClaimLost when another member already took it over.
 type Consumer interface {
 	Fetch(ctx context.Context, max int) ([]Delivery, error)
 	Ack(ctx context.Context, d Delivery) error

@@ -127,6 +127,9 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.StreamsTotal.WithLabelValues(p, o)
 		}
 	}
+	for _, r := range []string{"overflow", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
+		m.QueueRejections.WithLabelValues(r)
+	}
 	for _, o := range []string{JobDone, JobError, JobExpired, JobCancelled, JobDeadLetter} {
 		m.WorkerJobs.WithLabelValues(o)
 	}

@@ -1,0 +1,52 @@
+# Spillway. `make test` is what CI runs (.ci/run): it installs what the
+# tests need when missing, then vets and runs every test with the race
+# detector.
+GO ?= go
+PKGS := ./...
+
+.PHONY: test deps vet fmt-check build bench fuzz run clean
+
+test: deps fmt-check vet
+	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+
+# deps installs redis-server from Debian's packages when it is missing (the
+# integration tests start their own servers on free ports).
+deps:
+	@if ! command -v redis-server >/dev/null 2>&1; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+			echo "installing redis-server"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+		else \
+			echo "redis-server is missing: install it (Debian: apt-get install redis-server)" >&2; exit 1; \
+		fi; \
+	fi
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet $(PKGS)
+
+build:
+	mkdir -p bin
+	$(GO) build -o bin/ ./cmd/...
+
+# bench runs the Go benchmarks, then the load scenarios (scripts/bench).
+bench: deps build
+	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
+	@if [ -x scripts/bench/run.sh ]; then scripts/bench/run.sh; fi
+
+# fuzz runs each decoder fuzz target for FUZZTIME (default 30s).
+FUZZTIME ?= 30s
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResult$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJob$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeChatRequest$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzAppendEvent$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+
+run:
+	$(GO) run ./cmd/api
+
+clean:
+	rm -rf bin

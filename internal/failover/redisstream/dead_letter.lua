@@ -1,0 +1,39 @@
+-- dead_letter.lua: move one pending entry to the dead-letter stream,
+-- atomically and at most once.
+-- The record is written before the entry is acknowledged, so a failing
+-- XADD (e.g. OOM) leaves the job pending instead of losing it. An entry
+-- that is no longer pending (already acknowledged or dead-lettered) is not
+-- recorded again, so a retried call after a lost reply is harmless.
+--
+-- KEYS[1]  stream key
+-- KEYS[2]  dead-letter stream key (same Cluster slot as KEYS[1])
+-- ARGV[1]  consumer group
+-- ARGV[2]  entry id
+-- ARGV[3]  reason
+-- ARGV[4]  attempt
+--
+-- Returns 1 when recorded, 0 when the entry was not pending.
+local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #p == 0 then
+  return 0
+end
+local request_id, body = '', ''
+local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+if #e > 0 then
+  local f = e[1][2]
+  for i = 1, #f, 2 do
+    if f[i] == 'request_id' then
+      request_id = f[i + 1]
+    elseif f[i] == 'body' then
+      body = f[i + 1]
+    end
+  end
+end
+local t = redis.call('TIME')
+local failed_at_ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
+redis.call('XADD', KEYS[2], '*',
+  'request_id', request_id, 'body', body, 'reason', ARGV[3],
+  'attempt', ARGV[4], 'source_id', ARGV[2], 'failed_at_ms', failed_at_ms)
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+return 1

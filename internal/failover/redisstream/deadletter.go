@@ -1,0 +1,74 @@
+package redisstream
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DeadLetter is one record of the dead-letter stream.
+type DeadLetter struct {
+	// ID is the record's entry id in the dead-letter stream.
+	ID string
+	// RequestID is the request id the job was enqueued with.
+	RequestID string
+	// Body is the job exactly as enqueued (empty if the entry had none).
+	Body []byte
+	// Reason is the reason given to DeadLetter.
+	Reason string
+	// Attempt is the delivery attempt that gave up.
+	Attempt int
+	// SourceID is the job's entry id in the job stream.
+	SourceID string
+	// FailedAt is when the job was dead-lettered, by the Redis clock.
+	FailedAt time.Time
+}
+
+// DeadLetterDepth returns the number of records in the dead-letter stream.
+func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
+	n, err := q.client.XLen(ctx, q.deadLetter).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisstream: xlen %s: %w", q.deadLetter, err)
+	}
+	return n, nil
+}
+
+// DeadLetters returns up to count records of the dead-letter stream,
+// oldest first. Fields that do not parse are left zero rather than hiding
+// the record.
+func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error) {
+	if count < 1 {
+		return nil, fmt.Errorf("redisstream: dead letters: count %d < 1", count)
+	}
+	msgs, err := q.client.XRangeN(ctx, q.deadLetter, "-", "+", int64(count)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: xrange %s: %w", q.deadLetter, err)
+	}
+	out := make([]DeadLetter, 0, len(msgs))
+	for _, m := range msgs {
+		out = append(out, parseDeadLetter(m))
+	}
+	return out, nil
+}
+
+func parseDeadLetter(m redis.XMessage) DeadLetter {
+	field := func(name string) string {
+		s, _ := m.Values[name].(string)
+		return s
+	}
+	d := DeadLetter{
+		ID:        m.ID,
+		RequestID: field("request_id"),
+		Body:      []byte(field("body")),
+		Reason:    field("reason"),
+		SourceID:  field("source_id"),
+	}
+	d.Attempt, _ = strconv.Atoi(field("attempt"))
+	if ms, err := strconv.ParseInt(field("failed_at_ms"), 10, 64); err == nil {
+		d.FailedAt = time.UnixMilli(ms)
+	}
+	return d
+}

@@ -1,0 +1,416 @@
+// Package redisstream owns the Redis Streams failover queue: the job
+// stream and its consumer group, takeover of idle jobs with XAUTOCLAIM,
+// and the dead-letter stream.
+//
+// Key layout (prefix "queue:" by default): jobs in the stream
+// StreamKey(prefix), entries with fields request_id and body, read by the
+// consumer group Config.Group; dead letters in DeadLetterKey(prefix).
+// Acknowledged entries are deleted at once and nothing is ever trimmed, so
+// the stream holds exactly the backlog and XLEN is the queue depth.
+package redisstream
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+)
+
+// Defaults applied to zero Config fields.
+const (
+	DefaultPrefix      = "queue:"
+	DefaultGroup       = "streaming_failover_consumers"
+	DefaultBlock       = time.Second
+	DefaultReclaimIdle = 15 * time.Second
+)
+
+// ErrClaimLost is returned by Touch when this consumer no longer holds the
+// delivery: it was acknowledged, dead-lettered, taken over by another
+// member after ReclaimIdle, or lost with Redis. The worker should stop the
+// job; whoever holds it now finishes it.
+var ErrClaimLost = failover.ErrClaimLost
+
+// StreamKey returns the job stream's key.
+func StreamKey(prefix string) string { return prefix + "streaming_requests_failover" }
+
+// DeadLetterKey returns the dead-letter stream's key.
+func DeadLetterKey(prefix string) string { return prefix + "dead_letter" }
+
+// Config configures a Queue. Zero fields take the stated defaults.
+type Config struct {
+	// Prefix starts every key. Default "queue:". On Redis Cluster use a
+	// hash-tagged prefix such as "{queue}:": DeadLetter writes the job
+	// stream and the dead-letter stream in one script.
+	Prefix string
+	// Group is the consumer group. Default "streaming_failover_consumers".
+	Group string
+	// Consumer is this member's name in the group, unique per process
+	// (a takeover is from one name to another). Required.
+	Consumer string
+	// Block bounds each XREADGROUP BLOCK round, and so how long Fetch takes
+	// to notice its context ended. At least 1ms. Default 1s.
+	Block time.Duration
+	// ReclaimIdle is how long a delivered job may go without Touch before
+	// another member takes it over (QUEUE_RECLAIM_IDLE_SECONDS). Whole
+	// milliseconds, at least 1ms. Default 15s.
+	ReclaimIdle time.Duration
+	// ReclaimInterval is how often Fetch looks for idle jobs with
+	// XAUTOCLAIM. Default ReclaimIdle/3, between 50ms and 1s.
+	ReclaimInterval time.Duration
+}
+
+// Validate reports whether cfg is usable. It does not change cfg.
+func (cfg Config) Validate() error {
+	c := cfg.withDefaults()
+	var errs []error
+	if c.Consumer == "" {
+		errs = append(errs, errors.New("Consumer is required"))
+	}
+	if cfg.Block < 0 || c.Block < time.Millisecond {
+		errs = append(errs, fmt.Errorf("Block %s is below 1ms (0 means the default)", cfg.Block))
+	}
+	if cfg.ReclaimIdle < 0 || c.ReclaimIdle < time.Millisecond {
+		errs = append(errs, fmt.Errorf("ReclaimIdle %s is below 1ms (0 means the default)", cfg.ReclaimIdle))
+	}
+	if cfg.ReclaimInterval < 0 || c.ReclaimInterval < time.Millisecond {
+		errs = append(errs, fmt.Errorf("ReclaimInterval %s is below 1ms (0 means the default)", cfg.ReclaimInterval))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redisstream: config: %w", err)
+	}
+	return nil
+}
+
+func (cfg Config) withDefaults() Config {
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.Group == "" {
+		cfg.Group = DefaultGroup
+	}
+	if cfg.Block == 0 {
+		cfg.Block = DefaultBlock
+	}
+	if cfg.ReclaimIdle == 0 {
+		cfg.ReclaimIdle = DefaultReclaimIdle
+	}
+	if cfg.ReclaimInterval == 0 {
+		cfg.ReclaimInterval = min(max(cfg.ReclaimIdle/3, 50*time.Millisecond), time.Second)
+	}
+	return cfg
+}
+
+var (
+	//go:embed touch.lua
+	touchSource string
+	touchScript = redis.NewScript(touchSource)
+
+	//go:embed dead_letter.lua
+	deadLetterSource string
+	deadLetterScript = redis.NewScript(deadLetterSource)
+)
+
+// Queue is the Redis Streams failover queue as seen by one process: the
+// producer side, and the consumer-group member named Config.Consumer. Safe
+// for concurrent use. It never closes the client it was given.
+type Queue struct {
+	cfg        Config
+	client     redis.UniversalClient
+	stream     string
+	deadLetter string
+
+	// The group is created (idempotently) before the first read and again
+	// after a NOGROUP error, e.g. when Redis restarted without its data.
+	groupMu    sync.Mutex
+	groupReady atomic.Bool
+
+	mu          sync.Mutex
+	nextReclaim time.Time // when some Fetch runs XAUTOCLAIM next
+
+	reclaimMu sync.Mutex // one XAUTOCLAIM round at a time
+	cursor    string     // XAUTOCLAIM start id, guarded by reclaimMu
+}
+
+var (
+	_ failover.Producer = (*Queue)(nil)
+	_ failover.Depther  = (*Queue)(nil)
+	_ failover.Consumer = (*Queue)(nil)
+)
+
+// New returns a Queue using client. It does no I/O: the consumer group is
+// created on first use.
+func New(cfg Config, client redis.UniversalClient) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if client == nil {
+		return nil, errors.New("redisstream: nil client")
+	}
+	cfg = cfg.withDefaults()
+	return &Queue{
+		cfg:        cfg,
+		client:     client,
+		stream:     StreamKey(cfg.Prefix),
+		deadLetter: DeadLetterKey(cfg.Prefix),
+		cursor:     "0-0",
+	}, nil
+}
+
+// Enqueue appends the job to the stream (never trimming it). Any failure
+// wraps failover.ErrQueueUnavailable, and ctx's error when ctx ended. The
+// call is bounded by ctx as far as the client honours it (set
+// ContextTimeoutEnabled on the client for hard bounds on a hung server).
+func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("redisstream: xadd %s: %w: %w", q.stream, failover.ErrQueueUnavailable, err)
+	}
+	err := q.client.XAdd(ctx, &redis.XAddArgs{
+		Stream: q.stream,
+		Values: []any{"request_id", requestID, "body", body},
+	}).Err()
+	if err != nil {
+		return fmt.Errorf("redisstream: xadd %s: %w: %w", q.stream, failover.ErrQueueUnavailable, err)
+	}
+	return nil
+}
+
+// Depth returns the backlog: XLEN of the stream, exact because
+// acknowledged entries are deleted.
+func (q *Queue) Depth(ctx context.Context) (int64, error) {
+	n, err := q.client.XLen(ctx, q.stream).Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisstream: xlen %s: %w", q.stream, err)
+	}
+	return n, nil
+}
+
+// ensureGroup creates the consumer group at id 0 unless this Queue knows it
+// exists. Id 0 is right because acknowledged entries are deleted: whatever
+// is in the stream is backlog, including jobs enqueued before any consumer
+// ran.
+func (q *Queue) ensureGroup(ctx context.Context) error {
+	if q.groupReady.Load() {
+		return nil
+	}
+	q.groupMu.Lock()
+	defer q.groupMu.Unlock()
+	if q.groupReady.Load() {
+		return nil
+	}
+	err := q.client.XGroupCreateMkStream(ctx, q.stream, q.cfg.Group, "0").Err()
+	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+		return fmt.Errorf("redisstream: xgroup create %s %s: %w", q.stream, q.cfg.Group, err)
+	}
+	q.groupReady.Store(true)
+	return nil
+}
+
+// noteGroupLost reports whether err says the group (or the whole stream)
+// is gone, and if so makes the next call recreate it.
+func (q *Queue) noteGroupLost(err error) bool {
+	if redis.HasErrorPrefix(err, "NOGROUP") {
+		q.groupReady.Store(false)
+		return true
+	}
+	return false
+}
+
+// Fetch returns up to limit deliveries, blocking until there is one or ctx
+// ends. Every ReclaimInterval one Fetch of this Queue first takes over
+// jobs idle for ReclaimIdle (their Attempt is the entry's delivery count);
+// otherwise it reads new jobs (Attempt 1). An entry without a body field
+// is delivered with an empty Body for the worker to dead-letter. Redis
+// errors other than a lost group are returned; the caller backs off.
+func (q *Queue) Fetch(ctx context.Context, limit int) ([]failover.Delivery, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("redisstream: fetch: max %d < 1", limit)
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if err := q.ensureGroup(ctx); err != nil {
+			return nil, ctxErrOr(ctx, err)
+		}
+		due, untilReclaim := q.reclaimTurn(time.Now())
+		if due {
+			ds, err := q.reclaim(ctx, limit)
+			if err != nil {
+				if q.noteGroupLost(err) {
+					continue
+				}
+				return nil, ctxErrOr(ctx, err)
+			}
+			if len(ds) > 0 {
+				return ds, nil
+			}
+		}
+		// Block no longer than until the next reclaim round is due, so
+		// idle jobs are found on time even while no new job arrives.
+		ds, err := q.read(ctx, limit, max(min(q.cfg.Block, untilReclaim), time.Millisecond))
+		if err != nil {
+			if q.noteGroupLost(err) {
+				continue
+			}
+			return nil, ctxErrOr(ctx, err)
+		}
+		if len(ds) > 0 {
+			return ds, nil
+		}
+	}
+}
+
+// ctxErrOr prefers ctx's error, so Fetch ends with ctx.Err() when the
+// client failed only because ctx ended.
+func ctxErrOr(ctx context.Context, err error) error {
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return ctxErr
+	}
+	return err
+}
+
+// reclaimTurn reports whether the caller should run the reclaim round now
+// (and claims it), else how long until the next one is due.
+func (q *Queue) reclaimTurn(now time.Time) (bool, time.Duration) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if now.Before(q.nextReclaim) {
+		return false, q.nextReclaim.Sub(now)
+	}
+	q.nextReclaim = now.Add(q.cfg.ReclaimInterval)
+	return true, q.cfg.ReclaimInterval
+}
+
+// reclaim takes over up to limit entries idle for ReclaimIdle. If Redis
+// fails between XAUTOCLAIM and XPENDING the claimed entries are not lost:
+// they stay pending and are taken over again after ReclaimIdle.
+func (q *Queue) reclaim(ctx context.Context, limit int) ([]failover.Delivery, error) {
+	q.reclaimMu.Lock()
+	defer q.reclaimMu.Unlock()
+	msgs, next, err := q.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
+		Stream:   q.stream,
+		Group:    q.cfg.Group,
+		Consumer: q.cfg.Consumer,
+		MinIdle:  q.cfg.ReclaimIdle,
+		Start:    q.cursor,
+		Count:    int64(limit),
+	}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: xautoclaim %s %s: %w", q.stream, q.cfg.Group, err)
+	}
+	// A large pending list is scanned across rounds, resuming where the
+	// last one stopped; "0-0" means the scan wrapped around.
+	q.cursor = next
+	if len(msgs) == 0 {
+		return nil, nil
+	}
+	pipe := q.client.Pipeline()
+	counts := make([]*redis.XPendingExtCmd, len(msgs))
+	for i, m := range msgs {
+		counts[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: q.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+		})
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", q.stream, q.cfg.Group, err)
+	}
+	ds := make([]failover.Delivery, 0, len(msgs))
+	for i, m := range msgs {
+		p := counts[i].Val()
+		if len(p) == 0 {
+			continue // acknowledged meanwhile by its former holder
+		}
+		ds = append(ds, failover.Delivery{ID: m.ID, Body: bodyOf(m), Attempt: int(p[0].RetryCount)})
+	}
+	return ds, nil
+}
+
+// read delivers up to limit new entries, blocking up to block.
+func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]failover.Delivery, error) {
+	streams, err := q.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group:    q.cfg.Group,
+		Consumer: q.cfg.Consumer,
+		Streams:  []string{q.stream, ">"},
+		Count:    int64(limit),
+		Block:    block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: xreadgroup %s %s: %w", q.stream, q.cfg.Group, err)
+	}
+	var ds []failover.Delivery
+	for _, s := range streams {
+		for _, m := range s.Messages {
+			ds = append(ds, failover.Delivery{ID: m.ID, Body: bodyOf(m), Attempt: 1})
+		}
+	}
+	return ds, nil
+}
+
+func bodyOf(m redis.XMessage) []byte {
+	s, _ := m.Values["body"].(string)
+	return []byte(s)
+}
+
+// Ack acknowledges and deletes the entry in one transaction, so the stream
+// holds only the backlog. Acknowledging an entry that is no longer pending
+// does nothing.
+func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
+	_, err := q.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.XAck(ctx, q.stream, q.cfg.Group, d.ID)
+		p.XDel(ctx, q.stream, d.ID)
+		return nil
+	})
+	if err != nil {
+		q.noteGroupLost(err)
+		return fmt.Errorf("redisstream: ack %s %s: %w", q.stream, d.ID, err)
+	}
+	return nil
+}
+
+// Touch restarts the entry's idle time while this member holds it
+// (XCLAIM to itself with JUSTID, so the delivery count stays), keeping it
+// from being taken over. It returns an error wrapping ErrClaimLost when
+// this member no longer holds the entry, and never takes it back.
+func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
+	res, err := touchScript.Run(ctx, q.client, []string{q.stream}, q.cfg.Group, q.cfg.Consumer, d.ID).Int()
+	if err != nil {
+		if q.noteGroupLost(err) {
+			return fmt.Errorf("redisstream: touch %s %s: %w: %w", q.stream, d.ID, ErrClaimLost, err)
+		}
+		return fmt.Errorf("redisstream: touch %s %s: %w", q.stream, d.ID, err)
+	}
+	switch res {
+	case 1:
+		return nil
+	case 0:
+		return fmt.Errorf("redisstream: touch %s %s: not pending: %w", q.stream, d.ID, ErrClaimLost)
+	default:
+		return fmt.Errorf("redisstream: touch %s %s: held by another consumer: %w", q.stream, d.ID, ErrClaimLost)
+	}
+}
+
+// DeadLetter atomically records the job in the dead-letter stream (fields
+// request_id, body, reason, attempt, source_id, failed_at_ms, copied from
+// the stored entry and stamped with Redis time) and acknowledges and
+// deletes it. An entry no longer pending is not recorded again, so a retry
+// after a lost reply is harmless.
+func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
+	err := deadLetterScript.Run(ctx, q.client, []string{q.stream, q.deadLetter},
+		q.cfg.Group, d.ID, reason, strconv.Itoa(d.Attempt)).Err()
+	if err != nil {
+		q.noteGroupLost(err)
+		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", q.stream, d.ID, q.deadLetter, err)
+	}
+	return nil
+}
