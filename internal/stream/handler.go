@@ -100,6 +100,9 @@ type Handler struct {
 	m        *metrics.Metrics
 	log      *slog.Logger
 	keys     [][sha256.Size]byte
+	// queueFirst reports that queued jobs wait for a worker; new requests
+	// then join the queue behind them instead of taking a freed slot.
+	queueFirst func() bool
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -140,6 +143,10 @@ func New(cfg Config, p pool.Pool, provider llm.Provider, spill Spiller, m *metri
 	return h, nil
 }
 
+// SetQueueFirst installs the backlog check that keeps queued jobs from
+// being starved by newer direct requests. Call it before serving.
+func (h *Handler) SetQueueFirst(waiting func() bool) { h.queueFirst = waiting }
+
 // Drain makes every open stream end now with an `error` event of type
 // shutting-down. It is called when the shutdown grace period is over.
 func (h *Handler) Drain() { h.drainOnce.Do(func() { close(h.draining) }) }
@@ -163,7 +170,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	if h.cfg.DirectPathEnabled {
+	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
 		lease, err := h.pool.TryAcquire(r.Context(), user)
 		if err == nil {
 			h.direct(w, r, req, requestID, lease, start)
@@ -174,18 +181,20 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			limit = "user"
 		}
 		h.m.PoolRefusals.WithLabelValues(limit).Inc()
-		if limit == "user" {
-			// Per-user limits are not a capacity problem: queueing would only
-			// let one identity fill the queue.
-			h.refuse(w, problemUserLimit.WithRetryAfter(h.retryAfter()), instance, metrics.PathDirect)
-			return
-		}
 	}
+	// Either limit sends the request to the queue, where a worker waits for
+	// a slot that fits both; without a queue it is refused.
 	if h.spill == nil {
 		h.refuse(w, problemPoolFull.WithRetryAfter(h.retryAfter()), instance, metrics.PathDirect)
 		return
 	}
 	h.queued(w, r, req, requestID, user, start)
+}
+
+// behindBacklog reports whether jobs wait in the queue, so a new request
+// must queue behind them.
+func (h *Handler) behindBacklog() bool {
+	return h.spill != nil && h.queueFirst != nil && h.queueFirst()
 }
 
 func (h *Handler) retryAfter() int {

@@ -192,6 +192,28 @@ func (q *Queue) Depth(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
+// Waiting returns the jobs no worker has taken yet: the backlog less the
+// group's pending (delivered, unacknowledged) entries. XLEN and XPENDING
+// are read in one pipeline. A missing group means nothing was taken.
+func (q *Queue) Waiting(ctx context.Context) (int64, error) {
+	pipe := q.client.Pipeline()
+	xlen := pipe.XLen(ctx, q.stream)
+	pending := pipe.XPending(ctx, q.stream, q.cfg.Group)
+	_, _ = pipe.Exec(ctx)
+	n, err := xlen.Result()
+	if err != nil {
+		return 0, fmt.Errorf("redisstream: xlen %s: %w", q.stream, err)
+	}
+	p, err := pending.Result()
+	switch {
+	case err != nil && redis.HasErrorPrefix(err, "NOGROUP"):
+		return n, nil
+	case err != nil:
+		return 0, fmt.Errorf("redisstream: xpending %s: %w", q.stream, err)
+	}
+	return max(0, n-p.Count), nil
+}
+
 // ensureGroup creates the consumer group at id 0 unless this Queue knows it
 // exists. Id 0 is right because acknowledged entries are deleted: whatever
 // is in the stream is backlog, including jobs enqueued before any consumer
