@@ -11,9 +11,7 @@ import (
 // Problems the api writes on purpose. Their detail is client text.
 var (
 	problemPoolFull = protocol.NewProblem(protocol.ProblemPoolExhausted, "Capacity Exhausted",
-		http.StatusServiceUnavailable, "All streaming slots are busy; retry shortly.")
-	problemUserLimit = protocol.NewProblem(protocol.ProblemPoolExhausted, "Too Many Concurrent Streams",
-		http.StatusTooManyRequests, "This identity has as many open streams as it may; finish one first.")
+		http.StatusServiceUnavailable, "No streaming slot is free for this request; retry shortly.")
 	problemProvider = protocol.NewProblem(protocol.ProblemProviderError, "Provider Error",
 		http.StatusBadGateway, "The model provider failed while answering; retry the request.")
 	problemShuttingDown = protocol.NewProblem(protocol.ProblemShuttingDown, "Shutting Down",

@@ -1,0 +1,250 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// ErrCircuitOpen means the provider's circuit refused the call without
+// trying it: open, or half-open with its trial calls already taken.
+// Breaker.Stream returns it wrapped in a retryable *llm.Error whose
+// RetryAfter is the time the circuit has left open.
+var ErrCircuitOpen = errors.New("admission: provider circuit open")
+
+// BreakerConfig configures a provider's circuit breaker. A zero field
+// takes its default.
+type BreakerConfig struct {
+	// ConsecutiveFailures opens the circuit after this many provider
+	// failures in a row. Default 5.
+	ConsecutiveFailures uint32
+	// FailureRatio opens the circuit when at least this share of the calls
+	// finished within Window failed, once MinRequests finished. Default 0.5.
+	FailureRatio float64
+	// MinRequests is how many calls must finish within Window before
+	// FailureRatio applies. Default 20.
+	MinRequests uint32
+	// Window is the rolling window, in six buckets, over which
+	// FailureRatio and MinRequests are counted while closed. Default 60s.
+	Window time.Duration
+	// OpenTimeout is how long the circuit stays open before it lets trial
+	// calls through (half-open). Default 10s.
+	OpenTimeout time.Duration
+	// HalfOpenMaxRequests is how many trial calls run while half-open;
+	// that many successes close the circuit, one failure opens it again.
+	// Default 1.
+	HalfOpenMaxRequests uint32
+}
+
+// DefaultBreakerConfig returns the defaults.
+func DefaultBreakerConfig() BreakerConfig {
+	return BreakerConfig{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20, Window: time.Minute,
+		OpenTimeout: 10 * time.Second, HalfOpenMaxRequests: 1}
+}
+
+// withDefaults returns c with every zero field set to its default.
+func (c BreakerConfig) withDefaults() BreakerConfig {
+	d := DefaultBreakerConfig()
+	if c.ConsecutiveFailures == 0 {
+		c.ConsecutiveFailures = d.ConsecutiveFailures
+	}
+	if c.FailureRatio == 0 {
+		c.FailureRatio = d.FailureRatio
+	}
+	if c.MinRequests == 0 {
+		c.MinRequests = d.MinRequests
+	}
+	if c.Window == 0 {
+		c.Window = d.Window
+	}
+	if c.OpenTimeout == 0 {
+		c.OpenTimeout = d.OpenTimeout
+	}
+	if c.HalfOpenMaxRequests == 0 {
+		c.HalfOpenMaxRequests = d.HalfOpenMaxRequests
+	}
+	return c
+}
+
+// Validate reports bad values without changing c; zero fields are valid
+// (they take their defaults).
+func (c BreakerConfig) Validate() error {
+	var errs []error
+	if c.FailureRatio < 0 || c.FailureRatio > 1 || c.FailureRatio != c.FailureRatio {
+		errs = append(errs, fmt.Errorf("admission: breaker FailureRatio %v must be in (0, 1]", c.FailureRatio))
+	}
+	if c.Window < 0 || c.OpenTimeout < 0 {
+		errs = append(errs, errors.New("admission: breaker Window and OpenTimeout must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+var problemCircuitOpen = protocol.NewProblem(protocol.ProblemProviderUnavailable, "Provider Unavailable",
+	http.StatusServiceUnavailable, "The model provider is failing; requests are refused until it recovers. Retry after the advised delay.")
+
+// Breaker is a circuit breaker around one provider
+// (github.com/sony/gobreaker). It implements llm.Provider: Stream runs the
+// call through the circuit. Only provider failures count against the
+// circuit: a call whose caller's context ended, whose emit callback failed
+// (the client went away or is too slow), or that the provider refused as a
+// bad request (non-retryable 400, 404, 413, 415 or 422) is counted
+// neither way. Check lets the api refuse before queueing while the circuit
+// is open. The open → half-open step happens on the first State, Check or
+// Stream after OpenTimeout. Breaker is safe for concurrent use.
+type Breaker struct {
+	cfg     BreakerConfig
+	p       llm.Provider
+	cb      *gobreaker.CircuitBreaker[llm.Result]
+	gauge   prometheus.Gauge
+	refused prometheus.Counter
+	log     *slog.Logger
+	now     func() time.Time // must agree with gobreaker's clock (time.Now; synctest in tests)
+
+	state     atomic.Int32 // gobreaker.State, mirrored by OnStateChange
+	openUntil atomic.Int64 // unix nanoseconds when the open circuit turns half-open
+}
+
+var _ llm.Provider = (*Breaker)(nil)
+
+// NewBreaker wraps p in a circuit named after p.Name(), which is also the
+// provider label of spillway_circuit_state.
+func NewBreaker(cfg BreakerConfig, p llm.Provider, m *metrics.Metrics, log *slog.Logger) (*Breaker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	if p == nil || m == nil || log == nil {
+		return nil, errors.New("admission: breaker needs a provider, metrics and logger")
+	}
+	b := &Breaker{cfg: cfg, p: p, gauge: m.CircuitState.WithLabelValues(p.Name()),
+		refused: m.QueueRejections.WithLabelValues("circuit_open"), log: log, now: time.Now}
+	b.gauge.Set(float64(gobreaker.StateClosed))
+	b.cb = gobreaker.NewCircuitBreaker[llm.Result](gobreaker.Settings{
+		Name:         p.Name(),
+		MaxRequests:  cfg.HalfOpenMaxRequests,
+		Interval:     cfg.Window,
+		BucketPeriod: cfg.Window / 6,
+		Timeout:      cfg.OpenTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			// Requests also counts calls still running and uncounted ones.
+			done := c.TotalSuccesses + c.TotalFailures
+			return c.ConsecutiveFailures >= cfg.ConsecutiveFailures ||
+				(done >= cfg.MinRequests && float64(c.TotalFailures) >= cfg.FailureRatio*float64(done))
+		},
+		IsExcluded:    func(err error) bool { var u *uncounted; return errors.As(err, &u) },
+		OnStateChange: b.onStateChange,
+	})
+	return b, nil
+}
+
+// onStateChange runs under gobreaker's lock: it must not call back into
+// the circuit.
+func (b *Breaker) onStateChange(name string, from, to gobreaker.State) {
+	if to == gobreaker.StateOpen {
+		b.openUntil.Store(b.now().Add(b.cfg.OpenTimeout).UnixNano())
+	}
+	b.state.Store(int32(to))
+	b.gauge.Set(float64(to))
+	if to == gobreaker.StateOpen {
+		b.log.Warn("provider circuit opened: failing fast", "provider", name, "from", from.String(),
+			"open_for", b.cfg.OpenTimeout)
+		return
+	}
+	b.log.Info("provider circuit "+to.String(), "provider", name, "from", from.String())
+}
+
+// Name returns the wrapped provider's name.
+func (b *Breaker) Name() string { return b.p.Name() }
+
+// State returns the circuit's state; its int value is what
+// spillway_circuit_state shows (0 closed, 1 half-open, 2 open).
+func (b *Breaker) State() gobreaker.State { return b.cb.State() }
+
+// Check returns nil while the circuit is closed or half-open, else a 503
+// provider-unavailable problem whose Retry-After is the time the circuit
+// has left open. Each refusal counts in
+// spillway_queue_rejections_total{reason="circuit_open"}. It reads atomics
+// only, except once the open time is over, when it lets the circuit turn
+// half-open.
+func (b *Breaker) Check() *protocol.Problem {
+	if gobreaker.State(b.state.Load()) != gobreaker.StateOpen {
+		return nil
+	}
+	left := time.Duration(b.openUntil.Load() - b.now().UnixNano())
+	if left <= 0 {
+		if b.cb.State() != gobreaker.StateOpen {
+			return nil
+		}
+		left = time.Second
+	}
+	b.refused.Inc()
+	return problemCircuitOpen.WithRetryAfter(RetryAfterSeconds(left))
+}
+
+// uncounted carries an error the circuit must count neither as success
+// nor as failure.
+type uncounted struct{ err error }
+
+func (u *uncounted) Error() string { return u.err.Error() }
+func (u *uncounted) Unwrap() error { return u.err }
+
+// Stream calls the provider through the circuit. While the circuit refuses
+// calls it returns at once an *llm.Error (Retryable, RetryAfter = time
+// left open) wrapping ErrCircuitOpen; otherwise what the provider returned.
+func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (llm.Result, error) {
+	var emitErr error
+	res, err := b.cb.Execute(func() (llm.Result, error) {
+		res, err := b.p.Stream(ctx, req, func(content string) error {
+			if err := emit(content); err != nil {
+				emitErr = err // emit runs on this goroutine (llm.Provider's contract)
+				return err
+			}
+			return nil
+		})
+		if err != nil && (ctx.Err() != nil || (emitErr != nil && errors.Is(err, emitErr)) || badRequest(err)) {
+			return res, &uncounted{err}
+		}
+		return res, err
+	})
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		left := max(time.Duration(b.openUntil.Load()-b.now().UnixNano()), time.Second)
+		if errors.Is(err, gobreaker.ErrTooManyRequests) {
+			left = time.Second // half-open: the trial call decides soon
+		}
+		return llm.Result{}, &llm.Error{Retryable: true, RetryAfter: left,
+			Err: fmt.Errorf("admission: provider %s: %w", b.p.Name(), ErrCircuitOpen)}
+	}
+	var u *uncounted
+	if errors.As(err, &u) {
+		err = u.err
+	}
+	return res, err
+}
+
+// badRequest reports a provider error caused by the request rather than
+// the provider's health: the provider refused this request's content
+// (400, 404 unknown model, 413, 415, 422) and would answer others.
+// 401 and 403 do count: a wrong key fails every call.
+func badRequest(err error) bool {
+	var le *llm.Error
+	if !errors.As(err, &le) || le.Retryable {
+		return false
+	}
+	switch le.Status {
+	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge,
+		http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
+		return true
+	}
+	return false
+}

@@ -1,0 +1,346 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// fakeProvider answers with whatever fn does and counts calls.
+type fakeProvider struct {
+	fn    func(ctx context.Context, emit func(string) error) (llm.Result, error)
+	calls atomic.Int64
+}
+
+func (f *fakeProvider) Name() string { return "fake" }
+
+func (f *fakeProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+	f.calls.Add(1)
+	return f.fn(ctx, emit)
+}
+
+var errUpstream = &llm.Error{Retryable: true, Status: http.StatusBadGateway, Err: errors.New("upstream 502")}
+
+// scripted returns a provider that fails while fail is true and answers
+// "hi" otherwise.
+func scripted(fail *atomic.Bool) *fakeProvider {
+	return &fakeProvider{fn: func(_ context.Context, emit func(string) error) (llm.Result, error) {
+		if fail.Load() {
+			return llm.Result{}, errUpstream
+		}
+		if err := emit("hi"); err != nil {
+			return llm.Result{}, fmt.Errorf("fake: emit: %w", err)
+		}
+		return llm.Result{FinishReason: "stop"}, nil
+	}}
+}
+
+func newTestBreaker(tb testing.TB, cfg BreakerConfig, p llm.Provider) (*Breaker, *metrics.Metrics, *logBuffer) {
+	tb.Helper()
+	log, lb := newLog(tb)
+	m := newMetrics(tb)
+	b, err := NewBreaker(cfg, p, m, log)
+	if err != nil {
+		tb.Fatalf("NewBreaker: %v", err)
+	}
+	return b, m, lb
+}
+
+func call(b *Breaker) error {
+	_, err := b.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil })
+	return err
+}
+
+func TestBreakerLifecycle(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var fail atomic.Bool
+		p := scripted(&fail)
+		b, m, lb := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, MinRequests: 100, OpenTimeout: 10 * time.Second}, p)
+		gauge := m.CircuitState.WithLabelValues("fake")
+		var seen []float64
+		observe := func() {
+			if v := promtest.ToFloat64(gauge); len(seen) == 0 || seen[len(seen)-1] != v {
+				seen = append(seen, v)
+			}
+		}
+		observe()
+
+		fail.Store(true)
+		for i := range 2 {
+			if err := call(b); !errors.Is(err, errUpstream) {
+				t.Fatalf("failure %d: err %v, want the provider's error unchanged", i+1, err)
+			}
+			observe()
+		}
+		if b.State() != gobreaker.StateClosed || b.Check() != nil {
+			t.Fatalf("after 2 of 3 failures: state %v, Check %v; want closed and accepting", b.State(), b.Check())
+		}
+		_ = call(b)
+		observe()
+		if b.State() != gobreaker.StateOpen {
+			t.Fatalf("after 3 consecutive failures: state %v, want open", b.State())
+		}
+
+		// Open: fail fast, without calling the provider.
+		calls := p.calls.Load()
+		err := call(b)
+		if !errors.Is(err, ErrCircuitOpen) || !llm.IsRetryable(err) {
+			t.Fatalf("Stream while open: %v; want a retryable error wrapping ErrCircuitOpen", err)
+		}
+		var le *llm.Error
+		if !errors.As(err, &le) || le.RetryAfter != 10*time.Second {
+			t.Fatalf("Stream while open: RetryAfter %v, want 10s", le)
+		}
+		if p.calls.Load() != calls {
+			t.Fatal("the provider was called while the circuit was open")
+		}
+		checkOpen := func(wantRetry int) {
+			t.Helper()
+			pr := b.Check()
+			if pr == nil {
+				t.Fatal("Check accepts while open")
+			}
+			if pr.Status != http.StatusServiceUnavailable || pr.Slug() != protocol.ProblemProviderUnavailable || pr.RetryAfterSeconds != wantRetry {
+				t.Fatalf("Check = %d %q retry %d, want 503 %q retry %d", pr.Status, pr.Slug(), pr.RetryAfterSeconds,
+					protocol.ProblemProviderUnavailable, wantRetry)
+			}
+		}
+		checkOpen(10)
+		time.Sleep(4 * time.Second)
+		checkOpen(6)
+		time.Sleep(5*time.Second + 500*time.Millisecond)
+		checkOpen(1) // 0.5s left rounds up
+		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("circuit_open")); got != 3 {
+			t.Fatalf("circuit_open rejections = %v, want 3", got)
+		}
+		observe()
+
+		// Past OpenTimeout: half-open, trial calls allowed.
+		time.Sleep(501 * time.Millisecond)
+		if pr := b.Check(); pr != nil {
+			t.Fatalf("Check after OpenTimeout = %v, want accept (half-open)", pr)
+		}
+		if b.State() != gobreaker.StateHalfOpen {
+			t.Fatalf("state after OpenTimeout = %v, want half-open", b.State())
+		}
+		observe()
+
+		fail.Store(false)
+		if err := call(b); err != nil {
+			t.Fatalf("trial call: %v", err)
+		}
+		if b.State() != gobreaker.StateClosed || b.Check() != nil {
+			t.Fatalf("after a successful trial: state %v, want closed", b.State())
+		}
+		observe()
+		if want := []float64{0, 2, 1, 0}; fmt.Sprint(seen) != fmt.Sprint(want) {
+			t.Fatalf("spillway_circuit_state went %v, want %v", seen, want)
+		}
+		if lb.count("provider circuit opened") != 1 || lb.count("provider circuit half-open") != 1 || lb.count("provider circuit closed") != 1 {
+			t.Fatalf("want one log line per transition:\n%s", lb)
+		}
+	})
+}
+
+func TestBreakerHalfOpenFailureReopens(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var fail atomic.Bool
+		fail.Store(true)
+		b, m, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: 5 * time.Second}, scripted(&fail))
+		_ = call(b)
+		time.Sleep(5*time.Second + time.Millisecond)
+		if b.Check() != nil || b.State() != gobreaker.StateHalfOpen {
+			t.Fatalf("not half-open after OpenTimeout: %v", b.State())
+		}
+		_ = call(b) // the trial fails
+		if b.State() != gobreaker.StateOpen {
+			t.Fatalf("state after a failed trial = %v, want open", b.State())
+		}
+		if pr := b.Check(); pr == nil || pr.RetryAfterSeconds != 5 {
+			t.Fatalf("Check after reopening = %v, want a refusal for a fresh 5s", pr)
+		}
+		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("fake")); got != 2 {
+			t.Fatalf("gauge = %v, want 2", got)
+		}
+	})
+}
+
+// While half-open, calls beyond the trial budget are refused fast too.
+func TestBreakerHalfOpenLimitsTrials(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		var fail atomic.Bool
+		fail.Store(true)
+		p := &fakeProvider{fn: func(ctx context.Context, emit func(string) error) (llm.Result, error) {
+			if fail.Load() {
+				return llm.Result{}, errUpstream
+			}
+			<-release
+			return llm.Result{}, nil
+		}}
+		b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 1}, p)
+		_ = call(b)
+		time.Sleep(time.Second + time.Millisecond)
+		fail.Store(false)
+		trial := make(chan error, 1)
+		go func() { trial <- call(b) }()
+		synctest.Wait() // the trial is inside the provider
+		if err := call(b); !errors.Is(err, ErrCircuitOpen) {
+			t.Fatalf("second call while the trial runs: %v, want ErrCircuitOpen", err)
+		}
+		close(release)
+		if err := <-trial; err != nil {
+			t.Fatalf("trial: %v", err)
+		}
+		if b.State() != gobreaker.StateClosed {
+			t.Fatalf("state after the trial = %v, want closed", b.State())
+		}
+	})
+}
+
+func TestBreakerCountsOnlyProviderFailures(t *testing.T) {
+	t.Parallel()
+	errClientGone := errors.New("client gone")
+	tests := []struct {
+		name     string
+		run      func(b *Breaker) error
+		wantOpen bool
+		wantErr  error
+	}{
+		{"provider failure", func(b *Breaker) error { return call(b) }, true, errUpstream},
+		{"caller cancelled", func(b *Breaker) error {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			_, err := b.Stream(ctx, protocol.ChatRequest{}, func(string) error { return nil })
+			return err
+		}, false, context.Canceled},
+		{"caller deadline passed", func(b *Breaker) error {
+			ctx, cancel := context.WithTimeout(context.Background(), -time.Second)
+			defer cancel()
+			_, err := b.Stream(ctx, protocol.ChatRequest{}, func(string) error { return nil })
+			return err
+		}, false, context.DeadlineExceeded},
+		{"client gone during emit", func(b *Breaker) error {
+			_, err := b.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return errClientGone })
+			return err
+		}, false, errClientGone},
+		{"bad request", func(b *Breaker) error { return call(b) }, false, nil},
+		{"unauthorized counts", func(b *Breaker) error { return call(b) }, true, nil},
+		{"rate limited upstream counts", func(b *Breaker) error { return call(b) }, true, nil},
+	}
+	statusOf := map[string]*llm.Error{
+		"bad request":                  {Status: http.StatusBadRequest, Err: errors.New("400")},
+		"unauthorized counts":          {Status: http.StatusUnauthorized, Err: errors.New("401")},
+		"rate limited upstream counts": {Retryable: true, Status: http.StatusTooManyRequests, Err: errors.New("429")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p := &fakeProvider{fn: func(ctx context.Context, emit func(string) error) (llm.Result, error) {
+				if le, ok := statusOf[tt.name]; ok {
+					return llm.Result{}, le
+				}
+				if err := ctx.Err(); err != nil {
+					return llm.Result{}, fmt.Errorf("fake: %w", err)
+				}
+				if err := emit("x"); err != nil {
+					return llm.Result{}, fmt.Errorf("fake: emit: %w", err)
+				}
+				return llm.Result{}, errUpstream
+			}}
+			b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, MinRequests: 1000}, p)
+			for range 10 {
+				err := tt.run(b)
+				if errors.Is(err, ErrCircuitOpen) {
+					break
+				}
+				if err == nil {
+					t.Fatal("Stream returned nil, want the provider's error")
+				}
+				if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+					t.Fatalf("Stream error %v, want it to wrap %v", err, tt.wantErr)
+				}
+			}
+			if open := b.State() == gobreaker.StateOpen; open != tt.wantOpen {
+				t.Fatalf("after 10 calls: state %v, want open %v", b.State(), tt.wantOpen)
+			}
+		})
+	}
+}
+
+func TestBreakerFailureRatio(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name     string
+		pattern  string // S success, F failure
+		wantOpen bool
+	}{
+		{"half failing, min requests reached", "SFSFSFSFSF", true},
+		{"half failing, one short of min requests", "SFSFSFSFS", false},
+		{"one in ten failing", "SSSSSSSSSF", false},
+		{"four in ten failing", "SSFSSFSSFF", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			var fail atomic.Bool
+			b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 10}, scripted(&fail))
+			for _, c := range tt.pattern {
+				fail.Store(c == 'F')
+				_ = call(b)
+			}
+			if open := b.State() == gobreaker.StateOpen; open != tt.wantOpen {
+				t.Fatalf("after %s: state %v, want open %v", tt.pattern, b.State(), tt.wantOpen)
+			}
+		})
+	}
+}
+
+// Failures spread over more than Window do not add up to a ratio trip.
+func TestBreakerWindowForgets(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		var fail atomic.Bool
+		b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Minute}, scripted(&fail))
+		for _, c := range "FFS" {
+			fail.Store(c == 'F')
+			_ = call(b)
+		}
+		time.Sleep(2 * time.Minute)
+		fail.Store(true)
+		_ = call(b) // 3 of 4 would trip if the old calls still counted
+		if b.State() != gobreaker.StateClosed {
+			t.Fatalf("state %v: calls older than Window still counted", b.State())
+		}
+	})
+}
+
+func TestBreakerConfig(t *testing.T) {
+	t.Parallel()
+	if got := (BreakerConfig{}).withDefaults(); got != DefaultBreakerConfig() {
+		t.Fatalf("zero config with defaults = %+v, want %+v", got, DefaultBreakerConfig())
+	}
+	for _, c := range []BreakerConfig{{FailureRatio: 1.5}, {FailureRatio: -0.1}, {OpenTimeout: -time.Second}, {Window: -time.Second}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", c)
+		}
+	}
+	if _, err := NewBreaker(BreakerConfig{}, nil, newMetrics(t), newDiscardLog()); err == nil {
+		t.Error("NewBreaker without a provider succeeded")
+	}
+}

@@ -1,0 +1,207 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// OverflowConfig configures the queue overflow gate.
+type OverflowConfig struct {
+	// Threshold is the backlog at which queued requests start being refused
+	// (QUEUE_OVERFLOW_THRESHOLD, default 10000).
+	Threshold int64
+	// Hysteresis keeps refusing until the backlog is below
+	// Threshold − Hysteresis, so the gate does not flap around the
+	// threshold (QUEUE_OVERFLOW_HYSTERESIS, default 500).
+	Hysteresis int64
+	// RefreshEvery is how often the cached depth is read again; a read
+	// slower than this counts as failed (QUEUE_DEPTH_CACHE_TTL_MS, default 1s).
+	RefreshEvery time.Duration
+	// RetryAfterMax bounds the advised Retry-After, and is what is advised
+	// while the backlog is not draining (QUEUE_RETRY_AFTER_SECONDS, default 60s).
+	RetryAfterMax time.Duration
+}
+
+// DefaultOverflowConfig returns the defaults DESIGN.md lists.
+func DefaultOverflowConfig() OverflowConfig {
+	return OverflowConfig{Threshold: 10000, Hysteresis: 500, RefreshEvery: time.Second, RetryAfterMax: 60 * time.Second}
+}
+
+// Validate reports bad values without changing c.
+func (c OverflowConfig) Validate() error {
+	var errs []error
+	if c.Threshold < 1 {
+		errs = append(errs, fmt.Errorf("admission: overflow Threshold %d must be positive", c.Threshold))
+	}
+	if c.Hysteresis < 0 || c.Hysteresis >= c.Threshold {
+		errs = append(errs, fmt.Errorf("admission: overflow Hysteresis %d must be in [0, Threshold)", c.Hysteresis))
+	}
+	if c.RefreshEvery <= 0 {
+		errs = append(errs, errors.New("admission: overflow RefreshEvery must be positive"))
+	}
+	if c.RetryAfterMax < time.Second {
+		errs = append(errs, errors.New("admission: overflow RetryAfterMax must be at least 1s"))
+	}
+	return errors.Join(errs...)
+}
+
+// drainWeight is the weight of the newest sample in the drain-rate EWMA:
+// about the last four refreshes dominate, enough to smooth a bursty
+// consumer tier without lagging a scale-up by more than a few seconds.
+const drainWeight = 0.25
+
+var problemOverflow = protocol.NewProblem(protocol.ProblemQueueOverflow, "Queue Over Capacity",
+	http.StatusServiceUnavailable, "Too many requests are waiting; retry after the advised delay.")
+
+// Overflow is the queue overflow gate. Check is what the request path
+// calls; it reads only state cached by Run, which reads the backlog depth
+// in the background every RefreshEvery. Overflow is safe for concurrent
+// use; Run must run once, in a goroutine its owner waits for.
+type Overflow struct {
+	cfg      OverflowConfig
+	depth    func(context.Context) (int64, error)
+	m        *metrics.Metrics
+	rejected prometheus.Counter
+	log      *slog.Logger
+
+	// Read on every Check; written by refresh.
+	refusing   atomic.Bool
+	cached     atomic.Int64
+	retryAfter atomic.Int64 // seconds advised while refusing
+
+	mu        sync.Mutex // serialises refresh
+	failing   bool       // inside a streak of failed reads
+	failed    int        // reads failed in the current streak
+	sampled   bool       // lastDepth and lastAt hold a sample
+	lastDepth int64
+	lastAt    time.Time
+	rated     bool    // drainRate holds an estimate
+	drainRate float64 // jobs per second leaving the backlog; negative while it grows
+}
+
+// NewOverflow returns the gate. depth reports the backlog (for example
+// failover.Depther.Depth); it is called only by Run, never by Check. The
+// gate accepts until the first refresh says otherwise.
+func NewOverflow(cfg OverflowConfig, depth func(context.Context) (int64, error), m *metrics.Metrics, log *slog.Logger) (*Overflow, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if depth == nil || m == nil || log == nil {
+		return nil, errors.New("admission: overflow needs a depth function, metrics and logger")
+	}
+	o := &Overflow{cfg: cfg, depth: depth, m: m, log: log,
+		rejected: m.QueueRejections.WithLabelValues("overflow")}
+	o.retryAfter.Store(int64(cfg.RetryAfterMax / time.Second))
+	m.QueueThreshold.Set(float64(cfg.Threshold))
+	return o, nil
+}
+
+// Run refreshes the cached depth at once and then every RefreshEvery
+// until ctx ends.
+func (o *Overflow) Run(ctx context.Context) {
+	o.refresh(ctx, time.Now())
+	t := time.NewTicker(o.cfg.RefreshEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			o.refresh(ctx, now)
+		}
+	}
+}
+
+// Check returns nil to accept a request for the queue, or a 503
+// queue-overflow problem with Retry-After while the backlog is over the
+// threshold (and, once over, until it falls below Threshold − Hysteresis).
+// It never reads the queue. Each refusal counts in
+// spillway_queue_rejections_total{reason="overflow"}.
+func (o *Overflow) Check() *protocol.Problem {
+	if !o.refusing.Load() {
+		return nil
+	}
+	o.rejected.Inc()
+	return problemOverflow.WithRetryAfter(int(o.retryAfter.Load()))
+}
+
+// Depth returns the backlog as last read (0 before the first read).
+func (o *Overflow) Depth() int64 { return o.cached.Load() }
+
+// refresh reads the depth once and updates the cached state; now is the
+// time of the read.
+func (o *Overflow) refresh(ctx context.Context, now time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, o.cfg.RefreshEvery)
+	d, err := o.depth(rctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return // shutting down, not a failed read
+		}
+		o.failed++
+		if !o.failing {
+			o.failing = true
+			o.log.Warn("queue depth read failed; keeping the last value", "depth", o.cached.Load(), "err", err)
+		}
+		return
+	}
+	if o.failing {
+		o.failing = false
+		o.log.Info("queue depth read works again", "failed_reads", o.failed, "depth", d)
+		o.failed = 0
+	}
+
+	if o.sampled {
+		if dt := now.Sub(o.lastAt).Seconds(); dt > 0 {
+			rate := float64(o.lastDepth-d) / dt
+			if o.rated {
+				rate = drainWeight*rate + (1-drainWeight)*o.drainRate
+			}
+			o.drainRate, o.rated = rate, true
+		}
+	}
+	o.sampled, o.lastDepth, o.lastAt = true, d, now
+	o.cached.Store(d)
+	o.m.QueueDepth.Set(float64(d))
+
+	resume := o.cfg.Threshold - o.cfg.Hysteresis
+	was := o.refusing.Load()
+	refusing := d >= o.cfg.Threshold || (was && d >= resume)
+	if refusing {
+		o.retryAfter.Store(int64(o.retryAfterFor(d) / time.Second))
+	}
+	o.refusing.Store(refusing)
+	switch {
+	case refusing && !was:
+		o.log.Warn("queue over threshold: refusing queued requests", "depth", d, "threshold", o.cfg.Threshold)
+	case !refusing && was:
+		o.log.Info("queue below resume level: accepting queued requests", "depth", d, "resume_below", resume)
+	}
+}
+
+// retryAfterFor estimates, in whole seconds, how long a backlog of d takes
+// to fall below the resume level at the observed drain rate, clamped to
+// [1s, RetryAfterMax]; RetryAfterMax when it is not draining.
+func (o *Overflow) retryAfterFor(d int64) time.Duration {
+	maxSecs := math.Floor(o.cfg.RetryAfterMax.Seconds())
+	if !o.rated || o.drainRate <= 0 {
+		return time.Duration(maxSecs) * time.Second
+	}
+	excess := float64(d - (o.cfg.Threshold - o.cfg.Hysteresis) + 1)
+	secs := math.Min(math.Max(math.Ceil(excess/o.drainRate), 1), maxSecs)
+	return time.Duration(secs) * time.Second
+}

@@ -1,0 +1,194 @@
+package stream
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	sw := NewWriter(rec, time.Second)
+	steps := []func() error{
+		func() error { return sw.Start("req-1", "queued") },
+		func() error { return sw.Chunk(1, "Hel") },
+		func() error { return sw.Ping() },
+		func() error { return sw.Reset(protocol.Reset{Attempt: 2}) },
+		func() error { return sw.Chunk(1, "line\nbreak\r\x00") },
+		func() error {
+			return sw.Done(protocol.Done{RequestID: "req-1", FinishReason: "stop", Path: "queued",
+				Usage: &protocol.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}})
+		},
+	}
+	for i, step := range steps {
+		if err := step(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if sw.Flushes() != i+1 {
+			t.Fatalf("after step %d: %d flushes, want %d", i, sw.Flushes(), i+1)
+		}
+	}
+	want := "id: 1\ndata: {\"content\":\"Hel\"}\n\n" +
+		": ping\n\n" +
+		"event: reset\ndata: {\"attempt\":2}\n\n" +
+		"id: 1\ndata: {\"content\":\"line\\nbreak\\r\\u0000\"}\n\n" +
+		"event: done\ndata: {\"request_id\":\"req-1\",\"finish_reason\":\"stop\",\"path\":\"queued\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
+	if got := rec.Body.String(); got != want {
+		t.Fatalf("wire:\n%q\nwant\n%q", got, want)
+	}
+	h := rec.Header()
+	for k, v := range map[string]string{"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+		"X-Accel-Buffering": "no", "X-Request-ID": "req-1", "X-Stream-Path": "queued"} {
+		if h.Get(k) != v {
+			t.Errorf("header %s = %q, want %q", k, h.Get(k), v)
+		}
+	}
+	if err := sw.Chunk(2, "late"); err != ErrTerminated {
+		t.Fatalf("write after done: %v, want ErrTerminated", err)
+	}
+	if err := sw.Error(problemInternal); err != ErrTerminated {
+		t.Fatalf("second terminal: %v, want ErrTerminated", err)
+	}
+}
+
+func TestWriterErrorEvent(t *testing.T) {
+	t.Parallel()
+	rec := httptest.NewRecorder()
+	sw := NewWriter(rec, 0)
+	p := protocol.NewProblem(protocol.ProblemQueueTimeout, "Queue Timeout", 503, "No worker started the job in time.").WithRetryAfter(2)
+	if err := sw.Error(p); err != nil {
+		t.Fatal(err)
+	}
+	want := "event: error\ndata: {\"type\":\"https://spillway.dev/errors/queue-timeout\",\"title\":\"Queue Timeout\",\"status\":503,\"detail\":\"No worker started the job in time.\",\"retry_after_seconds\":2}\n\n"
+	if rec.Body.String() != want {
+		t.Fatalf("got %q\nwant %q", rec.Body.String(), want)
+	}
+	if !sw.Terminated() {
+		t.Fatal("not terminated after error")
+	}
+}
+
+// lockedRecorder is a ResponseWriter whose body the test may read while
+// the handler goroutine writes.
+type lockedRecorder struct {
+	mu  sync.Mutex
+	rec *httptest.ResponseRecorder
+}
+
+func newLockedRecorder() *lockedRecorder { return &lockedRecorder{rec: httptest.NewRecorder()} }
+
+func (l *lockedRecorder) Header() http.Header { return l.rec.Header() }
+func (l *lockedRecorder) WriteHeader(code int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.rec.WriteHeader(code)
+}
+func (l *lockedRecorder) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec.Write(b)
+}
+func (l *lockedRecorder) Flush() {}
+func (l *lockedRecorder) Body() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rec.Body.String()
+}
+
+// advance moves a synctest bubble's fake clock forward by d and waits for
+// every goroutine in it to block again.
+func advance(d time.Duration) {
+	time.Sleep(d) // inside synctest this only advances the fake clock
+	synctest.Wait()
+}
+
+func newTestHandler(tb testing.TB, heartbeat time.Duration) *Handler {
+	tb.Helper()
+	h := &Handler{
+		cfg:      Config{Heartbeat: heartbeat, WriteTimeout: time.Second},
+		m:        metrics.New(prometheus.NewRegistry()),
+		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		draining: make(chan struct{}),
+	}
+	return h
+}
+
+// Heartbeats come every interval while nothing else is sent, and the timer
+// restarts after each event.
+func TestHeartbeatTimerResetsAfterEachWrite(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		h := newTestHandler(t, 15*time.Second)
+		rec := newLockedRecorder()
+		frames := make(chan protocol.Result)
+		start := time.Now()
+		type result struct {
+			outcome string
+			body    string
+		}
+		out := make(chan result)
+		go func() {
+			o, _ := h.pump(t.Context(), NewWriter(rec, 0), "r", metrics.PathDirect, start, frames, nil)
+			out <- result{o, rec.Body()}
+		}()
+		advance(14 * time.Second)
+		if strings.Contains(rec.Body(), "ping") {
+			t.Fatal("ping before the interval")
+		}
+		frames <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "a"}}}
+		advance(14 * time.Second) // 28s since start, 14s since the chunk
+		if strings.Contains(rec.Body(), "ping") {
+			t.Fatal("ping 14s after a chunk: the timer was not reset")
+		}
+		advance(2 * time.Second) // 16s since the chunk
+		if n := strings.Count(rec.Body(), ": ping\n\n"); n != 1 {
+			t.Fatalf("%d pings 16s after the chunk, want 1", n)
+		}
+		advance(15 * time.Second)
+		if n := strings.Count(rec.Body(), ": ping\n\n"); n != 2 {
+			t.Fatalf("%d pings after two intervals, want 2", n)
+		}
+		frames <- protocol.Result{Kind: protocol.KindDone}
+		r := <-out
+		if r.outcome != metrics.OutcomeDone {
+			t.Fatalf("outcome %s", r.outcome)
+		}
+		if !strings.HasSuffix(r.body, "event: done\ndata: {\"request_id\":\"r\",\"finish_reason\":\"stop\",\"path\":\"direct\"}\n\n") {
+			t.Fatalf("body ends %q", r.body)
+		}
+	})
+}
+
+// Drain ends an open stream with a shutting-down error event.
+func TestDrainEndsStreamWithError(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		h := newTestHandler(t, time.Hour)
+		rec := httptest.NewRecorder()
+		out := make(chan string)
+		go func() {
+			o, _ := h.pump(t.Context(), NewWriter(rec, 0), "r", metrics.PathQueued, time.Now(), make(chan protocol.Result), nil)
+			out <- o
+		}()
+		synctest.Wait()
+		h.Drain()
+		if o := <-out; o != metrics.OutcomeError {
+			t.Fatalf("outcome %s, want error", o)
+		}
+		if !strings.Contains(rec.Body.String(), "event: error\ndata: {\"type\":\"https://spillway.dev/errors/shutting-down\"") {
+			t.Fatalf("body %q", rec.Body.String())
+		}
+	})
+}
