@@ -9,15 +9,23 @@ PKGS := ./...
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
-# deps installs redis-server from Debian's packages when it is missing (the
-# integration tests start their own servers on free ports).
+# deps installs what the tests need from Debian's packages when missing:
+# redis-server (integration tests start their own servers on free ports)
+# and promtool (the alert rules are checked with it). apt-get update runs
+# at most once.
+DEB_NEEDS := redis-server:redis-server promtool:prometheus
 deps:
-	@if ! command -v redis-server >/dev/null 2>&1; then \
+	@missing=""; \
+	for pair in $(DEB_NEEDS); do \
+		cmd=$${pair%%:*}; pkg=$${pair#*:}; \
+		command -v $$cmd >/dev/null 2>&1 || missing="$$missing $$pkg"; \
+	done; \
+	if [ -n "$$missing" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-			echo "installing redis-server"; \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
+			echo "installing:$$missing"; \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 		else \
-			echo "redis-server is missing: install it (Debian: apt-get install redis-server)" >&2; exit 1; \
+			echo "missing Debian packages:$$missing (apt-get install$$missing)" >&2; exit 1; \
 		fi; \
 	fi
 

@@ -16,6 +16,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // fakeProvider answers with whatever fn does and counts calls.
@@ -119,9 +120,9 @@ func TestBreakerLifecycle(t *testing.T) {
 			}
 		}
 		checkOpen(10)
-		time.Sleep(4 * time.Second)
+		testutil.AdvanceFakeClock(4 * time.Second)
 		checkOpen(6)
-		time.Sleep(5*time.Second + 500*time.Millisecond)
+		testutil.AdvanceFakeClock(5*time.Second + 500*time.Millisecond)
 		checkOpen(1) // 0.5s left rounds up
 		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("circuit_open")); got != 3 {
 			t.Fatalf("circuit_open rejections = %v, want 3", got)
@@ -129,7 +130,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		observe()
 
 		// Past OpenTimeout: half-open, trial calls allowed.
-		time.Sleep(501 * time.Millisecond)
+		testutil.AdvanceFakeClock(501 * time.Millisecond)
 		if pr := b.Check(); pr != nil {
 			t.Fatalf("Check after OpenTimeout = %v, want accept (half-open)", pr)
 		}
@@ -162,7 +163,7 @@ func TestBreakerHalfOpenFailureReopens(t *testing.T) {
 		fail.Store(true)
 		b, m, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: 5 * time.Second}, scripted(&fail))
 		_ = call(b)
-		time.Sleep(5*time.Second + time.Millisecond)
+		testutil.AdvanceFakeClock(5*time.Second + time.Millisecond)
 		if b.Check() != nil || b.State() != gobreaker.StateHalfOpen {
 			t.Fatalf("not half-open after OpenTimeout: %v", b.State())
 		}
@@ -195,7 +196,7 @@ func TestBreakerHalfOpenLimitsTrials(t *testing.T) {
 		}}
 		b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 1}, p)
 		_ = call(b)
-		time.Sleep(time.Second + time.Millisecond)
+		testutil.AdvanceFakeClock(time.Second + time.Millisecond)
 		fail.Store(false)
 		trial := make(chan error, 1)
 		go func() { trial <- call(b) }()
@@ -321,7 +322,7 @@ func TestBreakerWindowForgets(t *testing.T) {
 			fail.Store(c == 'F')
 			_ = call(b)
 		}
-		time.Sleep(2 * time.Minute)
+		testutil.AdvanceFakeClock(2 * time.Minute)
 		fail.Store(true)
 		_ = call(b) // 3 of 4 would trip if the old calls still counted
 		if b.State() != gobreaker.StateClosed {

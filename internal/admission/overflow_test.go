@@ -11,6 +11,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 func newTestOverflow(tb testing.TB, cfg OverflowConfig) (*Overflow, *fakeDepth, *logBuffer, func() (depth, threshold, rejected float64)) {
@@ -132,18 +133,18 @@ func TestOverflowRunCadence(t *testing.T) {
 		if o.Check() == nil {
 			t.Fatal("Check accepts after Run's first refresh saw depth 150 over threshold 100")
 		}
-		time.Sleep(every / 2) // between ticks
+		testutil.AdvanceFakeClock(every / 2) // between ticks
 		synctest.Wait()
 		if got := fd.calls.Load(); got != 1 {
 			t.Fatalf("%d depth calls before the first tick, want 1", got)
 		}
-		time.Sleep(5 * every) // five ticks
+		testutil.AdvanceFakeClock(5 * every) // five ticks
 		synctest.Wait()
 		if got := fd.calls.Load(); got != 6 {
 			t.Fatalf("%d depth calls after 5.5 refresh periods, want 6", got)
 		}
 		fd.set(10, nil)
-		time.Sleep(every)
+		testutil.AdvanceFakeClock(every)
 		synctest.Wait()
 		if p := o.Check(); p != nil {
 			t.Fatalf("Check still refuses one refresh after the depth fell to 10: %v", p)
@@ -151,7 +152,7 @@ func TestOverflowRunCadence(t *testing.T) {
 		cancel()
 		<-done
 		n := fd.calls.Load()
-		time.Sleep(10 * every)
+		testutil.AdvanceFakeClock(10 * every)
 		synctest.Wait()
 		if got := fd.calls.Load(); got != n {
 			t.Fatalf("depth read %d times after Run returned", got-n)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -23,6 +24,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/pubsub"
@@ -46,9 +48,12 @@ type API struct {
 	ready   []func(context.Context) error // readiness checks
 	closers []func()                      // run in reverse order by Close
 
-	rdb     redis.UniversalClient // nil when queue failover is off in embedded mode
-	queue   *redisstream.Queue
-	workers *failover.Worker // nil unless workers run in this process
+	rdb     redis.UniversalClient
+	queue   *redisstream.Queue // nil when queue failover is off
+	waiting atomic.Int64       // jobs no worker has taken, refreshed in the background
+	// background runs for the life of Serve, stopped after the HTTP drain
+	// (in-process workers, the depth refresh).
+	background []func(context.Context)
 }
 
 // NewProvider builds the provider LLM_PROVIDER names.
@@ -110,16 +115,11 @@ func InstanceName(role string) string {
 	return fmt.Sprintf("%s-%s-%d-%s", role, host, os.Getpid(), uuid.NewString()[:8])
 }
 
-// setupQueue builds the queued path: queue, result subscriber, gateway,
-// and the in-process workers when configured.
-func (a *API) setupQueue(provider llm.Provider) (stream.Spiller, error) {
+// setupQueue builds the queued path on rdb: queue, result subscriber,
+// gateway with its overflow gate, and the in-process workers when
+// configured.
+func (a *API) setupQueue(rdb redis.UniversalClient, provider llm.Provider) (stream.Spiller, error) {
 	cfg := a.cfg
-	rdb, err := a.connectRedis()
-	if err != nil {
-		return nil, err
-	}
-	a.rdb = rdb
-	a.ready = append(a.ready, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
 	q, err := redisstream.New(redisstream.Config{
 		Prefix: cfg.QueuePrefix, Consumer: InstanceName("api"), ReclaimIdle: cfg.QueueReclaimIdle(),
 	}, rdb)
@@ -139,12 +139,28 @@ func (a *API) setupQueue(provider llm.Provider) (stream.Spiller, error) {
 	if err != nil {
 		return nil, err
 	}
+	// One background refresh reads both the backlog (for the overflow
+	// gate) and the jobs no worker has taken yet (for queue-first).
+	overflow, err := admission.NewOverflow(admission.OverflowConfig{
+		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
+		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
+	}, func(ctx context.Context) (int64, error) {
+		if n, err := q.Waiting(ctx); err == nil {
+			a.waiting.Store(n)
+		}
+		return q.Depth(ctx)
+	}, a.m, a.log)
+	if err != nil {
+		return nil, err
+	}
+	a.background = append(a.background, overflow.Run)
+	gw.SetAdmission(overflow.Check)
 	if cfg.WorkersInProcess() {
 		w, err := failover.NewWorker(WorkerConfig(cfg), q, a.pool, provider, rdb, a.m, a.log.With("component", "worker"))
 		if err != nil {
 			return nil, err
 		}
-		a.workers = w
+		a.background = append(a.background, func(ctx context.Context) { _ = w.Run(ctx) })
 	}
 	return gw, nil
 }
@@ -159,37 +175,60 @@ func WorkerConfig(cfg *config.Config) failover.WorkerConfig {
 	}
 }
 
-// NewAPI builds the api for cfg. It does no network I/O beyond what the
-// queue and pool backends need to start; Close releases what it built.
+// NewAPI builds the api for cfg. Close releases what it built.
 func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 	a := &API{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	a.m = metrics.New(a.reg)
 	a.m.QueueThreshold.Set(float64(cfg.QueueOverflowThreshold))
+	if err := a.build(opts); err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.engine = a.routes()
+	return a, nil
+}
 
+func (a *API) build(opts Options) error {
+	cfg, log := a.cfg, a.log
 	provider := opts.Provider
 	if provider == nil {
 		p, err := NewProvider(cfg)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		provider = p
 	}
-	a.m.CircuitState.WithLabelValues(provider.Name()).Set(0)
-	p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+	// Every call to the provider, direct or from a worker, goes through
+	// the breaker, so an open circuit fails fast on both paths.
+	breaker, err := admission.NewBreaker(admission.DefaultBreakerConfig(), provider, a.m, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	a.pool = p
-
+	rdb, err := a.connectRedis()
+	if err != nil {
+		return err
+	}
+	a.rdb = rdb
+	a.ready = append(a.ready, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+	if a.pool, err = a.newPool(rdb); err != nil {
+		return err
+	}
+	limiter, err := admission.NewRateLimiter(admission.RateLimitConfig{
+		RPS: cfg.RateLimitRPS, Burst: cfg.RateLimitBurst, KeyPrefix: cfg.QueuePrefix,
+	}, rdb, a.m, log)
+	if err != nil {
+		return err
+	}
+	service, err := admission.NewServiceTime(time.Second, cfg.QueueRetryAfter())
+	if err != nil {
+		return err
+	}
 	var spill stream.Spiller
 	if cfg.QueueFailoverEnabled {
-		gw, err := a.setupQueue(provider)
-		if err != nil {
-			a.Close()
-			return nil, err
+		if spill, err = a.setupQueue(rdb, breaker); err != nil {
+			return err
 		}
-		spill = gw
 	}
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
@@ -197,14 +236,28 @@ func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
-	}, a.pool, provider, spill, a.m, log)
+	}, a.pool, breaker, spill, a.m, log)
 	if err != nil {
-		a.Close()
-		return nil, err
+		return err
 	}
+	h.SetHooks(stream.Hooks{
+		Admit: func(ctx context.Context, identity string) *protocol.Problem {
+			if p := limiter.Allow(ctx, identity); p != nil {
+				return p
+			}
+			return breaker.Check()
+		},
+		RetryAfter:  func() time.Duration { return service.RetryAfter(0, a.pool.Stats().Capacity) },
+		ServiceDone: service.Observe,
+		QueueFirst:  func() bool { return a.waiting.Load() > 0 },
+	})
 	a.handler = h
-	a.engine = a.routes()
-	return a, nil
+	return nil
+}
+
+// newPool builds the pool POOL_BACKEND names.
+func (a *API) newPool(_ redis.UniversalClient) (pool.Pool, error) {
+	return pool.NewLocal(a.cfg.ConnectionPoolSize, a.cfg.ConnectionPoolPerUser)
 }
 
 // Handler returns the HTTP handler of every api route.
@@ -249,9 +302,6 @@ func (a *API) gatherer() prometheus.Gatherer {
 		a.m.PoolSlotsCapacity.Set(float64(st.Capacity))
 		if a.queue != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			if n, err := a.queue.Depth(ctx); err == nil {
-				a.m.QueueDepth.Set(float64(n))
-			}
 			if n, err := a.queue.DeadLetterDepth(ctx); err == nil {
 				a.m.DeadLetterDepth.Set(float64(n))
 			}
@@ -293,8 +343,8 @@ func (a *API) Serve(ctx context.Context, ln net.Listener) error {
 	var workers sync.WaitGroup
 	defer workers.Wait()
 	defer stopWorkers() // runs before workers.Wait
-	if a.workers != nil {
-		workers.Go(func() { _ = a.workers.Run(workersCtx) })
+	for _, run := range a.background {
+		workers.Go(func() { run(workersCtx) })
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()

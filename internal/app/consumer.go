@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
@@ -43,7 +44,11 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg)
 
-	provider, err := NewProvider(cfg)
+	upstream, err := NewProvider(cfg)
+	if err != nil {
+		return err
+	}
+	provider, err := admission.NewBreaker(admission.DefaultBreakerConfig(), upstream, m, log)
 	if err != nil {
 		return err
 	}

@@ -188,10 +188,9 @@ func (r *relay) run() {
 				r.g.log.Warn("malformed result message skipped", "request_id", r.job.RequestID, "err", err, "bytes", len(msg))
 				continue
 			}
-			if !started {
-				started = true
-				r.g.m.QueueWait.Observe(time.Since(r.job.EnqueueTime).Seconds())
-			}
+			// Any message means a worker has the job: from now on only
+			// its silence counts. (Workers observe spillway_queue_wait_seconds.)
+			started = true
 			watchdog.Reset(silence)
 			select {
 			case r.results <- res:

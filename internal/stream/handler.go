@@ -103,6 +103,13 @@ type Handler struct {
 	// queueFirst reports that queued jobs wait for a worker; new requests
 	// then join the queue behind them instead of taking a freed slot.
 	queueFirst func() bool
+	// admitFn refuses a request before any slot or queue work (rate limit,
+	// open circuit); nil accepts.
+	admitFn func(ctx context.Context, identity string) *protocol.Problem
+	// retryAfterFn advises clients refused for a full pool; nil uses
+	// PoolRetryAfter. serviceDone observes finished direct streams.
+	retryAfterFn func() time.Duration
+	serviceDone  func(time.Duration)
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -143,9 +150,25 @@ func New(cfg Config, p pool.Pool, provider llm.Provider, spill Spiller, m *metri
 	return h, nil
 }
 
-// SetQueueFirst installs the backlog check that keeps queued jobs from
-// being starved by newer direct requests. Call it before serving.
-func (h *Handler) SetQueueFirst(waiting func() bool) { h.queueFirst = waiting }
+// Hooks are optional checks and observers the api wires in before
+// serving. Nil fields do nothing.
+type Hooks struct {
+	// Admit runs after validation, before the pool or the queue: a
+	// non-nil problem refuses the request (rate limit, open circuit).
+	Admit func(ctx context.Context, identity string) *protocol.Problem
+	// RetryAfter advises a client refused because the pool is full.
+	RetryAfter func() time.Duration
+	// ServiceDone observes how long each completed direct stream held its slot.
+	ServiceDone func(time.Duration)
+	// QueueFirst reports that queued jobs wait for a worker: new requests
+	// then queue behind them rather than take a freed slot (no starvation).
+	QueueFirst func() bool
+}
+
+// SetHooks installs h. Call it before serving.
+func (h *Handler) SetHooks(hk Hooks) {
+	h.admitFn, h.retryAfterFn, h.serviceDone, h.queueFirst = hk.Admit, hk.RetryAfter, hk.ServiceDone, hk.QueueFirst
+}
 
 // Drain makes every open stream end now with an `error` event of type
 // shutting-down. It is called when the shutdown grace period is over.
@@ -165,6 +188,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Request-ID", requestID)
 
 	req, user, prob := h.admit(w, r)
+	if prob == nil && h.admitFn != nil {
+		prob = h.admitFn(r.Context(), user)
+	}
 	if prob != nil {
 		h.refuse(w, prob, instance, "")
 		return
@@ -198,8 +224,13 @@ func (h *Handler) behindBacklog() bool {
 }
 
 func (h *Handler) retryAfter() int {
-	s := int(h.cfg.PoolRetryAfter.Round(time.Second) / time.Second)
-	return max(s, 1)
+	d := h.cfg.PoolRetryAfter
+	if h.retryAfterFn != nil {
+		d = h.retryAfterFn()
+	}
+	// Round up: advising a retry before capacity is likely back only
+	// brings the client back to another refusal.
+	return max(1, int((d+time.Second-1)/time.Second))
 }
 
 func (h *Handler) refuse(w http.ResponseWriter, p *protocol.Problem, instance, path string) {
@@ -327,7 +358,10 @@ func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.Ch
 		}})
 	})
 
-	h.serve(ctx, w, requestID, metrics.PathDirect, start, frames, nil)
+	began := time.Now()
+	if outcome, _ := h.serve(ctx, w, requestID, metrics.PathDirect, start, frames, nil); outcome == metrics.OutcomeDone && h.serviceDone != nil {
+		h.serviceDone(time.Since(began))
+	}
 }
 
 // queued hands the request to the queue and relays what the workers

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
@@ -110,7 +111,7 @@ func (l *lockedRecorder) Body() string {
 // advance moves a synctest bubble's fake clock forward by d and waits for
 // every goroutine in it to block again.
 func advance(d time.Duration) {
-	time.Sleep(d) // inside synctest this only advances the fake clock
+	testutil.AdvanceFakeClock(d) // inside synctest this only advances the fake clock
 	synctest.Wait()
 }
 

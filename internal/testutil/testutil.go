@@ -23,3 +23,11 @@ func Eventually(tb testing.TB, within time.Duration, cond func() bool, what stri
 		}
 	}
 }
+
+// AdvanceFakeClock sleeps d. It exists for tests inside a testing/synctest
+// bubble, where sleeping is how the fake clock moves forward; there the
+// sleep is the thing under test, not a wait for a condition. Do not use it
+// outside a bubble.
+func AdvanceFakeClock(d time.Duration) {
+	time.Sleep(d)
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/failovertest"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 func newQueue(tb testing.TB, idle time.Duration) *Queue {
@@ -73,7 +74,7 @@ func TestTakeoverTimingInBubble(t *testing.T) {
 		}
 		start := time.Now()
 		// Touch at 10s pushes the takeover to 25s.
-		time.Sleep(10 * time.Second)
+		testutil.AdvanceFakeClock(10 * time.Second)
 		if err := a.Touch(ctx, d[0]); err != nil {
 			t.Fatalf("Touch: %v", err)
 		}
