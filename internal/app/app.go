@@ -32,6 +32,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 )
@@ -102,8 +103,10 @@ func (a *API) connectRedis() (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("app: REDIS_URL: %w", err)
 	}
 	// Waiting clients hold no connection each (Pub/Sub is multiplexed), but
-	// enqueues and cancels need a few under load.
+	// enqueues and cancels need a few under load. Context deadlines bound
+	// every command, so a hung Redis cannot hang a request.
 	opts.PoolSize = max(opts.PoolSize, 64)
+	opts.ContextTimeoutEnabled = true
 	rdb := redis.NewClient(opts)
 	a.closers = append(a.closers, func() { _ = rdb.Close() })
 	return rdb, nil
@@ -256,8 +259,37 @@ func (a *API) build(opts Options) error {
 }
 
 // newPool builds the pool POOL_BACKEND names.
-func (a *API) newPool(_ redis.UniversalClient) (pool.Pool, error) {
-	return pool.NewLocal(a.cfg.ConnectionPoolSize, a.cfg.ConnectionPoolPerUser)
+func (a *API) newPool(rdb redis.UniversalClient) (pool.Pool, error) {
+	p, closePool, err := NewPool(a.cfg, rdb, a.m, a.log, "api")
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, closePool)
+	return p, nil
+}
+
+// NewPool builds the pool POOL_BACKEND names: a local one, or the Redis
+// pool shared by every api and consumer process, whose fallback state is
+// reported in spillway_pool_fallback. The returned func releases it.
+func NewPool(cfg *config.Config, rdb redis.UniversalClient, m *metrics.Metrics, log *slog.Logger, role string) (pool.Pool, func(), error) {
+	if cfg.PoolBackend != config.PoolBackendRedis {
+		p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+		return p, func() {}, err
+	}
+	p, err := redispool.New(redispool.Config{
+		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
+		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: InstanceName(role),
+	}, rdb, log.With("component", "pool"), func(on bool) {
+		if on {
+			m.PoolFallback.Set(1)
+		} else {
+			m.PoolFallback.Set(0)
+		}
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.Close, nil
 }
 
 // Handler returns the HTTP handler of every api route.

@@ -21,7 +21,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/metrics"
-	"github.com/spillway-dev/spillway/internal/pool"
 )
 
 // RunConsumer runs a standalone worker process until ctx ends: it takes
@@ -37,6 +36,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 		return fmt.Errorf("consumer: REDIS_URL: %w", err)
 	}
 	opts.PoolSize = max(opts.PoolSize, 2*cfg.WorkerConcurrency+8)
+	opts.ContextTimeoutEnabled = true
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 
@@ -52,10 +52,13 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	if err != nil {
 		return err
 	}
-	p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+	p, closePool, err := NewPool(cfg, rdb, m, log, "consumer")
 	if err != nil {
 		return err
 	}
+	// The pool's leases go before the client closes (defers run in
+	// reverse order).
+	defer closePool()
 	name := InstanceName("consumer")
 	q, err := redisstream.New(redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: name, ReclaimIdle: cfg.QueueReclaimIdle()}, rdb)
 	if err != nil {

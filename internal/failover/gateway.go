@@ -179,9 +179,14 @@ func (r *relay) run() {
 	watchdog := time.NewTimer(time.Until(r.job.Deadline))
 	defer watchdog.Stop()
 	started := false
+	subC := r.sub.C()
 	for {
 		select {
-		case msg := <-r.sub.C():
+		case msg, ok := <-subC:
+			if !ok { // the subscription ended: Done is closed and says why
+				subC = nil
+				continue
+			}
 			res, err := protocol.DecodeResult(msg)
 			if err != nil {
 				r.g.m.MalformedMessages.WithLabelValues("result_channel").Inc()

@@ -74,6 +74,11 @@ type Worker struct {
 
 	mu      sync.Mutex
 	running map[string]context.CancelCauseFunc // request id → cancel
+	// inflight holds the delivery ids this process is answering. A
+	// delivery of one of them again means this process's own claim went
+	// idle and it reclaimed it: the running answer goes on, the copy is
+	// dropped.
+	inflight map[string]bool
 }
 
 // NewWorker returns a worker. It closes none of the clients it is given.
@@ -89,7 +94,7 @@ func NewWorker(cfg WorkerConfig, consumer Consumer, p pool.Pool, provider llm.Pr
 		return nil, errors.New("failover: worker needs a consumer, pool, provider, redis client, metrics and logger")
 	}
 	return &Worker{cfg: cfg, consumer: consumer, pool: p, provider: provider, rdb: rdb, m: m, log: log,
-		running: make(map[string]context.CancelCauseFunc)}, nil
+		running: make(map[string]context.CancelCauseFunc), inflight: make(map[string]bool)}, nil
 }
 
 // errClientGone cancels a job whose client left.
@@ -148,8 +153,14 @@ func (w *Worker) Run(ctx context.Context) error {
 			<-slots
 		}
 		for _, d := range ds {
+			if !w.claim(d.ID) {
+				w.log.Warn("own job reclaimed while still running; keeping the running answer", "delivery", d.ID)
+				<-slots
+				continue
+			}
 			jobs.Go(func() {
 				defer func() { <-slots }()
+				defer w.unclaim(d.ID)
 				w.handle(jobsCtx, d)
 			})
 		}
@@ -165,6 +176,23 @@ func (w *Worker) Run(ctx context.Context) error {
 		<-finished
 	}
 	return nil
+}
+
+// claim marks delivery id as being answered here; false when it already is.
+func (w *Worker) claim(id string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.inflight[id] {
+		return false
+	}
+	w.inflight[id] = true
+	return true
+}
+
+func (w *Worker) unclaim(id string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.inflight, id)
 }
 
 func (w *Worker) listenCancels(ps *redis.PubSub) {
@@ -298,7 +326,7 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d Delivery, pub *
 			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: problemProviderFailed.WithRetryAfter(2)})
 			return metrics.JobDeadLetter, fmt.Sprintf("provider failed after %d retries: %v", attempt, err)
 		}
-		delay := bo.NextBackOff()
+		delay := min(bo.NextBackOff(), w.cfg.MaxDelay) // jitter may exceed MaxInterval
 		var le *llm.Error
 		if errors.As(err, &le) && le.RetryAfter > delay {
 			delay = min(le.RetryAfter, w.cfg.MaxDelay)
@@ -436,6 +464,12 @@ func (b *batcher) flushLocked(ctx context.Context) {
 		b.timer = nil
 	}
 	if len(b.buf) == 0 {
+		return
+	}
+	if ctx.Err() != nil {
+		// The job was cancelled (client gone, claim lost, worker
+		// stopping): nobody may receive more of this attempt.
+		b.buf = b.buf[:0]
 		return
 	}
 	b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: b.buf})

@@ -1,0 +1,124 @@
+-- acquire.lua: take one slot of the distributed pool, or say why not.
+-- Time comes from Redis TIME so every process agrees on lease expiry.
+--
+-- KEYS[1]  leases ZSET: member lease id, score expiry (ms)
+-- KEYS[2]  the requesting user's ZSET: same members and scores as KEYS[1]
+-- KEYS[3]  waiters ZSET: member waiter id, score enqueue time (µs)
+-- KEYS[4]  waiter expiry ZSET: member waiter id, score expiry (ms)
+-- ARGV[1]  lease id to add when granted
+-- ARGV[2]  global size (CONNECTION_POOL_SIZE)
+-- ARGV[3]  per-user limit (CONNECTION_POOL_PER_USER)
+-- ARGV[4]  lease TTL in ms; waiters live as long unless refreshed
+-- ARGV[5]  user key prefix: a user's ZSET is ARGV[5]..user (KEYS[2] is
+--          one). The sets of other waiting users are read by that name
+--          without being declared: they share the {pool} hash tag, so they
+--          are in the declared keys' cluster slot.
+-- ARGV[6]  "" for a direct request (TryAcquire); else this waiter's member,
+--          16 id characters, ":", then the user.
+--
+-- Fairness: a waiter is eligible when its user has a free per-user slot;
+-- of several waiters of one user only as many as it has free slots count.
+-- A direct request is refused (code 3) while the eligible waiters are at
+-- least as many as the free slots. A waiter is granted only when fewer
+-- than `free` eligible waiters are older than it.
+--
+-- Returns {code, in_use, enqueued}: code 0 granted, 1 pool exhausted (or,
+-- for a waiter, free slots belong to older waiters), 2 user limit, 3 free
+-- slots belong to waiters; in_use counts live leases afterwards; enqueued
+-- is the waiter's score (0 for a direct request). A refused waiter stays
+-- registered (registered now if it was not).
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local size = tonumber(ARGV[2])
+local per_user = tonumber(ARGV[3])
+local ttl = tonumber(ARGV[4])
+local user_prefix = ARGV[5]
+local waiter = ARGV[6]
+local keep = 3 * ttl
+
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
+-- Waiters of a process that stopped refreshing them (it died).
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now_ms, 'LIMIT', 0, 1000)
+if #gone > 0 then
+  redis.call('ZREM', KEYS[3], unpack(gone))
+  redis.call('ZREM', KEYS[4], unpack(gone))
+end
+
+local in_use = redis.call('ZCARD', KEYS[1])
+local free = size - in_use
+local user_used = redis.call('ZCARD', KEYS[2])
+
+-- How many of members (oldest first) could take a slot now, counting at
+-- most limit. Other users' sets are counted, not purged (read-only).
+local function eligible(members, limit)
+  local n, room = 0, {}
+  for _, m in ipairs(members) do
+    local u = string.sub(m, 18)
+    local r = room[u]
+    if r == nil then
+      r = per_user - redis.call('ZCOUNT', user_prefix .. u, '(' .. now_ms, '+inf')
+    end
+    if r > 0 then
+      n = n + 1
+      r = r - 1
+    end
+    room[u] = r
+    if n >= limit then
+      break
+    end
+  end
+  return n
+end
+
+local function grant(enqueued)
+  local exp = now_ms + ttl
+  redis.call('ZADD', KEYS[1], exp, ARGV[1])
+  redis.call('ZADD', KEYS[2], exp, ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], keep)
+  redis.call('PEXPIRE', KEYS[2], keep)
+  return {0, in_use + 1, enqueued}
+end
+
+if waiter == '' then
+  if free <= 0 then
+    return {1, in_use, 0}
+  end
+  if user_used >= per_user then
+    return {2, in_use, 0}
+  end
+  if redis.call('ZCARD', KEYS[3]) >= free then
+    if eligible(redis.call('ZRANGE', KEYS[3], 0, -1), free) >= free then
+      return {3, in_use, 0}
+    end
+  end
+  return grant(0)
+end
+
+local enqueued = redis.call('ZSCORE', KEYS[3], waiter)
+if enqueued then
+  enqueued = tonumber(enqueued)
+else
+  enqueued = now_us
+  redis.call('ZADD', KEYS[3], enqueued, waiter)
+end
+redis.call('ZADD', KEYS[4], now_ms + ttl, waiter)
+redis.call('PEXPIRE', KEYS[3], keep)
+redis.call('PEXPIRE', KEYS[4], keep)
+
+if user_used >= per_user then
+  return {2, in_use, enqueued}
+end
+if free <= 0 then
+  return {1, in_use, enqueued}
+end
+local rank = redis.call('ZRANK', KEYS[3], waiter)
+if rank >= free then
+  if eligible(redis.call('ZRANGE', KEYS[3], 0, rank - 1), free) >= free then
+    return {1, in_use, enqueued}
+  end
+end
+redis.call('ZREM', KEYS[3], waiter)
+redis.call('ZREM', KEYS[4], waiter)
+return grant(enqueued)

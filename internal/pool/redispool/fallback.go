@@ -1,0 +1,75 @@
+package redispool
+
+import (
+	"context"
+	"time"
+)
+
+// mode returns whether the fallback pool is in use and a channel closed
+// at the next switch.
+func (p *Pool) mode() (fallback bool, changed <-chan struct{}) {
+	p.modeMu.Lock()
+	defer p.modeMu.Unlock()
+	return p.fallback, p.changed
+}
+
+// setFallback switches to the fallback pool (on) or back to Redis. Only a
+// real switch logs, calls onFallback and, going to fallback, starts the
+// probe. After Close nothing switches: a client closed by main after Close
+// is not an outage.
+func (p *Pool) setFallback(on bool, cause error) {
+	p.transMu.Lock()
+	defer p.transMu.Unlock()
+	if p.isClosed() {
+		return
+	}
+	p.modeMu.Lock()
+	if p.fallback == on {
+		p.modeMu.Unlock()
+		return
+	}
+	p.fallback = on
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.modeMu.Unlock()
+
+	if on {
+		p.log.Warn("redispool: Redis unreachable, serving slots from the local fallback pool",
+			"error", cause, "fallback_size", p.cfg.FallbackSize)
+		p.mu.Lock()
+		p.goLocked(p.probe)
+		p.mu.Unlock()
+	} else {
+		p.log.Info("redispool: Redis reachable again, back to the distributed pool")
+		// Renew now what was held through the outage, and withdraw the
+		// waiter entries it left behind.
+		select {
+		case p.statsKick <- struct{}{}:
+		default:
+		}
+	}
+	if p.onFallback != nil {
+		p.onFallback(on)
+	}
+}
+
+// probe PINGs Redis while in fallback and switches back on the first
+// answer.
+func (p *Pool) probe() {
+	t := time.NewTicker(p.probeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.closing:
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		err := p.rdb.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			p.setFallback(false, nil)
+			return
+		}
+	}
+}

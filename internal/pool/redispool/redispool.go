@@ -1,0 +1,489 @@
+// Package redispool owns the Redis-backed pool (POOL_BACKEND=redis): a
+// distributed semaphore of expiring leases shared by every api and
+// consumer process, the cross-process queue of waiting jobs that keeps them
+// from being starved, and the local fallback used while Redis is away.
+//
+// Leases. A slot is a member of LeasesKey (and of the user's UserKey),
+// scored by its expiry on the Redis clock. Each Pool renews every lease it
+// holds, and its registered waiters, in one script call every LeaseTTL/3;
+// a process that dies stops renewing, and its slots come back within
+// LeaseTTL. A lease found expired at renewal is dropped and logged, never
+// revived: its slot may already belong to someone else. Lease ids are never
+// reused, so releasing a lease late frees no one else's slot.
+//
+// Fairness (DESIGN.md, queue failover invariant 4: a freed slot goes to
+// the oldest waiting job before any newer direct request). Acquire calls
+// that have to wait register in WaitersKey, ordered by the Redis time of
+// registration. A registered waiter is eligible while its user has a free
+// per-user slot (of one user's waiters only as many as it has free slots
+// count). With free = Size - live leases:
+//   - a direct request (TryAcquire) is refused with ErrPoolExhausted while
+//     the eligible waiters are at least as many as the free slots;
+//   - a waiter is granted only when fewer than free eligible waiters are
+//     older than it (and its own user has room).
+//
+// So a waiter held back only by its own per-user limit never blocks
+// anybody. Within a process, waiters are tried oldest first by one
+// dispatcher goroutine, which runs on every release anywhere in the
+// cluster (release.lua publishes on NotifyChannel), and at the latest every
+// second for what Pub/Sub cannot report (leases that expired, messages
+// lost while reconnecting). Acquire with no local waiter first tries like a
+// direct request, which succeeds only when no waiter is deprived.
+//
+// Fallback. When Redis cannot be reached (connection error or timeout; an
+// error reply of a script is not a failover) the Pool serves from a local
+// pool.Local of FallbackSize slots and PerUser, tells onFallback(true) and
+// logs one line, then PINGs every second and returns to Redis on the first
+// answer (onFallback(false), one line). Every Redis call has a short
+// timeout, so no caller hangs on a Redis that stopped answering. Leases
+// from the fallback pool release to it; Redis leases released while in
+// fallback, or held through an outage longer than LeaseTTL, simply expire.
+// Right after the return, slots still held in the fallback pools are not
+// counted in Redis, so the cluster may briefly exceed Size by up to
+// FallbackSize per process.
+package redispool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+)
+
+// Defaults applied to zero Config fields.
+const (
+	// DefaultPrefix is the default Config.Prefix.
+	DefaultPrefix = "pool:"
+	// DefaultLeaseTTL is the default Config.LeaseTTL
+	// (POOL_LEASE_TTL_SECONDS=30).
+	DefaultLeaseTTL = 30 * time.Second
+	// DefaultFallbackSize is the default Config.FallbackSize
+	// (POOL_LOCAL_FALLBACK_SIZE=10).
+	DefaultFallbackSize = 10
+)
+
+// Bounds on Redis calls and background timers.
+const (
+	callTimeout    = 500 * time.Millisecond // acquire, leave, subscribe, probe
+	releaseTimeout = 2 * time.Second        // Release and Close
+	recheckEvery   = time.Second            // dispatcher's safety re-check
+	probeEvery     = time.Second            // PING while in fallback
+	statsMaxAge    = 500 * time.Millisecond // Stats refresh at most this often
+	minLeaseTTL    = 100 * time.Millisecond
+)
+
+// ErrClosed is wrapped by the errors of TryAcquire and Acquire after Close.
+var ErrClosed = errors.New("redispool: pool closed")
+
+// Config configures a Pool. Zero fields take the stated defaults. Every
+// process sharing a Prefix must be given the same Size, PerUser and
+// LeaseTTL.
+type Config struct {
+	// Prefix starts every key and the channel. Default "pool:". It must not
+	// contain "{" or "}": the package adds the {pool} hash tag itself.
+	Prefix string
+	// Size is the number of global slots (CONNECTION_POOL_SIZE). At least 1.
+	Size int
+	// PerUser is the number of slots one user may hold
+	// (CONNECTION_POOL_PER_USER), in Redis and in the fallback pool. At
+	// least 1.
+	PerUser int
+	// LeaseTTL is how long a lease, or a registered waiter, outlives the
+	// last renewal of its process (POOL_LEASE_TTL_SECONDS); renewal runs
+	// every LeaseTTL/3. Whole milliseconds, at least 100ms. Default 30s.
+	LeaseTTL time.Duration
+	// FallbackSize is the global slot count of the local pool used while
+	// Redis is unreachable (POOL_LOCAL_FALLBACK_SIZE). Default 10.
+	FallbackSize int
+	// Holder names this process in lease ids ("<holder>/<id>"), so
+	// ZRANGE on LeasesKey shows who holds what. Optional.
+	Holder string
+}
+
+// Validate reports whether cfg is usable. It does not change cfg.
+func (cfg Config) Validate() error {
+	c := cfg.withDefaults()
+	var errs []error
+	if strings.ContainsAny(c.Prefix, "{}") {
+		errs = append(errs, fmt.Errorf("Prefix %q contains a brace (the {pool} hash tag is added by the package)", c.Prefix))
+	}
+	if c.Size < 1 {
+		errs = append(errs, fmt.Errorf("Size %d is below 1", c.Size))
+	}
+	if c.PerUser < 1 {
+		errs = append(errs, fmt.Errorf("PerUser %d is below 1", c.PerUser))
+	}
+	if cfg.LeaseTTL < 0 || c.LeaseTTL < minLeaseTTL {
+		errs = append(errs, fmt.Errorf("LeaseTTL %s is below %s (0 means the default)", cfg.LeaseTTL, minLeaseTTL))
+	} else if c.LeaseTTL%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("LeaseTTL %s is not whole milliseconds", c.LeaseTTL))
+	}
+	if cfg.FallbackSize < 0 {
+		errs = append(errs, fmt.Errorf("FallbackSize %d is negative (0 means the default)", cfg.FallbackSize))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redispool: config: %w", err)
+	}
+	return nil
+}
+
+func (cfg Config) withDefaults() Config {
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.LeaseTTL == 0 {
+		cfg.LeaseTTL = DefaultLeaseTTL
+	}
+	if cfg.FallbackSize == 0 {
+		cfg.FallbackSize = DefaultFallbackSize
+	}
+	return cfg
+}
+
+// Pool is the distributed pool. It is safe for concurrent use. Background
+// goroutines start with the first call that needs them: the renewal loop
+// (leases, waiters, cached Stats), the dispatcher with its Pub/Sub
+// subscription (first Acquire that waits) and the probe (while in
+// fallback). Close stops them.
+type Pool struct {
+	cfg        Config
+	rdb        redis.UniversalClient
+	log        *slog.Logger
+	onFallback func(bool)
+	local      *pool.Local
+
+	leasesKey, waitersKey, waiterExpKey, userPrefix, channel string
+	ttlMS                                                    int64
+
+	// Timers; tests change them before first use.
+	recheck    time.Duration
+	probeEvery time.Duration
+
+	closing chan struct{}  // closed by Close
+	wg      sync.WaitGroup // background goroutines
+	calls   sync.WaitGroup // script calls, abandoned ones included (trackCall)
+
+	mu           sync.Mutex
+	closed       bool
+	held         map[string]string // lease id → user: the Redis leases to renew
+	waiters      []*waiter         // this process's waiters, in arrival order
+	orphans      []string          // waiter entries to withdraw once Redis is back
+	seq          uint64
+	callsDrained bool // Close waits on calls: count no more
+	renewing     bool
+	dispatching  bool
+
+	kick      chan struct{} // cap 1: run a dispatcher pass
+	statsKick chan struct{} // cap 1: refresh the cached stats now
+
+	statsMu sync.Mutex
+	inUse   int
+	statsAt time.Time
+
+	transMu  sync.Mutex // serializes transitions and their callback
+	modeMu   sync.Mutex
+	fallback bool
+	changed  chan struct{} // closed at the next transition
+}
+
+var _ pool.Pool = (*Pool)(nil)
+
+// New returns a Pool on client. It does no I/O and starts no goroutine;
+// it never closes client. log may be nil (slog.Default). onFallback, if
+// not nil, is called on each switch to the fallback pool (true) and back
+// (false), synchronously and in order; it must not block.
+func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback func(bool)) (*Pool, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if client == nil {
+		return nil, errors.New("redispool: nil redis client")
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	cfg = cfg.withDefaults()
+	local, err := pool.NewLocal(cfg.FallbackSize, cfg.PerUser)
+	if err != nil {
+		return nil, fmt.Errorf("redispool: fallback pool: %w", err)
+	}
+	return &Pool{
+		cfg:          cfg,
+		rdb:          client,
+		log:          log,
+		onFallback:   onFallback,
+		local:        local,
+		leasesKey:    LeasesKey(cfg.Prefix),
+		waitersKey:   WaitersKey(cfg.Prefix),
+		waiterExpKey: WaiterExpiryKey(cfg.Prefix),
+		userPrefix:   userKeyPrefix(cfg.Prefix),
+		channel:      NotifyChannel(cfg.Prefix),
+		ttlMS:        cfg.LeaseTTL.Milliseconds(),
+		recheck:      recheckEvery,
+		probeEvery:   probeEvery,
+		closing:      make(chan struct{}),
+		held:         make(map[string]string),
+		kick:         make(chan struct{}, 1),
+		statsKick:    make(chan struct{}, 1),
+		changed:      make(chan struct{}),
+	}, nil
+}
+
+// TryAcquire takes a slot for user without waiting: one script call to
+// Redis (at most 500ms), or the fallback pool. It returns an error
+// wrapping pool.ErrPoolExhausted (also when the free slots belong to
+// older waiting jobs) or pool.ErrUserLimit, ctx's error, or ErrClosed.
+func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) {
+	if p.isClosed() {
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
+	}
+	if fb, _ := p.mode(); fb {
+		return p.local.TryAcquire(ctx, user)
+	}
+	l, err := p.tryRedis(ctx, user)
+	var ue *unavailableError
+	if errors.As(err, &ue) {
+		p.setFallback(true, err)
+		return p.local.TryAcquire(ctx, user)
+	}
+	return l, err
+}
+
+// Acquire waits for a slot for user until ctx ends, FIFO among this
+// process's waiters and, across processes, by the fairness rule in the
+// package doc. On a switch to or from the fallback pool a waiter moves
+// over and waits there. The error wraps ctx's error, ErrClosed, or an
+// unexpected error reply from Redis.
+func (p *Pool) Acquire(ctx context.Context, user string) (pool.Lease, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, err)
+		}
+		if p.isClosed() {
+			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
+		}
+		fb, changed := p.mode()
+		var l pool.Lease
+		var err error
+		if fb {
+			l, err = p.acquireLocal(ctx, user, changed)
+		} else {
+			l, err = p.acquireRedis(ctx, user, changed)
+		}
+		if !errors.Is(err, errModeChanged) {
+			return l, err
+		}
+	}
+}
+
+// Stats returns the cluster-wide slots in use and Size, from a cache that
+// script calls keep current and that is refreshed in the background when
+// older than 500ms: Stats itself never waits on Redis. While in fallback
+// it returns the fallback pool's stats.
+func (p *Pool) Stats() pool.Stats {
+	if fb, _ := p.mode(); fb {
+		return p.local.Stats()
+	}
+	p.statsMu.Lock()
+	inUse, at := p.inUse, p.statsAt
+	p.statsMu.Unlock()
+	if time.Since(at) > statsMaxAge {
+		p.mu.Lock()
+		p.startRenewalLocked()
+		p.mu.Unlock()
+		select {
+		case p.statsKick <- struct{}{}:
+		default:
+		}
+	}
+	return pool.Stats{InUse: inUse, Capacity: p.cfg.Size}
+}
+
+// Fallback reports whether the Pool currently serves from the local
+// fallback pool because Redis is unreachable.
+func (p *Pool) Fallback() bool {
+	fb, _ := p.mode()
+	return fb
+}
+
+// Close stops the Pool: later calls fail with ErrClosed, waiting Acquire
+// calls return ErrClosed, the background goroutines (dispatcher and its
+// subscription, renewal, probe) end, and the leases and waiter entries
+// still held in Redis are removed, best effort within 2s. It does not
+// close the client and is safe to call more than once. Leases released
+// after Close are no-ops.
+func (p *Pool) Close() {
+	if !p.stop() {
+		return
+	}
+	// The goroutines are gone; what they held is ours to clean up.
+	p.mu.Lock()
+	held := p.held
+	p.held = make(map[string]string)
+	var members []string
+	for _, w := range p.waiters {
+		w.gone = true
+		if w.registered {
+			members = append(members, w.member)
+		}
+	}
+	p.waiters = nil
+	p.mu.Unlock()
+	if fb, _ := p.mode(); fb || (len(held) == 0 && len(members) == 0) {
+		p.drainCalls()
+		return
+	}
+	// Shutdown order: goroutines first (nothing new is held), then the
+	// leases and waiters, then the script calls that may still be running.
+	defer p.drainCalls()
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	for id, user := range held {
+		if _, err := p.runRelease(ctx, id, user); err != nil {
+			return
+		}
+	}
+	for _, m := range members {
+		if err := p.runLeave(ctx, m); err != nil {
+			return
+		}
+	}
+}
+
+func (p *Pool) drainCalls() {
+	p.mu.Lock()
+	p.callsDrained = true
+	p.mu.Unlock()
+	p.calls.Wait()
+}
+
+// stop ends the background goroutines without touching Redis; it reports
+// whether this call did it. Tests call it alone to play a crashed process.
+func (p *Pool) stop() bool {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return false
+	}
+	p.closed = true
+	close(p.closing)
+	p.mu.Unlock()
+	p.wg.Wait()
+	return true
+}
+
+func (p *Pool) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// goLocked runs f in a goroutine owned by the Pool, unless it is closed.
+func (p *Pool) goLocked(f func()) bool {
+	if p.closed {
+		return false
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		f()
+	}()
+	return true
+}
+
+func (p *Pool) startRenewalLocked() {
+	if !p.renewing {
+		p.renewing = p.goLocked(p.renewLoop)
+	}
+}
+
+// tryRedis is one direct attempt.
+func (p *Pool) tryRedis(ctx context.Context, user string) (pool.Lease, error) {
+	id := p.newLeaseID()
+	rep, err := p.runAcquire(ctx, user, id, "")
+	if err != nil {
+		return nil, err
+	}
+	switch rep.code {
+	case codeGranted:
+		p.mu.Lock()
+		l := p.grantLocked(id, user)
+		p.mu.Unlock()
+		return l, nil
+	case codeUserLimit:
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, pool.ErrUserLimit)
+	case codeReserved:
+		return nil, fmt.Errorf("redispool: acquire for %s: free slots go to older waiting jobs: %w", user, pool.ErrPoolExhausted)
+	default:
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, pool.ErrPoolExhausted)
+	}
+}
+
+// grantLocked records a lease granted in Redis so that it is renewed.
+func (p *Pool) grantLocked(id, user string) *lease {
+	p.held[id] = user
+	p.startRenewalLocked()
+	return &lease{p: p, id: id, user: user}
+}
+
+func (p *Pool) newLeaseID() string {
+	if p.cfg.Holder == "" {
+		return newID()
+	}
+	return p.cfg.Holder + "/" + newID()
+}
+
+// newID returns 16 hex characters; waiter members rely on the length.
+func newID() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand, Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+func (p *Pool) setStats(inUse int) {
+	p.statsMu.Lock()
+	p.inUse, p.statsAt = inUse, time.Now()
+	p.statsMu.Unlock()
+}
+
+// lease is a slot in Redis.
+type lease struct {
+	p        *Pool
+	id, user string
+	once     sync.Once
+}
+
+// Release gives the slot back; only the first call does anything.
+func (l *lease) Release() { l.once.Do(func() { l.p.release(l.id, l.user) }) }
+
+func (p *Pool) release(id, user string) {
+	p.mu.Lock()
+	_, mine := p.held[id]
+	delete(p.held, id)
+	p.mu.Unlock()
+	// Not held any more: Close released it, or renewal found it expired.
+	// In fallback Redis is not asked: the lease, no longer renewed, expires.
+	if !mine {
+		return
+	}
+	if fb, _ := p.mode(); fb {
+		return
+	}
+	if _, err := p.runRelease(context.Background(), id, user); err != nil {
+		var ue *unavailableError
+		if errors.As(err, &ue) {
+			p.setFallback(true, err)
+			return
+		}
+		p.log.Warn("redispool: release failed; the lease expires by itself", "lease", id, "error", err)
+	}
+}

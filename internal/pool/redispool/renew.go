@@ -1,0 +1,84 @@
+package redispool
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+)
+
+// renewLoop renews this process's leases and waiters every LeaseTTL/3, and
+// at once when asked (Stats refresh, return from fallback).
+func (p *Pool) renewLoop() {
+	t := time.NewTicker(p.cfg.LeaseTTL / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.closing:
+			return
+		case <-t.C:
+		case <-p.statsKick:
+		}
+		p.renew()
+	}
+}
+
+// renew is one renewal round, a single script call however much is held.
+func (p *Pool) renew() {
+	if fb, _ := p.mode(); fb {
+		return // Redis is away; the probe brings us back
+	}
+	p.mu.Lock()
+	leases := make(map[string]string, len(p.held))
+	for id, user := range p.held {
+		leases[id] = user
+	}
+	var members []string
+	for _, w := range p.waiters {
+		if w.registered && !w.gone {
+			members = append(members, w.member)
+		}
+	}
+	orphans := p.orphans
+	p.orphans = nil
+	p.mu.Unlock()
+	for _, m := range orphans {
+		p.leave(m) // keeps it an orphan if Redis fails again
+	}
+
+	lostLeases, lostWaiters, err := p.runRenew(context.Background(), leases, members)
+	if err != nil {
+		var ue *unavailableError
+		if errors.As(err, &ue) {
+			p.setFallback(true, err)
+		} else {
+			p.log.Warn("redispool: renewal failed", "error", err)
+		}
+		return
+	}
+
+	p.mu.Lock()
+	var lost []string
+	for _, id := range lostLeases {
+		// A lease released since the snapshot is gone on purpose.
+		if _, ok := p.held[id]; ok {
+			delete(p.held, id)
+			lost = append(lost, id)
+		}
+	}
+	rejoin := false
+	for _, w := range p.waiters {
+		if !w.gone && w.registered && !w.inflight && slices.Contains(lostWaiters, w.member) {
+			w.registered = false // the next pass registers it again, at the back
+			rejoin = true
+		}
+	}
+	p.mu.Unlock()
+	if len(lost) > 0 {
+		p.log.Warn("redispool: leases expired before renewal; their slots may be in use twice until they are released",
+			"count", len(lost), "leases", lost)
+	}
+	if rejoin {
+		p.kickDispatch()
+	}
+}

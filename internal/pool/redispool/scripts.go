@@ -1,0 +1,239 @@
+package redispool
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSource string
+	acquireScript = redis.NewScript(acquireSource)
+
+	//go:embed release.lua
+	releaseSource string
+	releaseScript = redis.NewScript(releaseSource)
+
+	//go:embed leave.lua
+	leaveSource string
+	leaveScript = redis.NewScript(leaveSource)
+
+	//go:embed renew.lua
+	renewSource string
+	renewScript = redis.NewScript(renewSource)
+)
+
+// Result codes of acquire.lua.
+const (
+	codeGranted   = 0
+	codeExhausted = 1 // no free slot, or (for a waiter) older waiters take them
+	codeUserLimit = 2
+	codeReserved  = 3 // direct request: the free slots go to waiters
+)
+
+// unavailableError marks a Redis call that failed because Redis could not
+// be reached or could not serve (connection, timeout, LOADING, …), as
+// opposed to an error reply of a script: the former switches to fallback.
+type unavailableError struct{ err error }
+
+func (e *unavailableError) Error() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() error { return e.err }
+
+// isUnavailable classifies an error from a go-redis call. Replies from the
+// server are logic errors except those saying it cannot serve now; any
+// other error (network, timeout, closed client, pool timeout) means Redis
+// is unavailable.
+func isUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var rerr redis.Error
+	if errors.As(err, &rerr) {
+		return redis.IsLoadingError(err) || redis.IsClusterDownError(err) ||
+			redis.IsTryAgainError(err) || redis.IsMasterDownError(err) ||
+			redis.IsReadOnlyError(err) || redis.IsMaxClientsError(err) ||
+			redis.IsOOMError(err) || redis.HasErrorPrefix(err, "BUSY")
+	}
+	return true
+}
+
+// run runs a script bounded by timeout, also when the client does not
+// honour context deadlines (go-redis without ContextTimeoutEnabled waits
+// up to its ReadTimeout on a hung server): the call is then abandoned to a
+// goroutine the Pool waits for in Close, and late, if not nil, gets its
+// reply should it succeed after all. An error is an *unavailableError when
+// Redis is unavailable and ctx itself had not ended.
+func (p *Pool) run(ctx context.Context, timeout time.Duration, s *redis.Script, what string, late func(any), keys []string, args ...any) (any, error) {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	type reply struct {
+		v   any
+		err error
+	}
+	const pending, delivered, abandoned = 0, 1, 2
+	var state atomic.Int32
+	ch := make(chan reply, 1)
+	done := p.trackCall()
+	go func() {
+		defer done()
+		defer cancel()
+		v, err := s.Run(cctx, p.rdb, keys, args...).Result()
+		if state.CompareAndSwap(pending, delivered) {
+			ch <- reply{v, err}
+		} else if err == nil && late != nil {
+			late(v)
+		}
+	}()
+	var r reply
+	select {
+	case r = <-ch:
+	case <-cctx.Done():
+		if state.CompareAndSwap(pending, abandoned) {
+			r.err = cctx.Err()
+		} else {
+			r = <-ch // delivered just now
+		}
+	}
+	if r.err != nil {
+		err := fmt.Errorf("redispool: %s: %w", what, r.err)
+		if ctx.Err() == nil && isUnavailable(r.err) {
+			return nil, &unavailableError{err}
+		}
+		return nil, err
+	}
+	return r.v, nil
+}
+
+// trackCall counts a script call for Close to wait on; calls that start
+// once Close waits are not counted (they end within their own bound).
+func (p *Pool) trackCall() (done func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.callsDrained {
+		return func() {}
+	}
+	p.calls.Add(1)
+	return p.calls.Done
+}
+
+// acquireReply is acquire.lua's answer.
+type acquireReply struct {
+	code     int64
+	inUse    int64
+	enqueued int64 // the waiter's registration time (µs), 0 for direct
+}
+
+// runAcquire runs acquire.lua for lease id; member is "" for a direct
+// request, else the waiter's member.
+func (p *Pool) runAcquire(ctx context.Context, user, id, member string) (acquireReply, error) {
+	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey}
+	// Granted after the caller was told it failed: nobody holds it.
+	late := func(v any) {
+		if n, err := ints(v, 3); err == nil && n[0] == codeGranted {
+			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+			defer cancel()
+			_, _ = p.runRelease(ctx, id, user)
+		}
+	}
+	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
+		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member)
+	if err != nil {
+		return acquireReply{}, err
+	}
+	n, err := ints(v, 3)
+	if err != nil {
+		return acquireReply{}, fmt.Errorf("redispool: acquire for %s: %w", user, err)
+	}
+	p.setStats(int(n[1]))
+	return acquireReply{code: n[0], inUse: n[1], enqueued: n[2]}, nil
+}
+
+// runRelease runs release.lua; it reports whether a live lease was removed.
+func (p *Pool) runRelease(ctx context.Context, id, user string) (bool, error) {
+	v, err := p.run(ctx, releaseTimeout, releaseScript, "release "+id, nil, []string{p.leasesKey, UserKey(p.cfg.Prefix, user)}, id, p.channel)
+	if err != nil {
+		return false, err
+	}
+	n, err := ints(v, 2)
+	if err != nil {
+		return false, fmt.Errorf("redispool: release %s: %w", id, err)
+	}
+	p.setStats(int(n[1]))
+	return n[0] == 1, nil
+}
+
+// runLeave withdraws a registered waiter.
+func (p *Pool) runLeave(ctx context.Context, member string) error {
+	_, err := p.run(ctx, callTimeout, leaveScript, "leave "+member, nil,
+		[]string{p.waitersKey, p.waiterExpKey, p.leasesKey}, member, p.channel, p.cfg.Size)
+	return err
+}
+
+// runRenew extends the given leases (id → user) and waiters; it returns
+// the lease ids and waiter members Redis no longer had.
+func (p *Pool) runRenew(ctx context.Context, leases map[string]string, members []string) (lostLeases, lostWaiters []string, err error) {
+	keys := make([]string, 0, 3+len(leases))
+	keys = append(keys, p.leasesKey, p.waitersKey, p.waiterExpKey)
+	args := make([]any, 0, 2+len(leases)+len(members))
+	args = append(args, p.ttlMS, len(leases))
+	for id, user := range leases {
+		keys = append(keys, UserKey(p.cfg.Prefix, user))
+		args = append(args, id)
+	}
+	for _, m := range members {
+		args = append(args, m)
+	}
+	v, err := p.run(ctx, min(p.cfg.LeaseTTL/3, releaseTimeout), renewScript, "renew", nil, keys, args...)
+	if err != nil {
+		return nil, nil, err
+	}
+	parts, ok := v.([]any)
+	if !ok || len(parts) != 3 {
+		return nil, nil, fmt.Errorf("redispool: renew: unexpected reply %v", v)
+	}
+	inUse, ok := parts[0].(int64)
+	if !ok {
+		return nil, nil, fmt.Errorf("redispool: renew: unexpected reply %v", v)
+	}
+	p.setStats(int(inUse))
+	if lostLeases, err = strs(parts[1]); err == nil {
+		lostWaiters, err = strs(parts[2])
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("redispool: renew: %w", err)
+	}
+	return lostLeases, lostWaiters, nil
+}
+
+func ints(v any, n int) ([]int64, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) != n {
+		return nil, fmt.Errorf("unexpected script reply %v", v)
+	}
+	out := make([]int64, n)
+	for i, x := range a {
+		if out[i], ok = x.(int64); !ok {
+			return nil, fmt.Errorf("unexpected script reply %v", v)
+		}
+	}
+	return out, nil
+}
+
+func strs(v any) ([]string, error) {
+	a, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected script reply %v", v)
+	}
+	out := make([]string, len(a))
+	for i, x := range a {
+		if out[i], ok = x.(string); !ok {
+			return nil, fmt.Errorf("unexpected script reply %v", v)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,328 @@
+package redispool
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+)
+
+// errModeChanged tells Acquire to start over on the other backend.
+var errModeChanged = errors.New("redispool: backend changed")
+
+// waiter is one Acquire call waiting in Redis.
+type waiter struct {
+	user   string
+	member string // "<16 hex id>:<user>", its entry in WaitersKey
+	seq    uint64 // arrival order in this process
+	ready  chan result
+
+	// Guarded by Pool.mu.
+	registered bool  // Redis has (or may have) the entry
+	enqueued   int64 // its score there, once registered
+	inflight   bool  // the dispatcher is running a script for it
+	gone       bool  // it gave up; whoever finishes with it cleans up
+}
+
+type result struct {
+	lease pool.Lease
+	err   error
+}
+
+// acquireLocal waits in the fallback pool until a slot, ctx's end, or the
+// next backend switch (errModeChanged).
+func (p *Pool) acquireLocal(ctx context.Context, user string, changed <-chan struct{}) (pool.Lease, error) {
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		select {
+		case <-changed:
+			cancel()
+		case <-p.closing:
+			cancel()
+		case <-lctx.Done():
+		}
+	}()
+	l, err := p.local.Acquire(lctx, user)
+	cancel()
+	<-done
+	if err != nil && ctx.Err() == nil {
+		if p.isClosed() {
+			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
+		}
+		return nil, errModeChanged
+	}
+	return l, err
+}
+
+// acquireRedis waits in Redis until a slot, ctx's end, Close, or the next
+// backend switch (errModeChanged).
+func (p *Pool) acquireRedis(ctx context.Context, user string, changed <-chan struct{}) (pool.Lease, error) {
+	p.mu.Lock()
+	queued := len(p.waiters) > 0
+	p.mu.Unlock()
+	if !queued {
+		// Like a direct request: granted only when no waiter is deprived.
+		l, err := p.tryRedis(ctx, user)
+		var ue *unavailableError
+		switch {
+		case err == nil:
+			return l, nil
+		case errors.As(err, &ue):
+			p.setFallback(true, err)
+			return nil, errModeChanged
+		case !errors.Is(err, pool.ErrPoolExhausted) && !errors.Is(err, pool.ErrUserLimit):
+			return nil, err
+		}
+	}
+
+	w := &waiter{user: user, member: newID() + ":" + user, ready: make(chan result, 1)}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
+	}
+	p.seq++
+	w.seq = p.seq
+	p.waiters = append(p.waiters, w)
+	if !p.dispatching {
+		p.dispatching = p.goLocked(p.dispatch)
+	}
+	p.mu.Unlock()
+	p.kickDispatch()
+
+	select {
+	case r := <-w.ready:
+		return r.lease, r.err
+	case <-ctx.Done():
+	case <-changed:
+	case <-p.closing:
+	}
+	if r, ok := p.withdraw(w); ok {
+		if r.err == nil && ctx.Err() != nil {
+			// Granted as we gave up: the caller is gone, hand it back.
+			r.lease.Release()
+			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ctx.Err())
+		}
+		return r.lease, r.err
+	}
+	switch {
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ctx.Err())
+	case p.isClosed():
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
+	default:
+		return nil, errModeChanged
+	}
+}
+
+// withdraw takes w out of the queue, or returns the result it was given
+// meanwhile.
+func (p *Pool) withdraw(w *waiter) (result, bool) {
+	p.mu.Lock()
+	select {
+	case r := <-w.ready:
+		p.mu.Unlock()
+		return r, true
+	default:
+	}
+	if w.gone { // Close took it
+		p.mu.Unlock()
+		return result{}, false
+	}
+	w.gone = true
+	p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
+	// With a script in flight the dispatcher withdraws it when done.
+	leave := w.registered && !w.inflight
+	p.mu.Unlock()
+	if leave {
+		p.leave(w.member)
+	}
+	return result{}, false
+}
+
+// leave withdraws a waiter from Redis. While Redis is away the entry is
+// kept for the renewal loop to withdraw once Redis answers again: left
+// behind, it would hold free slots back from direct requests for up to
+// LeaseTTL after the outage.
+func (p *Pool) leave(member string) {
+	if fb, _ := p.mode(); !fb {
+		err := p.runLeave(context.Background(), member)
+		var ue *unavailableError
+		if !errors.As(err, &ue) {
+			return // done, or an error reply: the entry expires by itself
+		}
+		p.setFallback(true, err)
+	}
+	p.mu.Lock()
+	p.orphans = append(p.orphans, member)
+	p.mu.Unlock()
+}
+
+func (p *Pool) kickDispatch() {
+	select {
+	case p.kick <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch is the goroutine that hands slots to this process's waiters.
+// It subscribes to NotifyChannel before its first pass, so a release after
+// a waiter registered is never missed while the subscription holds; the
+// ticker covers the rest.
+func (p *Pool) dispatch() {
+	var ps *redis.PubSub
+	var msgs <-chan any
+	defer func() {
+		if ps != nil {
+			_ = ps.Close()
+		}
+	}()
+	tick := time.NewTicker(p.recheck)
+	defer tick.Stop()
+	resubscribe := true // at start, then on the ticker while unsubscribed
+	for {
+		if ps == nil && resubscribe {
+			ps, msgs = p.subscribe()
+		}
+		resubscribe = false
+		p.pass()
+		select {
+		case <-p.closing:
+			return
+		case <-p.kick:
+		case <-tick.C:
+			resubscribe = true
+		case _, ok := <-msgs:
+			if !ok {
+				ps, msgs = nil, nil
+				continue
+			}
+			// One pass serves a burst of notifications.
+			for drained := false; !drained; {
+				select {
+				case <-msgs:
+				default:
+					drained = true
+				}
+			}
+		}
+	}
+}
+
+// subscribe returns a confirmed subscription to NotifyChannel, or nils.
+// Messages include *redis.Subscription after go-redis reconnects, which
+// triggers a pass too: notifications may have been lost meanwhile.
+func (p *Pool) subscribe() (*redis.PubSub, <-chan any) {
+	if fb, _ := p.mode(); fb {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	ps := p.rdb.Subscribe(ctx, p.channel)
+	if _, err := ps.Receive(ctx); err != nil {
+		_ = ps.Close()
+		err = fmt.Errorf("redispool: subscribe %s: %w", p.channel, err)
+		if isUnavailable(err) {
+			p.setFallback(true, err)
+		} else {
+			p.log.Warn("redispool: subscribe failed; waiters are served by the 1s re-check only", "error", err)
+		}
+		return nil, nil
+	}
+	return ps, ps.ChannelWithSubscriptions()
+}
+
+// pass tries this process's waiters oldest first. A refusal for lack of
+// slots ends it: every younger waiter would be refused too. A per-user
+// refusal does not. Waiters not yet registered are still tried, which
+// registers them.
+func (p *Pool) pass() {
+	if fb, _ := p.mode(); fb {
+		return
+	}
+	p.mu.Lock()
+	ws := slices.Clone(p.waiters)
+	slices.SortStableFunc(ws, func(a, b *waiter) int {
+		// Redis order (score, then member) for registered waiters; the
+		// others register behind them in arrival order.
+		switch {
+		case a.registered != b.registered:
+			if a.registered {
+				return -1
+			}
+			return 1
+		case a.registered:
+			return cmp.Or(cmp.Compare(a.enqueued, b.enqueued), cmp.Compare(a.member, b.member))
+		default:
+			return cmp.Compare(a.seq, b.seq)
+		}
+	})
+	p.mu.Unlock()
+
+	blocked := false
+	for _, w := range ws {
+		select {
+		case <-p.closing:
+			return
+		default:
+		}
+		p.mu.Lock()
+		if w.gone || (blocked && w.registered) {
+			p.mu.Unlock()
+			continue
+		}
+		w.inflight = true
+		p.mu.Unlock()
+
+		id := p.newLeaseID()
+		rep, err := p.runAcquire(context.Background(), w.user, id, w.member)
+
+		var res *result
+		var ue *unavailableError
+		p.mu.Lock()
+		w.inflight = false
+		gone := w.gone
+		switch {
+		case errors.As(err, &ue):
+			// The script may have run: withdrawing must try to remove it.
+			w.registered = true
+			p.mu.Unlock()
+			p.setFallback(true, err) // the waiters move to the fallback pool
+			return
+		case err != nil:
+			res = &result{err: err}
+		case rep.code == codeGranted:
+			w.registered = false
+			res = &result{lease: p.grantLocked(id, w.user)}
+		default:
+			w.registered, w.enqueued = true, rep.enqueued
+			p.startRenewalLocked() // keeps the registration alive
+			if rep.code != codeUserLimit {
+				blocked = true
+			}
+		}
+		if res != nil && !gone {
+			p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
+			w.ready <- *res
+		}
+		p.mu.Unlock()
+
+		if gone {
+			switch {
+			case res != nil && res.lease != nil:
+				res.lease.Release()
+			case err == nil:
+				p.leave(w.member)
+			}
+		}
+	}
+}
