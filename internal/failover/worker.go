@@ -282,7 +282,15 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d Delivery, pub *
 		slotDeadline = time.Now().Add(w.cfg.QueueTimeout)
 	}
 	slotCtx, cancelSlot := context.WithDeadline(ctx, slotDeadline)
-	lease, err := w.pool.Acquire(slotCtx, job.UserID)
+	var lease pool.Lease
+	var err error
+	if qp, ok := w.pool.(pool.Queued); ok {
+		// Slots go to jobs in the order they were queued, not the order
+		// this process's goroutines reach the pool.
+		lease, err = qp.AcquireSince(slotCtx, job.UserID, job.EnqueueTime)
+	} else {
+		lease, err = w.pool.Acquire(slotCtx, job.UserID)
+	}
 	cancelSlot()
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Local is an in-process Pool. Waiters are served in arrival order: a freed
@@ -22,10 +23,14 @@ type Local struct {
 
 type waiter struct {
 	user  string
+	since time.Time        // place in line
 	ready chan *localLease // buffered 1; receives the granted lease
 }
 
-var _ Pool = (*Local)(nil)
+var (
+	_ Pool   = (*Local)(nil)
+	_ Queued = (*Local)(nil)
+)
 
 // NewLocal returns a pool of size global slots and perUser slots per user.
 func NewLocal(size, perUser int) (*Local, error) {
@@ -48,6 +53,12 @@ func (p *Local) TryAcquire(_ context.Context, user string) (Lease, error) {
 // Acquire waits for a slot for user, in FIFO order among waiters, until
 // ctx ends.
 func (p *Local) Acquire(ctx context.Context, user string) (Lease, error) {
+	return p.AcquireSince(ctx, user, time.Now())
+}
+
+// AcquireSince is Acquire with the waiter placed in line by since (when
+// its work was queued) instead of by arrival.
+func (p *Local) AcquireSince(ctx context.Context, user string, since time.Time) (Lease, error) {
 	p.mu.Lock()
 	// Any waiter that fitted was granted when capacity freed, so the ones
 	// left wait on their own per-user limit: a fitting caller may go first.
@@ -56,8 +67,18 @@ func (p *Local) Acquire(ctx context.Context, user string) (Lease, error) {
 		p.mu.Unlock()
 		return l, nil
 	}
-	w := &waiter{user: user, ready: make(chan *localLease, 1)}
-	elem := p.waiters.PushBack(w)
+	w := &waiter{user: user, since: since, ready: make(chan *localLease, 1)}
+	// Behind every waiter queued no later than it.
+	var elem *list.Element
+	for e := p.waiters.Back(); e != nil; e = e.Prev() {
+		if !e.Value.(*waiter).since.After(since) {
+			elem = p.waiters.InsertAfter(w, e)
+			break
+		}
+	}
+	if elem == nil {
+		elem = p.waiters.PushFront(w)
+	}
 	p.mu.Unlock()
 
 	select {

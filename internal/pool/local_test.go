@@ -156,3 +156,40 @@ func TestLocalNeverExceedsLimits(t *testing.T) {
 		t.Fatalf("in use %d at end", s.InUse)
 	}
 }
+
+// AcquireSince orders waiters by when their work was queued, not by when
+// they called.
+func TestLocalAcquireSinceOrdersByQueueTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p, _ := NewLocal(1, 10)
+	held, _ := p.TryAcquire(ctx, "x")
+	base := time.Now()
+	// Arrive in the order 2, 0, 1 with queue times 0 < 1 < 2.
+	order := make(chan int, 3)
+	var wg sync.WaitGroup
+	for n, i := range []int{2, 0, 1} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l, err := p.AcquireSince(ctx, "w", base.Add(time.Duration(i)*time.Millisecond))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			order <- i
+			l.Release()
+		}()
+		testutil.Eventually(t, 5*time.Second, func() bool { return p.Waiting() == n+1 }, "waiter queued")
+	}
+	held.Release()
+	wg.Wait()
+	close(order)
+	want := 0
+	for got := range order {
+		if got != want {
+			t.Fatalf("waiter queued at %d served, want %d", got, want)
+		}
+		want++
+	}
+}

@@ -6,6 +6,7 @@ package pool
 import (
 	"context"
 	"errors"
+	"time"
 )
 
 // Sentinel errors of TryAcquire and Acquire.
@@ -37,4 +38,12 @@ type Pool interface {
 type Stats struct {
 	InUse    int
 	Capacity int
+}
+
+// Queued is a Pool that can order waiters by when their work was queued
+// rather than by when they called. Workers pass the job's enqueue time, so
+// jobs get slots in queue order whatever order the worker goroutines (or
+// worker processes) reach the pool.
+type Queued interface {
+	AcquireSince(ctx context.Context, user string, since time.Time) (Lease, error)
 }

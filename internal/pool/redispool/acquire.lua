@@ -15,6 +15,8 @@
 --          are in the declared keys' cluster slot.
 -- ARGV[6]  "" for a direct request (TryAcquire); else this waiter's member,
 --          16 id characters, ":", then the user.
+-- ARGV[7]  the waiter's place in line (µs since the epoch): when its work
+--          was queued; 0 means now (Redis TIME).
 --
 -- Fairness: a waiter is eligible when its user has a free per-user slot;
 -- of several waiters of one user only as many as it has free slots count.
@@ -100,7 +102,10 @@ local enqueued = redis.call('ZSCORE', KEYS[3], waiter)
 if enqueued then
   enqueued = tonumber(enqueued)
 else
-  enqueued = now_us
+  enqueued = tonumber(ARGV[7])
+  if enqueued == nil or enqueued <= 0 then
+    enqueued = now_us
+  end
   redis.call('ZADD', KEYS[3], enqueued, waiter)
 end
 redis.call('ZADD', KEYS[4], now_ms + ttl, waiter)

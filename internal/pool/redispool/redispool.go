@@ -195,7 +195,10 @@ type Pool struct {
 	changed  chan struct{} // closed at the next transition
 }
 
-var _ pool.Pool = (*Pool)(nil)
+var (
+	_ pool.Pool   = (*Pool)(nil)
+	_ pool.Queued = (*Pool)(nil)
+)
 
 // New returns a Pool on client. It does no I/O and starts no goroutine;
 // it never closes client. log may be nil (slog.Default). onFallback, if
@@ -264,6 +267,12 @@ func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) 
 // over and waits there. The error wraps ctx's error, ErrClosed, or an
 // unexpected error reply from Redis.
 func (p *Pool) Acquire(ctx context.Context, user string) (pool.Lease, error) {
+	return p.AcquireSince(ctx, user, time.Now())
+}
+
+// AcquireSince is Acquire with the waiter placed in line, cluster-wide, by
+// since (when its work was queued) instead of by when it called.
+func (p *Pool) AcquireSince(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, err)
@@ -277,7 +286,7 @@ func (p *Pool) Acquire(ctx context.Context, user string) (pool.Lease, error) {
 		if fb {
 			l, err = p.acquireLocal(ctx, user, changed)
 		} else {
-			l, err = p.acquireRedis(ctx, user, changed)
+			l, err = p.acquireRedis(ctx, user, since.UnixMicro(), changed)
 		}
 		if !errors.Is(err, errModeChanged) {
 			return l, err
@@ -409,7 +418,7 @@ func (p *Pool) startRenewalLocked() {
 // tryRedis is one direct attempt.
 func (p *Pool) tryRedis(ctx context.Context, user string) (pool.Lease, error) {
 	id := p.newLeaseID()
-	rep, err := p.runAcquire(ctx, user, id, "")
+	rep, err := p.runAcquire(ctx, user, id, "", 0)
 	if err != nil {
 		return nil, err
 	}

@@ -129,8 +129,9 @@ type acquireReply struct {
 }
 
 // runAcquire runs acquire.lua for lease id; member is "" for a direct
-// request, else the waiter's member.
-func (p *Pool) runAcquire(ctx context.Context, user, id, member string) (acquireReply, error) {
+// request, else the waiter's member, whose place in line is since (µs
+// since the epoch; 0 means now).
+func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since int64) (acquireReply, error) {
 	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey}
 	// Granted after the caller was told it failed: nobody holds it.
 	late := func(v any) {
@@ -141,7 +142,7 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string) (acquire
 		}
 	}
 	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
-		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member)
+		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since)
 	if err != nil {
 		return acquireReply{}, err
 	}

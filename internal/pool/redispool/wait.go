@@ -21,6 +21,7 @@ type waiter struct {
 	user   string
 	member string // "<16 hex id>:<user>", its entry in WaitersKey
 	seq    uint64 // arrival order in this process
+	since  int64  // place in line: when its work was queued (µs since the epoch)
 	ready  chan result
 
 	// Guarded by Pool.mu.
@@ -65,7 +66,7 @@ func (p *Pool) acquireLocal(ctx context.Context, user string, changed <-chan str
 
 // acquireRedis waits in Redis until a slot, ctx's end, Close, or the next
 // backend switch (errModeChanged).
-func (p *Pool) acquireRedis(ctx context.Context, user string, changed <-chan struct{}) (pool.Lease, error) {
+func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, changed <-chan struct{}) (pool.Lease, error) {
 	p.mu.Lock()
 	queued := len(p.waiters) > 0
 	p.mu.Unlock()
@@ -84,7 +85,7 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, changed <-chan str
 		}
 	}
 
-	w := &waiter{user: user, member: newID() + ":" + user, ready: make(chan result, 1)}
+	w := &waiter{user: user, member: newID() + ":" + user, since: since, ready: make(chan result, 1)}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -92,7 +93,13 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, changed <-chan str
 	}
 	p.seq++
 	w.seq = p.seq
-	p.waiters = append(p.waiters, w)
+	// Keep the local line in order of place: behind every waiter queued no
+	// later than w.
+	i := len(p.waiters)
+	for i > 0 && p.waiters[i-1].since > since {
+		i--
+	}
+	p.waiters = slices.Insert(p.waiters, i, w)
 	if !p.dispatching {
 		p.dispatching = p.goLocked(p.dispatch)
 	}
@@ -284,7 +291,7 @@ func (p *Pool) pass() {
 		p.mu.Unlock()
 
 		id := p.newLeaseID()
-		rep, err := p.runAcquire(context.Background(), w.user, id, w.member)
+		rep, err := p.runAcquire(context.Background(), w.user, id, w.member, w.since)
 
 		var res *result
 		var ue *unavailableError
