@@ -28,7 +28,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/pubsub"
-	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
@@ -50,8 +49,8 @@ type API struct {
 	closers []func()                      // run in reverse order by Close
 
 	rdb     redis.UniversalClient
-	queue   *redisstream.Queue // nil when queue failover is off
-	waiting atomic.Int64       // jobs no worker has taken, refreshed in the background
+	queue   Queue        // nil when queue failover is off
+	waiting atomic.Int64 // jobs no worker has taken, refreshed in the background
 	// background runs for the life of Serve, stopped after the HTTP drain
 	// (in-process workers, the depth refresh).
 	background []func(context.Context)
@@ -123,13 +122,14 @@ func InstanceName(role string) string {
 // configured.
 func (a *API) setupQueue(rdb redis.UniversalClient, provider llm.Provider) (stream.Spiller, error) {
 	cfg := a.cfg
-	q, err := redisstream.New(redisstream.Config{
-		Prefix: cfg.QueuePrefix, Consumer: InstanceName("api"), ReclaimIdle: cfg.QueueReclaimIdle(),
-	}, rdb)
+	oq, err := OpenQueue(context.Background(), cfg, rdb, a.log, InstanceName("api"))
 	if err != nil {
 		return nil, err
 	}
+	a.closers = append(a.closers, oq.Close)
+	q := oq.Queue
 	a.queue = q
+	a.ready = append(a.ready, q.Ping)
 	sub, err := pubsub.New(pubsub.Config{}, rdb, a.log)
 	if err != nil {
 		return nil, err
@@ -148,7 +148,7 @@ func (a *API) setupQueue(rdb redis.UniversalClient, provider llm.Provider) (stre
 		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
 		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
 	}, func(ctx context.Context) (int64, error) {
-		if n, err := q.Waiting(ctx); err == nil {
+		if n, err := waitingOrDepth(ctx, q); err == nil {
 			a.waiting.Store(n)
 		}
 		return q.Depth(ctx)
@@ -159,7 +159,7 @@ func (a *API) setupQueue(rdb redis.UniversalClient, provider llm.Provider) (stre
 	a.background = append(a.background, overflow.Run)
 	gw.SetAdmission(overflow.Check)
 	if cfg.WorkersInProcess() {
-		w, err := failover.NewWorker(WorkerConfig(cfg), q, a.pool, provider, rdb, a.m, a.log.With("component", "worker"))
+		w, err := failover.NewWorker(WorkerConfig(cfg), oq.Consumer, a.pool, provider, rdb, a.m, a.log.With("component", "worker"))
 		if err != nil {
 			return nil, err
 		}

@@ -19,7 +19,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/metrics"
 )
 
@@ -60,11 +59,14 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	// reverse order).
 	defer closePool()
 	name := InstanceName("consumer")
-	q, err := redisstream.New(redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: name, ReclaimIdle: cfg.QueueReclaimIdle()}, rdb)
+	oq, err := OpenQueue(ctx, cfg, rdb, log, name)
 	if err != nil {
 		return err
 	}
-	w, err := failover.NewWorker(WorkerConfig(cfg), q, p, provider, rdb, m, log)
+	// Leaves the consumer group after the worker settled its jobs, before
+	// the pool and the Redis client close (defers run in reverse order).
+	defer oq.Close()
+	w, err := failover.NewWorker(WorkerConfig(cfg), oq.Consumer, p, provider, rdb, m, log)
 	if err != nil {
 		return err
 	}
@@ -87,7 +89,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = srv.Serve(ln) })
-	log.Info("consumer started", "name", name, "concurrency", cfg.WorkerConcurrency, "http", ln.Addr().String(),
+	log.Info("consumer started", "name", name, "queue", cfg.QueueType, "concurrency", cfg.WorkerConcurrency, "http", ln.Addr().String(),
 		"provider", cfg.LLMProvider, "pool_size", cfg.ConnectionPoolSize)
 
 	err = w.Run(ctx)

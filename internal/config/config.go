@@ -24,6 +24,10 @@ type Config struct {
 	QueueType string `env:"QUEUE_TYPE" envDefault:"redis"`
 	// KafkaBrokers lists host:port brokers, needed when QueueType is kafka.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envSeparator:","`
+	// KafkaPartitions is the partition count used when the topic is created. Default 4.
+	KafkaPartitions int `env:"KAFKA_PARTITIONS" envDefault:"4"`
+	// KafkaReplicationFactor is used when the topic is created. Default 1.
+	KafkaReplicationFactor int `env:"KAFKA_REPLICATION_FACTOR" envDefault:"1"`
 
 	// QueueFailoverEnabled off makes a full pool answer 503. Default true.
 	QueueFailoverEnabled bool `env:"QUEUE_FAILOVER_ENABLED" envDefault:"true"`

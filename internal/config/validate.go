@@ -89,6 +89,8 @@ func (c *Config) Validate() error {
 	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
 	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
 	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
+	v.atLeast("KAFKA_PARTITIONS", c.KafkaPartitions, 1)
+	v.atLeast("KAFKA_REPLICATION_FACTOR", c.KafkaReplicationFactor, 1)
 
 	v.atLeast("WORKER_CONCURRENCY", c.WorkerConcurrency, 1)
 	v.atLeast("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeatSeconds, 1)

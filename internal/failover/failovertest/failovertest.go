@@ -16,8 +16,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 )
 
-// Harness is one fresh, empty queue handed to a subtest. Every field is
-// required.
+// Harness is one fresh, empty queue handed to a subtest. Every field but
+// Kill is required.
 type Harness struct {
 	// Producer enqueues into the queue under test.
 	Producer failover.Producer
@@ -31,6 +31,23 @@ type Harness struct {
 	ReclaimIdle time.Duration
 	// DeadLetters returns every dead-lettered job, oldest first.
 	DeadLetters func(ctx context.Context) ([]DeadLetterRecord, error)
+	// Kill, if set, ends a consumer the way a crashed worker process ends:
+	// it stops fetching and leaves the group without settling the jobs it
+	// holds; its Touch must still report a claim lost once another member
+	// took the job over. The suite calls it where a member stops working
+	// on its job, for backends that hand a job over only once its holder
+	// is gone from the group (Kafka moves a partition on a group
+	// rebalance). Backends that take a job from a live member that merely
+	// stopped touching it (Redis Streams, memqueue) leave it nil, and the
+	// suite proves that stronger takeover.
+	Kill func(failover.Consumer)
+}
+
+// kill ends c if the backend needs its members dead to take over.
+func (h Harness) kill(c failover.Consumer) {
+	if h.Kill != nil {
+		h.Kill(c)
+	}
 }
 
 // DeadLetterRecord is what the suite checks of one dead-lettered job.
@@ -206,6 +223,7 @@ func testUnackedJobRedelivered(t *testing.T, h Harness) {
 	enqueue(t, h, "req-1", []byte("survivor"))
 	first := fetchN(t, h, a, 1, 1)[0]
 	fetchedAt := time.Now()
+	h.kill(a)
 	// a never acknowledges nor touches: it is dead. b takes the job over,
 	// but only once it has been idle for ReclaimIdle.
 	second := fetchN(t, h, b, 1, 1)[0]
@@ -216,6 +234,7 @@ func testUnackedJobRedelivered(t *testing.T, h Harness) {
 		t.Fatalf("takeover delivery = attempt %d body %q, want attempt 2 body %q", second.Attempt, second.Body, first.Body)
 	}
 	// b dies too: the count keeps growing with each takeover.
+	h.kill(b)
 	c := h.NewConsumer("c")
 	third := fetchN(t, h, c, 1, 1)[0]
 	if third.Attempt != 3 || !bytes.Equal(third.Body, first.Body) {
@@ -266,6 +285,7 @@ func testTouchKeepsClaim(t *testing.T, h Harness) {
 		t.Fatalf("Touch by the owner: %v", err)
 	}
 	stoppedAt := <-lastTouch
+	h.kill(a)
 
 	// Once a stops touching, b takes over; Touch did not count attempts.
 	taken := fetchN(t, h, b, 1, 1)[0]
@@ -294,6 +314,7 @@ func testDeadLetter(t *testing.T, h Harness) {
 	ok := fetchN(t, h, a, 1, 1)[0]
 	ack(t, a, ok)
 	fetchN(t, h, a, 1, 1) // a dies holding the poison job
+	h.kill(a)
 	d := fetchN(t, h, b, 1, 1)[0]
 	if d.Attempt != 2 || string(d.Body) != "poison" {
 		t.Fatalf("takeover delivery = attempt %d body %q, want attempt 2 body poison", d.Attempt, d.Body)
@@ -337,8 +358,12 @@ func testConcurrentExactlyOnce(t *testing.T, h Harness) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
+		// Not ctx: a consumer may see and acknowledge the last job, ending
+		// ctx, before the backend's acknowledgement reaches Enqueue.
+		enqueueCtx, cancelEnqueue := context.WithTimeout(t.Context(), 30*time.Second+patience(h))
+		defer cancelEnqueue()
 		for i := range jobs {
-			if err := h.Producer.Enqueue(ctx, fmt.Sprintf("req-%d", i), fmt.Appendf(nil, "job-%03d", i)); err != nil {
+			if err := h.Producer.Enqueue(enqueueCtx, fmt.Sprintf("req-%d", i), fmt.Appendf(nil, "job-%03d", i)); err != nil {
 				fail("Enqueue %d: %v", i, err)
 				return
 			}

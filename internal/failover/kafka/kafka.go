@@ -1,0 +1,537 @@
+// Package kafka owns the Kafka failover queue (QUEUE_TYPE=kafka): jobs in
+// the topic streaming_requests_failover keyed by request id, read by the
+// consumer group streaming_failover_consumers, failed jobs in the topic
+// streaming_requests_failover.dead_letter. It gives workers the contract
+// of the Redis Streams queue (failover.Producer, Depther and Consumer),
+// which Kafka alone does not:
+//
+//   - Offsets. A partition has one committed offset, but its jobs finish
+//     out of order. Each Consumer tracks the offsets it fetched and
+//     commits a partition only up to its lowest unfinished job, so an
+//     acknowledged offset never hides an unfinished one. Uncommitted jobs
+//     are fetched again by whoever owns the partition after a group
+//     rebalance (a member joined, left or died).
+//   - Attempts and takeover. Kafka counts no deliveries and cannot tell a
+//     re-fetched job still running on a live member from one whose worker
+//     died. Config.Claims (RedisClaims in production) keeps a claim per job
+//     with a TTL that Touch extends: a re-fetched job whose claim is live
+//     waits, a finished one is skipped, and one whose claim expired is
+//     taken over with its attempt count grown, so the worker sends reset.
+//     Without Claims every delivery has Attempt 1 and a rebalance may hand
+//     out a running or finished job again.
+//
+// Only the member owning a job's partition can take the job over, so a
+// member that stays in the group but stops touching a job on a partition
+// it still owns keeps that job, unlike with Redis Streams; a crashed
+// member's partitions move once its session times out (a clean Close
+// leaves at once).
+//
+// A Consumer drives kafka-go's ConsumerGroup and one partition reader per
+// assigned partition, not a kafka.Reader with a GroupID: that Reader hides
+// which partitions it owns and sends each commit through whatever
+// generation is current, so a former owner's late commit could move a
+// partition's offset backwards. Here each commit carries the generation
+// that owned the partition, and the broker refuses it once that ended.
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+)
+
+// Defaults applied to zero Config fields. Names match DESIGN.md.
+const (
+	DefaultTopic             = "streaming_requests_failover"
+	DefaultGroup             = "streaming_failover_consumers"
+	DeadLetterSuffix         = ".dead_letter"
+	DefaultPartitions        = 4
+	DefaultReplicationFactor = 1
+	DefaultRequiredAcks      = -1
+	DefaultBatchTimeout      = 5 * time.Millisecond
+	DefaultWriteTimeout      = 5 * time.Second
+	DefaultSessionTimeout    = 6 * time.Second
+	DefaultRebalanceTimeout  = 5 * time.Second
+	DefaultHeartbeatInterval = time.Second
+	DefaultClaimTTL          = 15 * time.Second
+	DefaultTimeout           = 5 * time.Second
+)
+
+// Config configures a Queue. Zero fields take the stated defaults.
+type Config struct {
+	// Brokers are bootstrap "host:port" addresses (KAFKA_BROKERS).
+	// Required.
+	Brokers []string
+	// Topic holds the jobs. Default "streaming_requests_failover".
+	Topic string
+	// Group is the consumer group. Default "streaming_failover_consumers".
+	Group string
+	// DeadLetterTopic receives dead-lettered jobs. Default Topic +
+	// ".dead_letter".
+	DeadLetterTopic string
+	// Partitions is the partition count EnsureTopics creates both topics
+	// with (KAFKA_PARTITIONS); it bounds how many consumer processes share
+	// the work. Existing topics are left as they are. Default 4.
+	Partitions int
+	// ReplicationFactor is what EnsureTopics creates both topics with
+	// (KAFKA_REPLICATION_FACTOR). Default 1.
+	ReplicationFactor int
+	// RequiredAcks is -1 (all in-sync replicas, the default) or 1 (the
+	// leader only). Enqueue returns once that many acknowledged; 0 (no
+	// acknowledgement) is not offered because it is not durable.
+	RequiredAcks int
+	// BatchTimeout is how long the producer waits to fill a batch; it adds
+	// to every Enqueue's latency (kafka-go's own default is 1s). Default 5ms.
+	BatchTimeout time.Duration
+	// WriteTimeout bounds one Enqueue, whatever its ctx: an unreachable or
+	// hung broker yields ErrQueueUnavailable within it. Default 5s.
+	WriteTimeout time.Duration
+	// SessionTimeout is how long the group coordinator waits for a silent
+	// member (a crashed process) before moving its partitions. The broker
+	// bounds it (group.min.session.timeout.ms, 6s by default). Default 6s.
+	SessionTimeout time.Duration
+	// RebalanceTimeout is how long the coordinator waits for members to
+	// rejoin during a rebalance. Default 5s.
+	RebalanceTimeout time.Duration
+	// HeartbeatInterval is how often a member heartbeats, and so how soon
+	// it notices a rebalance. Below SessionTimeout. Default 1s.
+	HeartbeatInterval time.Duration
+	// ClaimTTL is how long a job's claim lives without Touch before another
+	// member may take the job over once its partition moved
+	// (QUEUE_RECLAIM_IDLE_SECONDS). Used only with Claims. Default 15s.
+	ClaimTTL time.Duration
+	// Claims keeps per-job claims and attempt counts (see the package
+	// doc). Optional: nil means Attempt is always 1, Touch only checks the
+	// delivery is outstanding, and a rebalance may deliver a job twice.
+	// Production wires RedisClaims. The Queue does not close it.
+	Claims Claims
+	// Timeout bounds each metadata, offset, commit and topic-admin request
+	// and each dial. Default 5s.
+	Timeout time.Duration
+}
+
+// Validate reports whether cfg is usable. It does not change cfg.
+func (cfg Config) Validate() error {
+	c := cfg.withDefaults()
+	var errs []error
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("Brokers is required"))
+	}
+	for _, b := range c.Brokers {
+		if b == "" {
+			errs = append(errs, errors.New("Brokers has an empty address"))
+			break
+		}
+	}
+	for _, n := range []struct{ field, name string }{
+		{"Topic", c.Topic}, {"Group", c.Group}, {"DeadLetterTopic", c.DeadLetterTopic},
+	} {
+		if err := validName(n.name); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %w", n.field, n.name, err))
+		}
+	}
+	if c.DeadLetterTopic == c.Topic {
+		errs = append(errs, fmt.Errorf("DeadLetterTopic equals Topic %q", c.Topic))
+	}
+	if c.Partitions < 1 {
+		errs = append(errs, fmt.Errorf("Partitions %d < 1", cfg.Partitions))
+	}
+	if c.ReplicationFactor < 1 {
+		errs = append(errs, fmt.Errorf("ReplicationFactor %d < 1", cfg.ReplicationFactor))
+	}
+	if c.RequiredAcks != -1 && c.RequiredAcks != 1 {
+		errs = append(errs, fmt.Errorf("RequiredAcks %d is neither -1 (all) nor 1 (leader)", cfg.RequiredAcks))
+	}
+	for _, d := range []struct {
+		field      string
+		set, value time.Duration
+		least      time.Duration
+	}{
+		{"BatchTimeout", cfg.BatchTimeout, c.BatchTimeout, time.Microsecond},
+		{"WriteTimeout", cfg.WriteTimeout, c.WriteTimeout, time.Millisecond},
+		{"SessionTimeout", cfg.SessionTimeout, c.SessionTimeout, time.Millisecond},
+		{"RebalanceTimeout", cfg.RebalanceTimeout, c.RebalanceTimeout, time.Millisecond},
+		{"HeartbeatInterval", cfg.HeartbeatInterval, c.HeartbeatInterval, time.Millisecond},
+		{"ClaimTTL", cfg.ClaimTTL, c.ClaimTTL, time.Millisecond},
+		{"Timeout", cfg.Timeout, c.Timeout, time.Millisecond},
+	} {
+		if d.set < 0 || d.value < d.least {
+			errs = append(errs, fmt.Errorf("%s %s is below %s (0 means the default)", d.field, d.set, d.least))
+		}
+	}
+	if c.HeartbeatInterval >= c.SessionTimeout {
+		errs = append(errs, fmt.Errorf("HeartbeatInterval %s is not below SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("kafka: config: %w", err)
+	}
+	return nil
+}
+
+// validName checks a topic or group name against Kafka's rules.
+func validName(s string) error {
+	if s == "" || s == "." || s == ".." {
+		return errors.New("empty, . or ..")
+	}
+	if len(s) > 249 {
+		return errors.New("longer than 249 characters")
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return fmt.Errorf("character %q outside [a-zA-Z0-9._-]", r)
+		}
+	}
+	return nil
+}
+
+func (cfg Config) withDefaults() Config {
+	cfg.Brokers = slices.Clone(cfg.Brokers)
+	if cfg.Topic == "" {
+		cfg.Topic = DefaultTopic
+	}
+	if cfg.Group == "" {
+		cfg.Group = DefaultGroup
+	}
+	if cfg.DeadLetterTopic == "" {
+		cfg.DeadLetterTopic = cfg.Topic + DeadLetterSuffix
+	}
+	if cfg.Partitions == 0 {
+		cfg.Partitions = DefaultPartitions
+	}
+	if cfg.ReplicationFactor == 0 {
+		cfg.ReplicationFactor = DefaultReplicationFactor
+	}
+	if cfg.RequiredAcks == 0 {
+		cfg.RequiredAcks = DefaultRequiredAcks
+	}
+	if cfg.BatchTimeout == 0 {
+		cfg.BatchTimeout = DefaultBatchTimeout
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.SessionTimeout == 0 {
+		cfg.SessionTimeout = DefaultSessionTimeout
+	}
+	if cfg.RebalanceTimeout == 0 {
+		cfg.RebalanceTimeout = DefaultRebalanceTimeout
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if cfg.ClaimTTL == 0 {
+		cfg.ClaimTTL = DefaultClaimTTL
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	return cfg
+}
+
+// ErrClosed is returned by calls on a closed Queue or Consumer.
+var ErrClosed = errors.New("kafka: closed")
+
+// Queue is the Kafka failover queue as seen by one process: the producer
+// side, depth, dead-letter reads, and a factory for consumer-group members.
+// Safe for concurrent use. It owns the producer, the connections and the
+// Consumers it creates and closes them all in Close; it never closes
+// Config.Claims.
+type Queue struct {
+	cfg       Config
+	log       *slog.Logger
+	transport *kafkago.Transport
+	client    *kafkago.Client
+	writer    *kafkago.Writer
+
+	mu        sync.Mutex
+	closed    bool
+	consumers map[*Consumer]struct{}
+}
+
+var (
+	_ failover.Producer = (*Queue)(nil)
+	_ failover.Depther  = (*Queue)(nil)
+)
+
+// New returns a Queue. It does no network I/O: connections are opened on
+// first use, and a process can start while Kafka is still coming up. Call
+// EnsureTopics before the first Enqueue or Consumer.
+func New(cfg Config, log *slog.Logger) (*Queue, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		return nil, errors.New("kafka: nil logger")
+	}
+	cfg = cfg.withDefaults()
+	transport := &kafkago.Transport{
+		DialTimeout: cfg.Timeout,
+		ClientID:    "spillway",
+	}
+	addr := kafkago.TCP(cfg.Brokers...)
+	q := &Queue{
+		cfg:       cfg,
+		log:       log,
+		transport: transport,
+		client:    &kafkago.Client{Addr: addr, Timeout: cfg.Timeout, Transport: transport},
+		consumers: make(map[*Consumer]struct{}),
+	}
+	q.writer = &kafkago.Writer{
+		Addr: addr,
+		// The topic is set per message: jobs and dead letters share the
+		// writer. Keying by request id spreads jobs over partitions.
+		Balancer:     &kafkago.Hash{},
+		RequiredAcks: kafkago.RequiredAcks(cfg.RequiredAcks),
+		BatchTimeout: cfg.BatchTimeout,
+		ReadTimeout:  cfg.WriteTimeout,
+		WriteTimeout: cfg.WriteTimeout,
+		// A few quick retries ride out a leader change; the ctx of each
+		// call bounds them all.
+		MaxAttempts:     3,
+		WriteBackoffMin: 10 * time.Millisecond,
+		WriteBackoffMax: 200 * time.Millisecond,
+		// Topics are created by EnsureTopics with the configured partition
+		// count, never by a produce with the broker's defaults.
+		AllowAutoTopicCreation: false,
+		Transport:              transport,
+		ErrorLogger:            kafkaLogger(log, slog.LevelDebug),
+	}
+	return q, nil
+}
+
+// kafkaLogger adapts kafka-go's printf logging to log at level. kafka-go
+// logs routine rebalance churn as errors, so it goes to debug: this package
+// logs what matters itself.
+func kafkaLogger(log *slog.Logger, level slog.Level) kafkago.Logger {
+	return kafkago.LoggerFunc(func(format string, args ...any) {
+		if log.Enabled(context.Background(), level) {
+			log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(format, args...))
+		}
+	})
+}
+
+// Config returns the configuration with defaults applied.
+func (q *Queue) Config() Config { return q.cfg }
+
+// Close closes every Consumer the Queue created (each leaves the group,
+// its unfinished jobs left for takeover), then flushes and closes the
+// producer and drops idle connections. Later calls return ErrClosed.
+// Shutdown order for a worker: stop calling Fetch, let running jobs
+// settle, then Close.
+func (q *Queue) Close() error {
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return nil
+	}
+	q.closed = true
+	consumers := make([]*Consumer, 0, len(q.consumers))
+	for c := range q.consumers {
+		consumers = append(consumers, c)
+	}
+	q.mu.Unlock()
+	var errs []error
+	for _, c := range consumers {
+		errs = append(errs, c.Close())
+	}
+	errs = append(errs, q.writer.Close())
+	q.transport.CloseIdleConnections()
+	return errors.Join(errs...)
+}
+
+func (q *Queue) isClosed() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.closed
+}
+
+// EnsureTopics creates the job topic and the dead-letter topic with
+// Config.Partitions and Config.ReplicationFactor unless they exist; topics
+// that exist are left as they are (a smaller partition count than
+// configured is logged). Safe to call from every process at start.
+func (q *Queue) EnsureTopics(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
+	defer cancel()
+	topics := []string{q.cfg.Topic, q.cfg.DeadLetterTopic}
+	req := &kafkago.CreateTopicsRequest{}
+	for _, t := range topics {
+		req.Topics = append(req.Topics, kafkago.TopicConfig{
+			Topic:             t,
+			NumPartitions:     q.cfg.Partitions,
+			ReplicationFactor: q.cfg.ReplicationFactor,
+		})
+	}
+	res, err := q.client.CreateTopics(ctx, req)
+	if err != nil {
+		return fmt.Errorf("kafka: create topics %v: %w", topics, err)
+	}
+	var errs []error
+	for _, t := range topics {
+		if err := res.Errors[t]; err != nil && !errors.Is(err, kafkago.TopicAlreadyExists) {
+			errs = append(errs, fmt.Errorf("kafka: create topic %s: %w", t, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	parts, err := q.partitions(ctx, q.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	if len(parts) < q.cfg.Partitions {
+		q.log.Warn("kafka topic has fewer partitions than configured; add partitions to scale out consumers",
+			"topic", q.cfg.Topic, "partitions", len(parts), "configured", q.cfg.Partitions)
+	}
+	return nil
+}
+
+// Ping reports whether the job topic's partition leaders answer, for
+// readiness checks. It lists their offsets: kafka-go answers metadata
+// from a cache, which would not notice a broker that went away. Bounded
+// by Config.Timeout.
+func (q *Queue) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
+	defer cancel()
+	parts, err := q.partitions(ctx, q.cfg.Topic)
+	if err != nil {
+		return err
+	}
+	_, err = q.bounds(ctx, q.cfg.Topic, parts)
+	return err
+}
+
+// Enqueue produces the job to Config.Topic keyed by requestID and returns
+// once the broker acknowledged it with Config.RequiredAcks. The call is
+// bounded by ctx and by Config.WriteTimeout; any failure wraps
+// failover.ErrQueueUnavailable (and ctx's error when ctx ended). A job
+// whose wait was cut short may still be written by the batch it joined.
+func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) error {
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.WriteTimeout)
+	defer cancel()
+	err := ctx.Err()
+	if err == nil {
+		err = q.writer.WriteMessages(ctx, kafkago.Message{
+			Topic: q.cfg.Topic,
+			Key:   []byte(requestID),
+			Value: body,
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("kafka: produce %s: %w: %w", q.cfg.Topic, failover.ErrQueueUnavailable, err)
+	}
+	return nil
+}
+
+// Depth returns the backlog: the group's lag summed over the partitions of
+// Config.Topic, each the high watermark less the committed offset (the
+// log start where nothing is committed). Consumers commit only up to a
+// partition's lowest unfinished job, so a job delivered but not settled
+// still counts, as in the Redis queue; a finished job behind an unfinished
+// one of its partition counts too until that one settles.
+func (q *Queue) Depth(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
+	defer cancel()
+	parts, err := q.partitions(ctx, q.cfg.Topic)
+	if err != nil {
+		return 0, err
+	}
+	bounds, err := q.bounds(ctx, q.cfg.Topic, parts)
+	if err != nil {
+		return 0, err
+	}
+	res, err := q.client.OffsetFetch(ctx, &kafkago.OffsetFetchRequest{
+		GroupID: q.cfg.Group,
+		Topics:  map[string][]int{q.cfg.Topic: parts},
+	})
+	if err == nil {
+		err = res.Error
+	}
+	committed := make(map[int]int64, len(parts))
+	switch {
+	case errors.Is(err, kafkago.GroupIdNotFound):
+		// No member ever joined: nothing is committed, all is backlog.
+		return q.lag(parts, bounds, committed), nil
+	case err != nil:
+		return 0, fmt.Errorf("kafka: fetch offsets of group %s: %w", q.cfg.Group, err)
+	}
+	for _, p := range res.Topics[q.cfg.Topic] {
+		if p.Error != nil {
+			return 0, fmt.Errorf("kafka: fetch offsets of group %s partition %d: %w", q.cfg.Group, p.Partition, p.Error)
+		}
+		committed[p.Partition] = p.CommittedOffset
+	}
+	return q.lag(parts, bounds, committed), nil
+}
+
+// lag sums, over parts, the high watermark less the committed offset.
+func (q *Queue) lag(parts []int, bounds map[int]offsetBounds, committed map[int]int64) int64 {
+	var lag int64
+	for _, p := range parts {
+		b := bounds[p]
+		from, ok := committed[p]
+		if !ok || from < b.first {
+			from = b.first // nothing committed (-1), or committed below what retention kept
+		}
+		lag += max(0, b.last-from)
+	}
+	return lag
+}
+
+// partitions lists the partition ids of topic.
+func (q *Queue) partitions(ctx context.Context, topic string) ([]int, error) {
+	md, err := q.client.Metadata(ctx, &kafkago.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("kafka: metadata %s: %w", topic, err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.Error != nil {
+			return nil, fmt.Errorf("kafka: metadata %s: %w", topic, t.Error)
+		}
+		parts := make([]int, 0, len(t.Partitions))
+		for _, p := range t.Partitions {
+			parts = append(parts, p.ID)
+		}
+		slices.Sort(parts)
+		return parts, nil
+	}
+	return nil, fmt.Errorf("kafka: metadata %s: %w", topic, kafkago.UnknownTopicOrPartition)
+}
+
+// offsetBounds are a partition's log start offset and high watermark.
+type offsetBounds struct{ first, last int64 }
+
+// bounds returns the log start offset and high watermark of each partition.
+func (q *Queue) bounds(ctx context.Context, topic string, parts []int) (map[int]offsetBounds, error) {
+	reqs := make([]kafkago.OffsetRequest, 0, 2*len(parts))
+	for _, p := range parts {
+		reqs = append(reqs, kafkago.FirstOffsetOf(p), kafkago.LastOffsetOf(p))
+	}
+	res, err := q.client.ListOffsets(ctx, &kafkago.ListOffsetsRequest{Topics: map[string][]kafkago.OffsetRequest{topic: reqs}})
+	if err != nil {
+		return nil, fmt.Errorf("kafka: list offsets %s: %w", topic, err)
+	}
+	out := make(map[int]offsetBounds, len(parts))
+	for _, po := range res.Topics[topic] {
+		if po.Error != nil {
+			return nil, fmt.Errorf("kafka: list offsets %s partition %d: %w", topic, po.Partition, po.Error)
+		}
+		out[po.Partition] = offsetBounds{first: po.FirstOffset, last: po.LastOffset}
+	}
+	for _, p := range parts {
+		if _, ok := out[p]; !ok {
+			return nil, fmt.Errorf("kafka: list offsets %s: no answer for partition %d", topic, p)
+		}
+	}
+	return out, nil
+}
