@@ -90,8 +90,6 @@ func NewGateway(cfg GatewayConfig, producer Producer, sub *pubsub.Subscriber, rd
 func (g *Gateway) SetAdmission(admit func() *protocol.Problem) { g.admit = admit }
 
 var (
-	problemQueueUnavailable = protocol.NewProblem(protocol.ProblemQueueUnavailable, "Queue Unavailable",
-		http.StatusServiceUnavailable, "The request could not be queued; retry shortly.")
 	problemQueueTimeout = protocol.NewProblem(protocol.ProblemQueueTimeout, "Queue Timeout",
 		http.StatusServiceUnavailable, "No worker started the request in time; retry shortly.")
 	problemWorkerLost = protocol.NewProblem(protocol.ProblemWorkerLost, "Worker Lost",
@@ -126,14 +124,14 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (stream.Relay, er
 	if err != nil {
 		g.m.QueueRejections.WithLabelValues("subscribe_failed").Inc()
 		g.log.Error("subscribe to result channel failed", "request_id", job.RequestID, "err", err)
-		return nil, problemQueueUnavailable.WithRetryAfter(g.retryAfter())
+		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	// Subscribed and confirmed: nothing a worker publishes can be missed.
 	if err := g.producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
 		g.m.QueueRejections.WithLabelValues("enqueue_failed").Inc()
 		g.log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
-		return nil, problemQueueUnavailable.WithRetryAfter(g.retryAfter())
+		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	r := &relay{g: g, job: job, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
 		done: make(chan struct{}), stop: make(chan struct{})}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -326,12 +325,12 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d Delivery, pub *
 		if b.discard() > 0 {
 			// Chunks reached the client: a retry would repeat them.
 			log.Warn("provider failed mid-answer", "err", err)
-			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: problemProviderFailed.WithRetryAfter(2)})
+			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(2)})
 			return metrics.JobError, ""
 		}
 		if !llm.IsRetryable(err) || attempt >= w.cfg.MaxRetries {
 			log.Error("provider failed; dead-lettering", "retries", attempt, "err", err)
-			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: problemProviderFailed.WithRetryAfter(2)})
+			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(2)})
 			return metrics.JobDeadLetter, fmt.Sprintf("provider failed after %d retries: %v", attempt, err)
 		}
 		delay := min(bo.NextBackOff(), w.cfg.MaxDelay) // jitter may exceed MaxInterval
@@ -348,9 +347,6 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d Delivery, pub *
 		}
 	}
 }
-
-var problemProviderFailed = protocol.NewProblem(protocol.ProblemProviderError, "Provider Error",
-	http.StatusBadGateway, "The model provider failed while answering; retry the request.")
 
 // heartbeat publishes SIGNAL:HEARTBEAT and refreshes the queue claim every
 // heartbeat until ctx ends.

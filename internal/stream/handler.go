@@ -344,10 +344,10 @@ func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.Ch
 			if ctx.Err() == nil {
 				h.log.Warn("provider failed", "request_id", requestID, "path", metrics.PathDirect, "chunks", seq, "err", err)
 			}
-			p := problemProvider
+			p := protocol.ProviderFailed(0)
 			var le *llm.Error
 			if errors.As(err, &le) && le.Retryable {
-				p = p.WithRetryAfter(max(1, int(le.RetryAfter/time.Second)))
+				p.RetryAfterSeconds = max(1, int(le.RetryAfter/time.Second))
 			}
 			_ = send(protocol.Result{Kind: protocol.KindError, Problem: p})
 			return
@@ -375,7 +375,7 @@ func (h *Handler) queued(w http.ResponseWriter, r *http.Request, req protocol.Ch
 		var p *protocol.Problem
 		if !errors.As(err, &p) {
 			h.log.Error("queue refused job", "request_id", requestID, "err", err)
-			p = problemQueueUnavailable.WithRetryAfter(h.retryAfter())
+			p = protocol.QueueUnavailable(h.retryAfter())
 		}
 		h.refuse(w, p, instance, metrics.PathQueued)
 		return

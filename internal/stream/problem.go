@@ -12,12 +12,8 @@ import (
 var (
 	problemPoolFull = protocol.NewProblem(protocol.ProblemPoolExhausted, "Capacity Exhausted",
 		http.StatusServiceUnavailable, "No streaming slot is free for this request; retry shortly.")
-	problemProvider = protocol.NewProblem(protocol.ProblemProviderError, "Provider Error",
-		http.StatusBadGateway, "The model provider failed while answering; retry the request.")
 	problemShuttingDown = protocol.NewProblem(protocol.ProblemShuttingDown, "Shutting Down",
 		http.StatusServiceUnavailable, "The server is restarting; retry the request.")
-	problemQueueUnavailable = protocol.NewProblem(protocol.ProblemQueueUnavailable, "Queue Unavailable",
-		http.StatusServiceUnavailable, "The request could not be queued; retry shortly.")
 	problemInternal = protocol.NewProblem(protocol.ProblemInternal, "Internal Error",
 		http.StatusInternalServerError, "The stream failed unexpectedly; retry the request.")
 )
