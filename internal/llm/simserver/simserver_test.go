@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 const seed = 5
@@ -349,15 +350,5 @@ func TestCancelled(t *testing.T) {
 // waitFor checks cond on a short ticker until it holds or timeout passes.
 func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool) {
 	tb.Helper()
-	deadline := time.NewTimer(timeout)
-	defer deadline.Stop()
-	tick := time.NewTicker(time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-deadline.C:
-			tb.Fatalf("timed out after %v waiting until %s", timeout, what)
-		case <-tick.C:
-		}
-	}
+	testutil.Eventually(tb, timeout, cond, what)
 }
