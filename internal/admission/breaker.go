@@ -90,9 +90,6 @@ func (c BreakerConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-var problemCircuitOpen = protocol.NewProblem(protocol.ProblemProviderUnavailable, "Provider Unavailable",
-	http.StatusServiceUnavailable, "The model provider is failing; requests are refused until it recovers. Retry after the advised delay.")
-
 // Breaker is a circuit breaker around one provider
 // (github.com/sony/gobreaker). It implements llm.Provider: Stream runs the
 // call through the circuit. Only provider failures count against the
@@ -189,7 +186,7 @@ func (b *Breaker) Check() *protocol.Problem {
 		left = time.Second
 	}
 	b.refused.Inc()
-	return problemCircuitOpen.WithRetryAfter(RetryAfterSeconds(left))
+	return protocol.ProviderUnavailable(RetryAfterSeconds(left))
 }
 
 // uncounted carries an error the circuit must count neither as success

@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
@@ -306,7 +307,8 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d Delivery, pub *
 		InitialInterval: w.cfg.BaseDelay, RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: w.cfg.MaxDelay,
 	}
 	bo.Reset()
-	for attempt := 0; ; attempt++ {
+	var circuitWait time.Duration // waited on an open circuit, bounded by QueueTimeout
+	for attempt := 0; ; {
 		b := newBatcher(pub, w.cfg.BatchSize, w.cfg.BatchTimeout)
 		res, err := w.provider.Stream(ctx, job.Payload, func(content string) error { return b.add(ctx, content) })
 		if err == nil {
@@ -328,18 +330,38 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d Delivery, pub *
 			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(2)})
 			return metrics.JobError, ""
 		}
+		var le *llm.Error
+		if errors.Is(err, admission.ErrCircuitOpen) && errors.As(err, &le) {
+			// The provider is known to be down: wait for the circuit to
+			// half-open instead of burning retries, as long as a client
+			// would wait for a queued job to start.
+			wait := max(le.RetryAfter, w.cfg.BaseDelay)
+			if circuitWait+wait > w.cfg.QueueTimeout {
+				log.Warn("provider circuit stayed open; giving up", "waited", circuitWait.String())
+				pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderUnavailable(int(w.cfg.QueueTimeout / time.Second))})
+				return metrics.JobError, ""
+			}
+			circuitWait += wait
+			log.Info("provider circuit open; waiting", "wait", wait.String())
+			select {
+			case <-time.After(wait):
+				continue
+			case <-ctx.Done():
+				return metrics.JobCancelled, ""
+			}
+		}
 		if !llm.IsRetryable(err) || attempt >= w.cfg.MaxRetries {
 			log.Error("provider failed; dead-lettering", "retries", attempt, "err", err)
 			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(2)})
 			return metrics.JobDeadLetter, fmt.Sprintf("provider failed after %d retries: %v", attempt, err)
 		}
+		attempt++
 		delay := min(bo.NextBackOff(), w.cfg.MaxDelay) // jitter may exceed MaxInterval
-		var le *llm.Error
 		if errors.As(err, &le) && le.RetryAfter > delay {
 			delay = min(le.RetryAfter, w.cfg.MaxDelay)
 		}
 		w.m.WorkerRetries.Inc()
-		log.Info("provider failed; retrying", "retry", attempt+1, "delay", delay.String(), "err", err)
+		log.Info("provider failed; retrying", "retry", attempt, "delay", delay.String(), "err", err)
 		select {
 		case <-time.After(delay):
 		case <-ctx.Done():

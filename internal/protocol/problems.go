@@ -16,3 +16,10 @@ func ProviderFailed(retryAfterSeconds int) *Problem {
 	return NewProblem(ProblemProviderError, "Provider Error", http.StatusBadGateway,
 		"The model provider failed while answering; retry the request.").WithRetryAfter(retryAfterSeconds)
 }
+
+// ProviderUnavailable refuses or ends a request while the provider's
+// circuit is open.
+func ProviderUnavailable(retryAfterSeconds int) *Problem {
+	return NewProblem(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable,
+		"The model provider is failing; requests are refused until it recovers. Retry after the advised delay.").WithRetryAfter(retryAfterSeconds)
+}
