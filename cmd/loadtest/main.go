@@ -1,8 +1,11 @@
 // Command loadtest floods a Spillway /v1/stream endpoint with concurrent
 // streaming requests, checks every SSE stream against the contract, and
-// prints what became of each request. It exits 1 when any stream was lost
-// and 2 on a usage error. It is meant for loopback targets; -allow-remote
-// lifts that guard.
+// prints what became of each request. With -mode openai it loads an
+// OpenAI-compatible upstream (simllm's /v1/chat/completions) instead and
+// checks its streams the same way, so that the upstream alone and the api
+// in front of it can be compared with one tool. It exits 1 when any stream
+// was lost and 2 on a usage error. It is meant for loopback targets;
+// -allow-remote lifts that guard.
 package main
 
 import (
@@ -89,6 +92,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.MaxTokens, "max-tokens", 0, "max_tokens to send (0: none)")
 	fs.IntVar(&c.UserIDs, "users", 0, "spread requests over this many X-User-ID values (0: none)")
 	fs.DurationVar(&c.Timeout, "timeout", 2*time.Minute, "longest time for one stream")
+	fs.StringVar(&c.Mode, "mode", loadtest.ModeSpillway, "API to load: spillway (/v1/stream) or openai (an OpenAI-compatible /v1/chat/completions, path \"upstream\")")
+	fs.StringVar(&c.Model, "model", loadtest.DefaultModel, "model to name in -mode openai")
+	fs.DurationVar(&c.RampUp, "ramp", 0, "spread the clients' first requests evenly over this long")
 	fs.Func("H", "extra request header `Name: value` (repeatable)", func(v string) error {
 		name, value, ok := strings.Cut(v, ":")
 		if !ok || strings.TrimSpace(name) == "" {

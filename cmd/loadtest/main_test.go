@@ -35,6 +35,9 @@ func TestParseFlags(t *testing.T) {
 		{"unbounded", []string{"-n", "0"}, 2},
 		{"extra argument", []string{"now"}, 2},
 		{"bad header", []string{"-H", "NoColon"}, 2},
+		{"openai mode", []string{"-mode", "openai", "-url", "http://127.0.0.1:8081/v1/chat/completions"}, 0},
+		{"unknown mode", []string{"-mode", "grpc"}, 2},
+		{"negative ramp", []string{"-ramp", "-1s"}, 2},
 		{"help", []string{"-h"}, 0},
 	}
 	for _, tt := range tests {
@@ -53,7 +56,7 @@ func TestParseFlagsValues(t *testing.T) {
 	o, err := parseFlags([]string{"-c", "3", "-n", "7", "-d", "2s", "-think", "5ms", "-disconnect", "0.2",
 		"-slow", "0.1", "-slow-delay", "3ms", "-prompts", "4", "-seed", "9", "-tokens", "12", "-verify=false",
 		"-max-tokens", "5", "-users", "6", "-timeout", "9s", "-H", "Authorization: Bearer k", "-json",
-		"-cpuprofile", "cpu.out"}, io.Discard)
+		"-cpuprofile", "cpu.out", "-mode", "openai", "-model", "m-1", "-ramp", "3s"}, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +65,7 @@ func TestParseFlagsValues(t *testing.T) {
 		c.DisconnectShare != 0.2 || c.SlowReaderShare != 0.1 || c.SlowReadDelay != 3*time.Millisecond ||
 		c.DistinctPrompts != 4 || c.Seed != 9 || c.Tokens != 12 || c.Verify || c.MaxTokens != 5 ||
 		c.UserIDs != 6 || c.Timeout != 9*time.Second || c.Headers["Authorization"] != "Bearer k" ||
-		!o.json || o.cpuprofile != "cpu.out" {
+		!o.json || o.cpuprofile != "cpu.out" || c.Mode != "openai" || c.Model != "m-1" || c.RampUp != 3*time.Second {
 		t.Errorf("parsed %+v", o)
 	}
 }

@@ -1,6 +1,7 @@
 // Package loadtest owns the load generator behind cmd/loadtest: an SSE
 // stream checker that decides whether one stream arrived whole, and a runner
-// that floods /v1/stream and accounts for every request it sent.
+// that floods /v1/stream (or an OpenAI-compatible upstream, to compare with)
+// and accounts for every request it sent.
 package loadtest
 
 import (
@@ -65,6 +66,15 @@ type Report struct {
 	Chunks int
 	// Pings counts `: ping` comments.
 	Pings int
+	// PingIntervals holds, for each `: ping`, the time since the previous
+	// ping or dispatched event on the stream, or since reading began for
+	// the first one: with the server's heartbeat timer reset after each
+	// write, each should be close to the heartbeat interval.
+	PingIntervals []time.Duration
+	// MaxGap is the longest silence on the stream: the most time between
+	// the start of reading, each ping and each dispatched event, up to
+	// the terminal event. 0 when nothing arrived.
+	MaxGap time.Duration
 	// Resets counts reset events.
 	Resets int
 	// Content is the concatenated content since the last reset.
@@ -87,6 +97,20 @@ type Report struct {
 	Err error
 }
 
+// Format names the wire format a StreamCheck expects.
+type Format int
+
+const (
+	// FormatSpillway is Spillway's /v1/stream: chunk events with ids,
+	// reset, done and error events.
+	FormatSpillway Format = iota
+	// FormatOpenAI is an OpenAI-compatible chat completion stream:
+	// `data: {"choices":[{"delta":{"content":…}}]}` events without ids,
+	// ended by `data: [DONE]`; an event carrying an "error" object ends
+	// the stream as an error.
+	FormatOpenAI
+)
+
 // StreamCheck parses one SSE stream as the WHATWG EventSource algorithm
 // does (fields id, event and data; data lines joined with "\n"; comments;
 // dispatch on a blank line; LF, CRLF or CR line ends; an event cut off by
@@ -105,6 +129,11 @@ type StreamCheck struct {
 	// StopAfter, when positive, makes Check return with Stopped set once
 	// that many chunk events have arrived and no terminal event yet.
 	StopAfter int
+	// Format is the wire format; the zero value is FormatSpillway. With
+	// FormatOpenAI a chunk is an event with non-empty delta content, the
+	// `[DONE]` event is the done terminal (Done.Path "upstream"), and
+	// there are no ids to check.
+	Format Format
 }
 
 // CheckStream checks the stream r against want (nil: any content) and
@@ -120,7 +149,7 @@ func (c StreamCheck) Check(r io.Reader) Report {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	p := parser{check: c, start: start, next: 1}
+	p := parser{check: c, start: start, next: 1, last: time.Now()}
 	var partial bool // the last token had no line end
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
@@ -205,6 +234,19 @@ type parser struct {
 	id      string
 	hasID   bool
 	pending bool // a field line was read since the last dispatch
+
+	last   time.Time // when the last ping or event arrived, or reading began
+	finish string    // FormatOpenAI: the last finish_reason seen
+}
+
+// heard notes that a ping or an event arrived now and returns the silence
+// before it.
+func (p *parser) heard() time.Duration {
+	now := time.Now()
+	gap := now.Sub(p.last)
+	p.last = now
+	p.rep.MaxGap = max(p.rep.MaxGap, gap)
+	return gap
 }
 
 // lose marks the stream lost; the first reason wins.
@@ -229,6 +271,7 @@ func (p *parser) line(line []byte) bool {
 		}
 		if strings.TrimSpace(string(line[1:])) == "ping" {
 			p.rep.Pings++
+			p.rep.PingIntervals = append(p.rep.PingIntervals, p.heard())
 		}
 		return false
 	}
@@ -273,6 +316,10 @@ func (p *parser) dispatch() bool {
 	}
 	if !hasData {
 		return false // EventSource dispatches nothing without data
+	}
+	p.heard()
+	if p.check.Format == FormatOpenAI {
+		return p.openAI(event, data)
 	}
 	switch event {
 	case "", "message":
@@ -320,6 +367,87 @@ func (p *parser) dispatch() bool {
 	}
 	p.lose(ReasonMalformed, "unknown event %q", truncate(event, 64))
 	return true
+}
+
+// openAIChunk is the part of an OpenAI chat.completion.chunk the checker
+// reads; other fields are ignored.
+type openAIChunk struct {
+	Choices []struct {
+		Delta struct {
+			Content *string `json:"content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *protocol.Usage `json:"usage"`
+	Error *struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Code    any    `json:"code"`
+	} `json:"error"`
+}
+
+// openAIErrorType prefixes the problem type recorded for an error object
+// in an OpenAI stream.
+const openAIErrorType = "openai-error:"
+
+// openAI handles one event of an OpenAI-compatible stream and reports
+// whether checking is over.
+func (p *parser) openAI(event string, data []byte) bool {
+	if event != "" && event != "message" {
+		p.lose(ReasonMalformed, "unknown event %q", truncate(event, 64))
+		return true
+	}
+	if string(bytes.TrimSpace(data)) == "[DONE]" {
+		p.rep.Terminal = protocol.EventDone
+		p.rep.Done = &protocol.Done{FinishReason: p.finish, Path: PathUpstream}
+		p.rep.Total = time.Since(p.start)
+		if p.check.Want != nil {
+			if want := strings.Join(p.check.Want, ""); p.rep.Content != want {
+				p.lose(ReasonContent, "%s", describeDiff(p.rep.Content, want))
+				return true
+			}
+		}
+		return false
+	}
+	var c openAIChunk
+	if err := strictJSON(data, &c); err != nil {
+		p.lose(ReasonMalformed, "event %d data: %v", p.rep.Chunks+1, err)
+		return true
+	}
+	if c.Error != nil {
+		typ := c.Error.Type
+		if typ == "" {
+			typ = "unknown"
+		}
+		p.rep.Terminal = protocol.EventError
+		p.rep.Problem = &protocol.Problem{Type: openAIErrorType + truncate(typ, 64), Title: truncate(c.Error.Message, 128)}
+		p.rep.Total = time.Since(p.start)
+		return false
+	}
+	if len(c.Choices) == 0 {
+		if c.Usage == nil {
+			p.lose(ReasonMalformed, "event %d: neither choices nor usage", p.rep.Chunks+1)
+			return true
+		}
+		return false // the usage chunk of stream_options.include_usage
+	}
+	ch := c.Choices[0]
+	if ch.FinishReason != nil && *ch.FinishReason != "" {
+		p.finish = *ch.FinishReason
+	}
+	if ch.Delta.Content == nil || *ch.Delta.Content == "" {
+		return false // the role-only first delta or the finish delta
+	}
+	if p.rep.Chunks == 0 {
+		p.rep.FirstChunk = time.Since(p.start)
+	}
+	p.rep.Chunks++
+	p.rep.Content += *ch.Delta.Content
+	if p.check.StopAfter > 0 && p.rep.Chunks >= p.check.StopAfter {
+		p.rep.Stopped = true
+		return true
+	}
+	return false
 }
 
 func (p *parser) chunk(id string, hasID bool, data []byte) bool {

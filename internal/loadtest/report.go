@@ -79,6 +79,19 @@ func (r *Result) WriteTable(w io.Writer) error {
 			return fmt.Errorf("loadtest: write table: %w", err)
 		}
 	}
+	if r.Pings > 0 || r.MaxGap.Max > 0 {
+		fmt.Fprintln(w)
+		p("SILENCE\tp50\tp90\tp99\tmax\n")
+		for _, row := range []struct {
+			name string
+			v    Percentiles
+		}{{"ping interval", r.PingInterval}, {"max gap per stream", r.MaxGap}} {
+			p("%s\t%.1fms\t%.1fms\t%.1fms\t%.1fms\n", row.name, row.v.P50, row.v.P90, row.v.P99, row.v.Max)
+		}
+		if err := tw.Flush(); err != nil {
+			return fmt.Errorf("loadtest: write table: %w", err)
+		}
+	}
 	if len(r.LostSamples) > 0 {
 		fmt.Fprintln(w, "\nlost streams (first few):")
 		for _, s := range r.LostSamples {

@@ -72,7 +72,34 @@ type Config struct {
 	Timeout time.Duration
 	// Headers are added to every request; X-User-ID from UserIDs wins.
 	Headers map[string]string
+	// Mode is the API spoken: ModeSpillway (the default when empty) posts
+	// Spillway requests and checks the /v1/stream contract; ModeOpenAI
+	// posts OpenAI chat completion requests with "stream": true, to an
+	// upstream such as simllm, and checks the answer the same way. Its
+	// streams are counted under the path PathUpstream.
+	Mode string
+	// Model is sent as "model" in ModeOpenAI (default "sim-1").
+	Model string
+	// RampUp spreads the clients' first requests evenly over this long,
+	// so that many connections are not opened in one burst (default 0).
+	RampUp time.Duration
 }
+
+// The modes of Config.Mode.
+const (
+	ModeSpillway = "spillway"
+	ModeOpenAI   = "openai"
+)
+
+// PathUpstream labels the streams of a ModeOpenAI run, which have no
+// X-Stream-Path: they come from the upstream itself.
+const PathUpstream = "upstream"
+
+// DefaultModel is the model a ModeOpenAI run names when Config.Model is
+// empty.
+const DefaultModel = "sim-1"
+
+func (c Config) openAI() bool { return c.Mode == ModeOpenAI }
 
 // Validate reports the first inconsistency in c. It does not change c.
 func (c Config) Validate() error {
@@ -114,6 +141,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("loadtest: user ids %d is negative", c.UserIDs)
 	case c.Timeout <= 0:
 		return fmt.Errorf("loadtest: timeout %v: need a positive per-stream bound", c.Timeout)
+	case c.Mode != "" && c.Mode != ModeSpillway && c.Mode != ModeOpenAI:
+		return fmt.Errorf("loadtest: mode %q: want %s or %s", c.Mode, ModeSpillway, ModeOpenAI)
+	case c.RampUp < 0:
+		return fmt.Errorf("loadtest: ramp-up %v is negative", c.RampUp)
 	}
 	for k, v := range c.Headers {
 		if k == "" || strings.ContainsAny(k, " \t\r\n:\x00") {
@@ -163,6 +194,15 @@ type Result struct {
 	// Latency holds percentiles of streams that ended in done, by path and
 	// under "all", slow readers left out.
 	Latency map[string]PathLatency `json:"latency"`
+	// PingInterval summarizes, over every `: ping` of every stream, the
+	// time since the previous ping or event on that stream (or since the
+	// response headers for the first): heartbeat punctuality. Slow
+	// readers are left out; all zero when no ping arrived.
+	PingInterval Percentiles `json:"ping_interval"`
+	// MaxGap summarizes each stream's longest silence between the
+	// response headers, its pings and its events (Report.MaxGap), over
+	// the streams that received anything, slow readers left out.
+	MaxGap Percentiles `json:"max_gap"`
 }
 
 // Refusal counts non-200 answers of one status and problem type.
@@ -243,8 +283,20 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot)) (*Result, err
 	// The workers are waited for before the progress reporter is stopped,
 	// so the last periodic snapshot never races the final one.
 	var workers sync.WaitGroup
-	for range cfg.Concurrency {
-		workers.Go(func() { r.worker(ctx, dispatch) })
+	for i := range cfg.Concurrency {
+		delay := cfg.RampUp * time.Duration(i) / time.Duration(cfg.Concurrency)
+		workers.Go(func() {
+			if delay > 0 {
+				t := time.NewTimer(delay)
+				select {
+				case <-dispatch.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			r.worker(ctx, dispatch)
+		})
 	}
 	stop := make(chan struct{})
 	var reporter sync.WaitGroup
@@ -388,11 +440,14 @@ func picked(idx int, share, phase float64) bool {
 func (r *runner) one(ctx context.Context, idx int) outcome {
 	o := outcome{idx: idx, retryAfter: -1}
 	msgs := []protocol.Message{{Role: "user", Content: Prompt(idx, r.cfg.DistinctPrompts)}}
-	body, err := json.Marshal(protocol.ChatRequest{Messages: msgs, MaxTokens: r.cfg.MaxTokens})
+	body, err := r.body(msgs)
 	if err != nil { // a struct of strings and ints cannot fail
 		return r.lost(o, ReasonTransport, "encode request: %v", err)
 	}
 	var check StreamCheck
+	if r.cfg.openAI() {
+		check.Format = FormatOpenAI
+	}
 	if r.cfg.Verify {
 		check.Want = r.want(idx, msgs)
 	}
@@ -435,7 +490,10 @@ func (r *runner) one(ctx context.Context, idx int) outcome {
 		return refusal(o, resp)
 	}
 	o.path = truncate(resp.Header.Get("X-Stream-Path"), 32)
-	if o.path == "" {
+	switch {
+	case r.cfg.openAI():
+		o.path = PathUpstream
+	case o.path == "":
 		o.path = "unknown"
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
@@ -465,6 +523,26 @@ func (r *runner) one(ctx context.Context, idx int) outcome {
 		o.problem = rep.Problem.Type
 	}
 	return o
+}
+
+// openAIRequest is the body of a ModeOpenAI request.
+type openAIRequest struct {
+	Model     string             `json:"model"`
+	Messages  []protocol.Message `json:"messages"`
+	MaxTokens int                `json:"max_tokens,omitempty"`
+	Stream    bool               `json:"stream"`
+}
+
+// body encodes the request for msgs in the run's mode.
+func (r *runner) body(msgs []protocol.Message) ([]byte, error) {
+	if r.cfg.openAI() {
+		model := r.cfg.Model
+		if model == "" {
+			model = DefaultModel
+		}
+		return json.Marshal(openAIRequest{Model: model, Messages: msgs, MaxTokens: r.cfg.MaxTokens, Stream: true})
+	}
+	return json.Marshal(protocol.ChatRequest{Messages: msgs, MaxTokens: r.cfg.MaxTokens})
 }
 
 // disconnectPoint picks after how many chunks request idx hangs up: early
@@ -572,6 +650,8 @@ type aggregate struct {
 	paths        map[string]int
 	first        map[string]*sampler
 	total        map[string]*sampler
+	pingIvl      *sampler
+	maxGap       *sampler
 }
 
 type refusalKey struct {
@@ -587,6 +667,8 @@ func newAggregate() *aggregate {
 		paths:       map[string]int{},
 		first:       map[string]*sampler{},
 		total:       map[string]*sampler{},
+		pingIvl:     newSampler(1 << 32),
+		maxGap:      newSampler(1<<32 + 1),
 	}
 }
 
@@ -601,6 +683,14 @@ func (a *aggregate) record(o outcome) {
 	defer a.mu.Unlock()
 	a.pings += o.rep.Pings
 	a.resets += o.rep.Resets
+	if !o.slow {
+		for _, d := range o.rep.PingIntervals {
+			a.pingIvl.add(d)
+		}
+		if o.rep.MaxGap > 0 {
+			a.maxGap.add(o.rep.MaxGap)
+		}
+	}
 	if o.path != "" {
 		a.paths[o.path]++
 	}
@@ -707,6 +797,8 @@ func (r *runner) result(interrupted bool) *Result {
 		Resets:       a.resets,
 		Paths:        a.paths,
 		Latency:      map[string]PathLatency{},
+		PingInterval: a.pingIvl.percentiles(),
+		MaxGap:       a.maxGap.percentiles(),
 	}
 	res.Rate = float64(a.sent) / max(el.Seconds(), 1e-9)
 	for _, rf := range a.refusals {

@@ -580,6 +580,11 @@ func TestConfigValidate(t *testing.T) {
 		{"bad header name", func(c *Config) { c.Headers = map[string]string{"X Bad": "1"} }, false},
 		{"header injection", func(c *Config) { c.Headers = map[string]string{"X-A": "1\r\nX-B: 2"} }, false},
 		{"negative users", func(c *Config) { c.UserIDs = -1 }, false},
+		{"openai mode", func(c *Config) { c.Mode = ModeOpenAI }, true},
+		{"spillway mode", func(c *Config) { c.Mode = ModeSpillway }, true},
+		{"unknown mode", func(c *Config) { c.Mode = "anthropic" }, false},
+		{"ramp-up", func(c *Config) { c.RampUp = time.Second }, true},
+		{"negative ramp-up", func(c *Config) { c.RampUp = -time.Second }, false},
 	}
 	for _, tt := range tests {
 		c := ok

@@ -86,6 +86,9 @@ func TestResultOutput(t *testing.T) {
 		LostSamples:  []string{"request 3: no-terminal: stream ended"},
 		Paths:        map[string]int{"direct": 8},
 		Latency:      map[string]PathLatency{"direct": {Count: 5, FirstChunk: Percentiles{P50: 12.5}}},
+		Pings:        3,
+		PingInterval: Percentiles{P50: 2001.5, P99: 2003, Max: 2004},
+		MaxGap:       Percentiles{P50: 2002.5, Max: 2004},
 	}
 	var js bytes.Buffer
 	if err := res.WriteJSON(&js); err != nil {
@@ -102,7 +105,8 @@ func TestResultOutput(t *testing.T) {
 	}
 	var back Result
 	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Latency["direct"].FirstChunk.P50 != 12.5 ||
-		back.LostByReason[ReasonNoTerminal] != 2 || back.RefusedBy[0].RetryAfterMax != 60 {
+		back.LostByReason[ReasonNoTerminal] != 2 || back.RefusedBy[0].RetryAfterMax != 60 ||
+		back.PingInterval.P99 != 2003 || back.MaxGap.P50 != 2002.5 {
 		t.Errorf("round trip %+v, %v", back, err)
 	}
 
@@ -115,7 +119,7 @@ func TestResultOutput(t *testing.T) {
 		t.Errorf("table lacks the lost count:\n%s", out)
 	}
 	for _, want := range []string{"no-terminal", "503 https://spillway.dev/errors/queue-overflow (Retry-After 60-60s)",
-		"worker-lost", "12.5ms", "request 3: no-terminal"} {
+		"worker-lost", "12.5ms", "request 3: no-terminal", "2001.5ms", "2002.5ms"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}

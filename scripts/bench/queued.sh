@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# queued.sh: the queue path's added time to first chunk, and relay
+# throughput.
+#
+# Part 1, overhead: one simllm; an api that streams direct (pool large
+# enough for every request); an api with DIRECT_PATH_ENABLED=false whose
+# jobs go to 2 idle consumers with the default chunk batching (5 chunks or
+# 100ms); and the same with QUEUE_FAILOVER_CHUNK_BATCH_SIZE=1, so the cost
+# of the queue itself and the wait for a full batch can be told apart.
+# Consumers have WORKER_CONCURRENCY=128 each, so at 200 concurrent no job
+# waits for a worker. Runs are interleaved direct, queued, queued-b1 for
+# PAIRS rounds at concurrency 1 and 200; the added time is the median over
+# rounds of (queued − direct) p50 and p99 of time to first chunk.
+#
+# Part 2, relay throughput: simllm without pacing (SIM_FIRST_TOKEN_MS=0,
+# SIM_TOKEN_MS=0, TPUT_TOKENS chunks per answer), the load tool at
+# TPUT_C concurrent against the upstream, the direct api and the queued api
+# once each; chunks/s delivered to clients and CPU seconds per process.
+#
+# Writes $RESULTS/queued/*.json and $RESULTS/queued.json (summary).
+# Environment: PAIRS (3), N1 (100), N200 (2000), SIM_* (50/5/16),
+# TPUT_C (64), TPUT_N (1500), TPUT_TOKENS (64).
+source "$(dirname "$0")/lib.sh"
+SCENARIO=queued
+require_tools jq curl redis-server redis-cli ss
+
+PAIRS=${PAIRS:-3}
+N1=${N1:-100}
+N200=${N200:-2000}
+FT=${SIM_FIRST_TOKEN_MS:-50} TI=${SIM_TOKEN_MS:-5} TOK=${SIM_TOKENS:-16}
+TPUT_C=${TPUT_C:-64} TPUT_N=${TPUT_N:-1500} TPUT_TOKENS=${TPUT_TOKENS:-64}
+
+worker_env=(CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 WORKER_CONCURRENCY=128)
+
+# --- part 1: overhead ---
+start_redis
+start_simllm simllm "$FT" "$TI" "$TOK"
+CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID)
+start_api api-direct CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000
+DIRECT="http://127.0.0.1:$API_PORT/v1/stream"
+CPU_PID[api_direct]=$API_PID
+start_api api-queued DIRECT_PATH_ENABLED=false QUEUE_PREFIX=qb5:
+QUEUED="http://127.0.0.1:$API_PORT/v1/stream"
+QUEUED_PPROF=$PPROF_ADDR
+CPU_PID[api_queued]=$API_PID
+for i in 1 2; do
+	start_consumer "consumer-b5-$i" QUEUE_PREFIX=qb5: "${worker_env[@]}"
+	CPU_PID[consumer_b5_$i]=$CONSUMER_PID
+done
+start_api api-queued-b1 DIRECT_PATH_ENABLED=false QUEUE_PREFIX=qb1:
+QUEUED_B1="http://127.0.0.1:$API_PORT/v1/stream"
+CPU_PID[api_queued_b1]=$API_PID
+for i in 1 2; do
+	start_consumer "consumer-b1-$i" QUEUE_PREFIX=qb1: QUEUE_FAILOVER_CHUNK_BATCH_SIZE=1 "${worker_env[@]}"
+	CPU_PID[consumer_b1_$i]=$CONSUMER_PID
+done
+
+common=(-tokens "$TOK" -seed 1 -prompts 200 -timeout 60s)
+log "warm-up"
+run_load warmup-direct 60 -url "$DIRECT" -c 200 -n 1000 "${common[@]}"
+run_load warmup-queued 60 -url "$QUEUED" -c 200 -n 1000 "${common[@]}"
+run_load warmup-queued-b1 60 -url "$QUEUED_B1" -c 200 -n 1000 "${common[@]}"
+
+for c in 1 200; do
+	n=$N1
+	((c > 1)) && n=$N200
+	for ((i = 1; i <= PAIRS; i++)); do
+		run_load "c$c-p$i-direct" 120 -url "$DIRECT" -c "$c" -n "$n" "${common[@]}"
+		prof=
+		if [[ -n $QUEUED_PPROF && $c -gt 1 && $i -eq 1 ]]; then
+			save_profile "http://$QUEUED_PPROF/debug/pprof/profile?seconds=5" "$RESULTS/queued/api-queued.c$c.cpu.pprof"
+			prof=$REPLY
+		fi
+		run_load "c$c-p$i-queued" 120 -url "$QUEUED" -c "$c" -n "$n" "${common[@]}"
+		[[ -n $prof ]] && wait_pid "$prof"
+		run_load "c$c-p$i-queued-b1" 120 -url "$QUEUED_B1" -c "$c" -n "$n" "${common[@]}"
+	done
+done
+stop_all
+
+# --- part 2: relay throughput ---
+start_redis
+start_simllm simllm-fast 0 0 "$TPUT_TOKENS"
+start_api api-direct-fast CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000
+DIRECT="http://127.0.0.1:$API_PORT/v1/stream"
+CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID [api_direct]=$API_PID)
+start_api api-queued-fast DIRECT_PATH_ENABLED=false
+QUEUED="http://127.0.0.1:$API_PORT/v1/stream"
+CPU_PID[api_queued]=$API_PID
+start_consumer consumer-fast-1 "${worker_env[@]}"
+CPU_PID[consumer_1]=$CONSUMER_PID
+start_consumer consumer-fast-2 "${worker_env[@]}"
+CPU_PID[consumer_2]=$CONSUMER_PID
+UP="http://127.0.0.1:$SIM_PORT/v1/chat/completions"
+tcommon=(-tokens "$TPUT_TOKENS" -seed 1 -prompts 200 -timeout 60s -c "$TPUT_C")
+
+run_load tput-warmup 60 -url "$QUEUED" -n 300 "${tcommon[@]}"
+for target in upstream direct queued; do
+	case $target in
+	upstream) args=(-mode openai -url "$UP") ;;
+	direct) args=(-url "$DIRECT") ;;
+	queued) args=(-url "$QUEUED") ;;
+	esac
+	run_load "tput-$target" 180 "${args[@]}" -n "$TPUT_N" "${tcommon[@]}"
+done
+
+# --- summary ---
+A_LABEL=direct
+{
+	echo '{"scenario": "queued",'
+	printf '"settings": {"pairs": %d, "n1": %d, "n200": %d, "sim_first_token_ms": %d, "sim_token_ms": %d, "sim_tokens": %d, "tput_c": %d, "tput_n": %d, "tput_tokens": %d},\n' \
+		"$PAIRS" "$N1" "$N200" "$FT" "$TI" "$TOK" "$TPUT_C" "$TPUT_N" "$TPUT_TOKENS"
+	for c in 1 200; do
+		B_LABEL=queued
+		echo "\"c$c\":"
+		pair_summary "$RESULTS"/queued/c$c-p*.json
+		B_LABEL=queued-b1
+		echo ", \"c${c}_b1\":"
+		pair_summary "$RESULTS"/queued/c$c-p*.json
+		echo ","
+	done
+	echo '"throughput":'
+	jq -s --argjson tok "$TPUT_TOKENS" 'map({key: (.run | ltrimstr("tput-")), value: {
+		done: .result.done, lost: .result.lost, elapsed_s: .result.elapsed_seconds,
+		streams_per_s: ((.result.done / .result.elapsed_seconds) * 10 | round / 10),
+		chunks_per_s: ((.result.done * $tok / .result.elapsed_seconds) | round),
+		first_chunk: .result.latency.all.first_chunk, total: .result.latency.all.total,
+		cpu_seconds, load: .load_before}}) | from_entries' \
+		"$RESULTS"/queued/tput-upstream.json "$RESULTS"/queued/tput-direct.json "$RESULTS"/queued/tput-queued.json
+	echo '}'
+} | jq . >"$RESULTS/queued.json"
+
+jq -r '"queued: added first chunk (batch 5) c=1 p50 \(.c1.median.added_p50)ms p99 \(.c1.median.added_p99)ms; c=200 p50 \(.c200.median.added_p50)ms p99 \(.c200.median.added_p99)ms; batch 1: c=1 p50 \(.c1_b1.median.added_p50)ms, c=200 p50 \(.c200_b1.median.added_p50)ms p99 \(.c200_b1.median.added_p99)ms; relay \(.throughput.queued.chunks_per_s) chunks/s queued, \(.throughput.direct.chunks_per_s) direct"' \
+	"$RESULTS/queued.json" >&2
+jq -e '([.c1, .c200, .c1_b1, .c200_b1] | all(.lost == 0 and all(.pairs[]; (.b.paths | keys) == ["queued"])))
+	and ([.throughput[].lost] | add) == 0' "$RESULTS/queued.json" >/dev/null ||
+	die "queued: streams lost or not on the queued path (see $RESULTS/queued.json)"

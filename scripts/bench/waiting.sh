@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# waiting.sh: WAIT_N streams waiting in the queue on one api process.
+#
+# One api with DIRECT_PATH_ENABLED=false, CONNECTION_POOL_SIZE=1 and no
+# consumer, so every stream waits: QUEUE_FAILOVER_TIMEOUT_SECONDS=60 (each
+# then ends with an `error` event of type queue-timeout, counted as an
+# error, not lost), HEARTBEAT_INTERVAL_SECONDS=2, and an overflow threshold
+# above WAIT_N so none is refused. The load tool opens WAIT_N streams
+# (ramped over WAIT_RAMP) and records every ping's interval. The api's
+# VmRSS is sampled before the load and, once spillway_active_streams
+# {path="queued"} reaches WAIT_N, every second for PLATEAU_SAMPLES
+# seconds: (plateau − idle) / WAIT_N is the memory per waiting stream.
+#
+# Needs WAIT_N + a margin of open files in both the api and the load tool:
+# it raises the soft limit to 65536 or to the hard limit, whichever is
+# lower, and stops if that is not enough.
+#
+# Writes $RESULTS/waiting/{waiting.json,samples.tsv} and $RESULTS/waiting.json.
+source "$(dirname "$0")/lib.sh"
+SCENARIO=waiting
+require_tools jq curl redis-server redis-cli ss
+
+WAIT_N=${WAIT_N:-10000}
+WAIT_RAMP=${WAIT_RAMP:-10s}
+QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-60}
+HEARTBEAT=${HEARTBEAT:-2}
+PLATEAU_SAMPLES=${PLATEAU_SAMPLES:-10}
+
+ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+NOFILE=$(ulimit -n)
+((NOFILE >= WAIT_N + 1000)) || die "open files limit $NOFILE is below $((WAIT_N + 1000)); raise the hard limit (ulimit -Hn)"
+log "open files limit $NOFILE (hard $(ulimit -Hn))"
+
+dir="$RESULTS/waiting"
+mkdir -p "$dir"
+start_redis
+start_api api DIRECT_PATH_ENABLED=false CONNECTION_POOL_SIZE=1 LLM_PROVIDER=sim \
+	QUEUE_FAILOVER_TIMEOUT_SECONDS="$QUEUE_TIMEOUT" HEARTBEAT_INTERVAL_SECONDS="$HEARTBEAT" \
+	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500
+API_PPROF=$PPROF_ADDR
+METRICS="http://127.0.0.1:$API_PORT/metrics"
+sleep 2 # let start-up allocation settle
+IDLE_RSS=$(rss_kib "$API_PID")
+log "api idle RSS ${IDLE_RSS} KiB"
+
+load_start waiting $((QUEUE_TIMEOUT + 120)) -url "http://127.0.0.1:$API_PORT/v1/stream" \
+	-c "$WAIT_N" -n "$WAIT_N" -ramp "$WAIT_RAMP" -prompts 100 -timeout $((QUEUE_TIMEOUT + 60))s
+LT=$REPLY
+
+# Sample once a second while the load runs: time, api RSS, open queued
+# streams, goroutines, Go heap in use, Redis clients.
+echo -e "t_s\trss_kib\tactive_queued\tgoroutines\theap_inuse_bytes\tredis_clients" >"$dir/samples.tsv"
+start=$SECONDS plateau_at= plateau=() peak=0
+while kill -0 "$LT" 2>/dev/null; do
+	m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
+	active=$(awk '$1 == "spillway_active_streams{path=\"queued\"}" {print $2 + 0}' <<<"$m")
+	gor=$(awk '$1 == "go_goroutines" {print $2 + 0}' <<<"$m")
+	heap=$(awk '$1 == "go_memstats_heap_inuse_bytes" {printf "%d", $2}' <<<"$m")
+	rss=$(rss_kib "$API_PID")
+	clients=$(redis-cli -p "$REDIS_PORT" info clients 2>/dev/null | awk -F: '/^connected_clients/ {print $2 + 0}')
+	((rss > peak)) && peak=$rss
+	echo -e "$((SECONDS - start))\t$rss\t${active:-}\t${gor:-}\t${heap:-}\t${clients:-}" >>"$dir/samples.tsv"
+	if [[ -n ${active:-} && ${active%.*} -ge $WAIT_N && ${#plateau[@]} -lt $PLATEAU_SAMPLES ]]; then
+		[[ -z $plateau_at ]] && plateau_at=$((SECONDS - start)) && log "all $WAIT_N streams waiting after ${plateau_at}s"
+		plateau+=("$rss")
+		PLATEAU_GOR=$gor PLATEAU_HEAP=$heap PLATEAU_CLIENTS=$clients
+		if [[ ${#plateau[@]} -eq 1 && -n $API_PPROF ]]; then
+			curl -fsS -m 30 -o "$dir/api.plateau.heap.pprof" "http://$API_PPROF/debug/pprof/heap" || true
+			curl -fsS -m 30 -o "$dir/api.plateau.goroutine.pprof" "http://$API_PPROF/debug/pprof/goroutine" || true
+		fi
+	fi
+	sleep 1
+done
+load_finish waiting
+AFTER_RSS=$(rss_kib "$API_PID")
+[[ -n $plateau_at ]] || die "waiting: the api never held $WAIT_N queued streams at once (see $dir/samples.tsv)"
+
+plateau_json=$(printf '%s\n' "${plateau[@]}" | jq -s .)
+jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "$IDLE_RSS" \
+	--argjson plateau "$plateau_json" --argjson peak "$peak" --argjson after "$AFTER_RSS" \
+	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" \
+	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
+	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" "$JQ_DEFS"'
+	$run[0] as $r | ($plateau | median) as $pm | {
+	scenario: "waiting",
+	settings: {streams: $n, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile},
+	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau, peak: $peak, after_streams_ended: $after},
+	kib_per_stream: (($pm - $idle) / $n | r3),
+	kib_per_stream_peak: (($peak - $idle) / $n | r3),
+	plateau_reached_after_s: $at,
+	at_plateau: {goroutines: $gor, goroutines_per_stream: ($gor / $n | r3), heap_inuse_bytes: $heap,
+		heap_bytes_per_stream: ($heap / $n | round), redis_clients: $clients},
+	outcome: {requests: $r.result.requests, errors: $r.result.errors, errors_by_type: $r.result.errors_by_type,
+		refused: $r.result.refused, lost: $r.result.lost, lost_by_reason: $r.result.lost_by_reason, exit_code: $r.exit_code},
+	pings: $r.result.pings, pings_per_stream: ($r.result.pings / ([$r.result.requests, 1] | max) | r3),
+	ping_interval_ms: $r.result.ping_interval, max_gap_ms: $r.result.max_gap,
+	load_before: $r.load_before, load_after: $r.load_after}' >"$RESULTS/waiting.json"
+
+jq -r '"waiting: \(.settings.streams) streams, \(.kib_per_stream) KiB/stream (idle \(.rss_kib.idle), plateau \(.rss_kib.plateau_median) KiB), ping interval p50 \(.ping_interval_ms.p50_ms)ms p99 \(.ping_interval_ms.p99_ms)ms max \(.ping_interval_ms.max_ms)ms, errors \(.outcome.errors), lost \(.outcome.lost)"' \
+	"$RESULTS/waiting.json" >&2
+jq -e '.outcome.lost == 0 and .outcome.refused == 0 and
+	(.outcome.errors_by_type | to_entries | all(.key | endswith("/queue-timeout")))' "$RESULTS/waiting.json" >/dev/null ||
+	die "waiting: streams lost, refused or ended otherwise than by queue-timeout (see $RESULTS/waiting.json)"
