@@ -445,7 +445,8 @@ func (p *publisher) send(ctx context.Context, r protocol.Result) {
 }
 
 // batcher groups chunks into BATCH messages of at most size chunks, sent
-// when full or timeout after the batch's first chunk, whichever first.
+// when full or timeout after the batch's first chunk, whichever first. The
+// answer's very first chunk is sent alone, at once.
 type batcher struct {
 	pub     *publisher
 	size    int
@@ -470,7 +471,9 @@ func (b *batcher) add(ctx context.Context, content string) error {
 	defer b.mu.Unlock()
 	b.seq++
 	b.buf = append(b.buf, protocol.Chunk{Seq: b.seq, Content: content})
-	if len(b.buf) >= b.size {
+	// The first chunk goes out at once: time to first chunk is what a
+	// waiting user feels; batching pays off on the chunks after it.
+	if b.seq == 1 || len(b.buf) >= b.size {
 		b.flushLocked(ctx)
 	} else if len(b.buf) == 1 {
 		b.timer = time.AfterFunc(b.timeout, func() { b.flush(ctx) })

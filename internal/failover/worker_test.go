@@ -459,13 +459,14 @@ func TestWorkerBatchesBySize(t *testing.T) {
 		e.enqueue(job)
 
 		rs := l.untilEnd(10 * time.Second)
-		want := []protocol.ResultKind{protocol.KindHeartbeat, protocol.KindBatch, protocol.KindBatch, protocol.KindBatch, protocol.KindDone}
+		want := []protocol.ResultKind{protocol.KindHeartbeat, protocol.KindBatch, protocol.KindBatch, protocol.KindBatch, protocol.KindBatch, protocol.KindDone}
 		if !slices.Equal(kinds(rs), want) {
 			t.Fatalf("messages %s, want kinds %v", describe(rs), want)
 		}
 		bs := batches(rs)
-		if got := batchSizes(bs); !slices.Equal(got, []int{5, 5, 2}) {
-			t.Errorf("batch sizes %v, want [5 5 2]", got)
+		// The first chunk alone, at once; then batches of 5; the rest at the end.
+		if got := batchSizes(bs); !slices.Equal(got, []int{1, 5, 5, 1}) {
+			t.Errorf("batch sizes %v, want [1 5 5 1]", got)
 		}
 		checkChunks(t, bs, llm.SimChunks(job.Payload.Messages, 7, 12))
 		done := rs[len(rs)-1].res.Done
@@ -698,7 +699,7 @@ func TestWorkerMidstreamFailureAfterPublishIsNotRetried(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, 15*time.Second, 4)
-		// The simulator fails before chunk 7 of 12; batches of 2 went out.
+		// The simulator fails before chunk 7 of 12.
 		rec := &recorder{Provider: newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: time.Millisecond,
 			Tokens: 12, Seed: 2, FailMidstreamRate: 1})}
 		cfg := workerConfig()
@@ -713,7 +714,9 @@ func TestWorkerMidstreamFailureAfterPublishIsNotRetried(t *testing.T) {
 		if last.res.Kind != protocol.KindError || last.res.Problem.Slug() != protocol.ProblemProviderError {
 			t.Fatalf("messages %s, want a provider-error ERROR last", describe(rs))
 		}
-		checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 2, 12)[:6])
+		// Batches [1] [2 3] [4 5] went out; chunk 6, still in its batch when
+		// the call failed, is dropped rather than sent before the ERROR.
+		checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 2, 12)[:5])
 		l.quiet(5 * time.Second)
 		synctest.Wait()
 		if n := len(rec.callTimes()); n != 1 || e.retries() != 0 {
@@ -731,34 +734,40 @@ func TestWorkerMidstreamFailureAfterPublishIsNotRetried(t *testing.T) {
 	})
 }
 
-func TestWorkerMidstreamFailureBeforePublishIsRetriedInvisibly(t *testing.T) {
+// The first chunk is published the moment the provider gives it, not when
+// its batch fills or times out: a queued client's time to first chunk does
+// not pay for batching.
+func TestWorkerSendsFirstChunkAtOnce(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, 15*time.Second, 4)
-		// The first call fails after 3 chunks, all still in the batch.
-		rec := &recorder{
-			Provider:       newSim(t, llm.SimConfig{FirstToken: 10 * time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 8, Seed: 4}),
-			failFirstAfter: 3,
-		}
+		sim := newSim(t, llm.SimConfig{FirstToken: 10 * time.Millisecond, TokenInterval: time.Second, Tokens: 3, Seed: 4})
 		cfg := workerConfig()
 		cfg.BatchSize = 100
 		cfg.BatchTimeout = 10 * time.Second
-		job := newJob("mid-2")
+		job := newJob("first-1")
 		l := e.listen(job.RequestID)
-		e.startWorker(cfg, e.q.Consumer("w1"), rec)
+		e.startWorker(cfg, e.q.Consumer("w1"), sim)
 		e.enqueue(job)
-
-		rs := l.untilEnd(10 * time.Second)
-		body := withoutHeartbeats(rs)
-		if !slices.Equal(kinds(body), []protocol.ResultKind{protocol.KindBatch, protocol.KindDone}) {
-			t.Fatalf("messages %s, want one batch with the whole answer, then DONE", describe(rs))
+		start := time.Now()
+		for {
+			r := l.must(10 * time.Second)
+			if r.res.Kind == protocol.KindHeartbeat {
+				continue
+			}
+			if r.res.Kind != protocol.KindBatch || len(r.res.Chunks) != 1 || r.res.Chunks[0].Seq != 1 {
+				t.Fatalf("first message %q, want a batch of chunk 1 alone", r.raw)
+			}
+			break
 		}
-		checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 4, 8))
-		if n := len(rec.callTimes()); n != 2 || e.retries() != 1 {
-			t.Errorf("provider called %d times with %d retries, want 2 calls and 1 retry", n, e.retries())
+		// Fake clock: the chunk came with the provider's first token, long
+		// before the 10s batch timeout or a full batch.
+		if waited := time.Since(start); waited > 100*time.Millisecond {
+			t.Fatalf("first chunk after %v", waited)
 		}
-		if n := rec.chunks(); n != 3+8 {
-			t.Errorf("provider emitted %d chunks, want 11: the test's failure injection did not happen", n)
+		rs := l.untilEnd(time.Minute)
+		if rs[len(rs)-1].res.Kind != protocol.KindDone {
+			t.Fatalf("messages %s, want DONE last", describe(rs))
 		}
 	})
 }
