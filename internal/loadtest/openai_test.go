@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // oaEvent returns one OpenAI chat.completion.chunk event with the given
@@ -169,7 +170,7 @@ func TestCheckPingIntervals(t *testing.T) {
 		var wg sync.WaitGroup
 		wg.Go(func() {
 			for _, s := range script {
-				time.Sleep(s.wait)
+				testutil.AdvanceFakeClock(s.wait)
 				_, _ = io.WriteString(pw, s.data)
 			}
 			_ = pw.Close()
@@ -308,7 +309,11 @@ func TestRunPingIntervals(t *testing.T) {
 		send := sse(w, "queued")
 		send("") // headers now, as the api sends them when the queue took the job
 		for range 2 {
-			time.Sleep(20 * time.Millisecond)
+			select { // the server's pacing is what the test measures
+			case <-time.After(20 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
 			send(string(protocol.PingFrame))
 		}
 		send(chunks(1, want...) + doneFrame("queued"))
@@ -340,7 +345,11 @@ func TestRunRampUp(t *testing.T) {
 		send := sse(w, "direct")
 		// Long enough that no client finishes before the last one starts,
 		// so each request is some client's first.
-		time.Sleep(500 * time.Millisecond)
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-r.Context().Done():
+			return
+		}
 		send(chunks(1, want...) + doneFrame("direct"))
 	})
 	cfg := testConfig(srv.URL)
