@@ -7,10 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -307,7 +309,14 @@ func (a *API) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
-	e.Use(gin.Recovery())
+	// A panic in a handler is a bug; the client still gets a problem
+	// document, and the log gets the stack.
+	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, err any) {
+		a.log.Error("handler panicked", "path", c.Request.URL.Path, "panic", fmt.Sprint(err), "stack", string(debug.Stack()))
+		stream.WriteProblem(c.Writer, protocol.NewProblem(protocol.ProblemInternal, "Internal Error",
+			http.StatusInternalServerError, "The request failed unexpectedly; retry it."), c.Request.URL.Path)
+		c.Abort()
+	}))
 	streamHandler := gin.WrapH(a.handler)
 	e.POST("/v1/stream", streamHandler)
 	e.POST("/stream", streamHandler)

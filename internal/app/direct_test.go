@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"net/http"
 	"strings"
@@ -307,5 +309,49 @@ func TestGracefulShutdownWithOpenStreams(t *testing.T) {
 	}
 	if _, err := http.Get(url2 + "/healthz"); err == nil {
 		t.Fatal("server still accepts connections after shutdown")
+	}
+}
+
+// With API_KEYS set, a request needs a valid bearer key (plain or as its
+// sha256 digest); anything else is 401 problem+json.
+func TestAPIKeys(t *testing.T) {
+	t.Parallel()
+	_, upstream := startSimllm(t, fastSim())
+	digest := sha256.Sum256([]byte("hashed-key"))
+	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{
+		"API_KEYS": "plain-key," + hex.EncodeToString(digest[:]),
+	})))
+	for _, tc := range []struct {
+		name, auth string
+		status     int
+	}{
+		{"no header", "", http.StatusUnauthorized},
+		{"wrong scheme", "Basic cGxhaW4ta2V5", http.StatusUnauthorized},
+		{"wrong key", "Bearer nope", http.StatusUnauthorized},
+		{"the digest itself is not a key", "Bearer " + hex.EncodeToString(digest[:]), http.StatusUnauthorized},
+		{"plain key", "Bearer plain-key", http.StatusOK},
+		{"key given as its sha256", "Bearer hashed-key", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			hdr := map[string]string{}
+			if tc.auth != "" {
+				hdr["Authorization"] = tc.auth
+			}
+			resp := postStream(t, t.Context(), url, prompt("key"), hdr)
+			if resp.StatusCode != tc.status {
+				resp.Body.Close()
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if tc.status != http.StatusOK {
+				readProblem(t, resp)
+				return
+			}
+			rep := loadtest.CheckStream(resp.Body, nil)
+			resp.Body.Close()
+			if rep.Terminal != protocol.EventDone {
+				t.Fatalf("%+v", rep)
+			}
+		})
 	}
 }
