@@ -185,7 +185,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	requestID := uuid.NewString()
 	instance := "urn:spillway:request:" + requestID
-	w.Header().Set("X-Request-ID", requestID)
+	setRequestID(w.Header(), requestID)
 
 	req, user, prob := h.admit(w, r)
 	if prob == nil && h.admitFn != nil {

@@ -45,10 +45,22 @@ func (sw *Writer) Start(requestID, path string) error {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
-	h.Set("X-Request-ID", requestID)
+	setRequestID(h, requestID)
 	h.Set("X-Stream-Path", path)
 	sw.w.WriteHeader(http.StatusOK)
 	return sw.flush()
+}
+
+// RequestIDHeader is the response header carrying the request id, spelled
+// as DESIGN.md spells it. Go would send the canonical "X-Request-Id";
+// header names are case-insensitive, but people grep for the documented
+// spelling.
+const RequestIDHeader = "X-Request-ID"
+
+// setRequestID sets the request id header with its documented spelling.
+func setRequestID(h http.Header, id string) {
+	delete(h, http.CanonicalHeaderKey(RequestIDHeader))
+	h[RequestIDHeader] = []string{id}
 }
 
 // Chunk writes a chunk event with sequence number seq.

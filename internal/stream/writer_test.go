@@ -51,10 +51,14 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 	}
 	h := rec.Header()
 	for k, v := range map[string]string{"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-		"X-Accel-Buffering": "no", "X-Request-ID": "req-1", "X-Stream-Path": "queued"} {
+		"X-Accel-Buffering": "no", "X-Stream-Path": "queued"} {
 		if h.Get(k) != v {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), v)
 		}
+	}
+	// Written with DESIGN's spelling, once.
+	if got := h["X-Request-ID"]; len(got) != 1 || got[0] != "req-1" || len(h["X-Request-Id"]) != 0 {
+		t.Errorf("request id header %v / %v, want exactly X-Request-ID: req-1", h["X-Request-ID"], h["X-Request-Id"])
 	}
 	if err := sw.Chunk(2, "late"); err != ErrTerminated {
 		t.Fatalf("write after done: %v, want ErrTerminated", err)
