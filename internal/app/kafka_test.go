@@ -21,7 +21,11 @@ import (
 func kafkaCluster(tb testing.TB, sc llm.SimConfig, extra map[string]string) (*cluster, *kafkatest.Cluster) {
 	tb.Helper()
 	k := kafkatest.Start(tb)
-	env := map[string]string{"QUEUE_TYPE": "kafka", "KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
+	// A Kafka takeover waits for the group session (6s) and the claim TTL
+	// (QUEUE_RECLAIM_IDLE_SECONDS); the api waits 3 heartbeats + reclaim +
+	// 3 heartbeats of silence (15s here) before calling a worker lost.
+	env := map[string]string{"QUEUE_TYPE": "kafka", "KAFKA_BROKERS": strings.Join(k.Brokers, ","),
+		"WORKER_HEARTBEAT_SECONDS": "2", "QUEUE_RECLAIM_IDLE_SECONDS": "3"}
 	for key, v := range extra {
 		env[key] = v
 	}

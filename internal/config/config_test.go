@@ -610,6 +610,12 @@ func TestValidateRules(t *testing.T) {
 		{"redis url bad db", func(c *Config) { c.RedisURL = "redis://r:6379/db" }, []string{"REDIS_URL"}, "REDIS_URL is not a valid redis:// or rediss:// URL: redis: invalid database number"},
 		{"redis url unparsable", func(c *Config) { c.RedisURL = "redis://u:s3cret@r:port" }, []string{"REDIS_URL"}, "REDIS_URL is not a valid"},
 		{"queue type", func(c *Config) { c.QueueType = "rabbit" }, []string{"QUEUE_TYPE"}, `QUEUE_TYPE ("rabbit") must be redis or kafka`},
+		{"kafka with 1s heartbeats", func(c *Config) {
+			c.RedisURL = redisURL
+			c.QueueType = "kafka"
+			c.KafkaBrokers = []string{"k:9092"}
+			c.WorkerHeartbeatSeconds = 1
+		}, []string{"WORKER_HEARTBEAT_SECONDS"}, "WORKER_HEARTBEAT_SECONDS (1) must be at least 2 with QUEUE_TYPE=kafka"},
 		{"kafka in embedded mode", func(c *Config) { c.QueueType = "kafka"; c.KafkaBrokers = []string{"k:9092"} }, []string{"QUEUE_TYPE"}, "QUEUE_TYPE (kafka) needs REDIS_URL: embedded mode"},
 		{"kafka without brokers", func(c *Config) { c.RedisURL = redisURL; c.QueueType = "kafka" }, []string{"KAFKA_BROKERS"}, "KAFKA_BROKERS is required when QUEUE_TYPE=kafka"},
 		{"kafka broker without port", func(c *Config) {

@@ -59,6 +59,12 @@ func (c *Config) Validate() error {
 		if len(c.KafkaBrokers) == 0 {
 			v.fail("KAFKA_BROKERS", "is required when QUEUE_TYPE=kafka")
 		}
+		// A Kafka takeover waits for the group session (6s) before the
+		// claim TTL; the api gives up after 6 heartbeats + the reclaim time
+		// of silence, so one heartbeat of 1s would lose every takeover.
+		if c.WorkerHeartbeatSeconds == 1 {
+			v.fail("WORKER_HEARTBEAT_SECONDS", "(1) must be at least 2 with QUEUE_TYPE=kafka: a takeover waits for the 6s group session")
+		}
 	default:
 		v.fail("QUEUE_TYPE", "(%q) must be redis or kafka", c.QueueType)
 	}
