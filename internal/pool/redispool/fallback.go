@@ -43,10 +43,7 @@ func (p *Pool) setFallback(on bool, cause error) {
 		p.log.Info("redispool: Redis reachable again, back to the distributed pool")
 		// Renew now what was held through the outage, and withdraw the
 		// waiter entries it left behind.
-		select {
-		case p.statsKick <- struct{}{}:
-		default:
-		}
+		p.kickRenew()
 	}
 	if p.onFallback != nil {
 		p.onFallback(on)

@@ -309,10 +309,7 @@ func (p *Pool) Stats() pool.Stats {
 		p.mu.Lock()
 		p.startRenewalLocked()
 		p.mu.Unlock()
-		select {
-		case p.statsKick <- struct{}{}:
-		default:
-		}
+		p.kickRenew()
 	}
 	return pool.Stats{InUse: inUse, Capacity: p.cfg.Size}
 }

@@ -133,12 +133,18 @@ type acquireReply struct {
 // since the epoch; 0 means now).
 func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since int64) (acquireReply, error) {
 	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey}
-	// Granted after the caller was told it failed: nobody holds it.
+	// The script ran after the caller was told it failed (Redis was slow or
+	// paused): a lease it granted has no holder, and a waiter entry it
+	// (re)registered belongs to a waiter that has moved on — a waiter that
+	// waits again registers under a new member. Undo both.
 	late := func(v any) {
 		if n, err := ints(v, 3); err == nil && n[0] == codeGranted {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 			defer cancel()
 			_, _ = p.runRelease(ctx, id, user)
+		}
+		if member != "" {
+			p.leave(member)
 		}
 	}
 	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,

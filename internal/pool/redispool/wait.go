@@ -172,6 +172,19 @@ func (p *Pool) leave(member string) {
 	p.mu.Lock()
 	p.orphans = append(p.orphans, member)
 	p.mu.Unlock()
+	// Redis may have come back between the mode check and now, after the
+	// return's renewal ran: make sure a renewal withdraws this one soon.
+	if fb, _ := p.mode(); !fb {
+		p.kickRenew()
+	}
+}
+
+// kickRenew asks the renewal loop for a round now.
+func (p *Pool) kickRenew() {
+	select {
+	case p.statsKick <- struct{}{}:
+	default:
+	}
 }
 
 func (p *Pool) kickDispatch() {
