@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -145,7 +146,7 @@ func (u *ulimitVal) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-var interpRe = regexp.MustCompile(`\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)((:?-)([^}]*))?\}|.)`)
+var interpRe = regexp.MustCompile(`\$(\$|\{([A-Za-z_][A-Za-z0-9_]*)((:?-)([^}]*))?\}|.|$)`)
 
 // interpolate applies Compose's variable substitution for the forms the
 // file uses (${VAR}, ${VAR-default}, ${VAR:-default}, $$) and refuses
@@ -827,5 +828,27 @@ func checkGrafanaProvisioning(e *errs, fsys fs.FS, f *composeFile) {
 	}
 	if dashboards == 0 {
 		e.add("grafana: no dashboard provisioned")
+	}
+}
+
+// TestInterpolate pins the Compose substitution forms the checks evaluate.
+func TestInterpolate(t *testing.T) {
+	t.Parallel()
+	env := map[string]string{"SET": "v", "EMPTY": ""}
+	for _, c := range []struct{ in, want string }{
+		{"${SET}", "v"}, {"${UNSET}", ""},
+		{"${SET-d}", "v"}, {"${EMPTY-d}", ""}, {"${UNSET-d}", "d"},
+		{"${SET:-d}", "v"}, {"${EMPTY:-d}", "d"}, {"${UNSET:-d}", "d"},
+		{"$$x $${X}", "$x ${X}"}, {"a:${UNSET-redis://r:6379}", "a:redis://r:6379"},
+	} {
+		got, _, err := interpolate(c.in, env)
+		if err != nil || got != c.want {
+			t.Errorf("interpolate(%q) = %q, %v; want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, bad := range []string{"$X", "${X:?e}", "${X:+y}", "$"} {
+		if _, _, err := interpolate(bad, env); err == nil {
+			t.Errorf("interpolate(%q): no error", bad)
+		}
 	}
 }

@@ -450,6 +450,28 @@ func matchingDeployments(ls *metav1.LabelSelector, deps map[string]*deployment) 
 	return n
 }
 
+// checkNonRoot reports a runAsNonRoot the kubelet cannot verify: it needs
+// runAsUser or a numeric USER in the image, else the pod never starts.
+func checkNonRoot(e *errs, fsys fs.FS, w string, sc *corev1.PodSecurityContext) {
+	if sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser != nil {
+		return
+	}
+	b, err := fs.ReadFile(fsys, "Dockerfile")
+	if err != nil {
+		e.add("%s: runAsNonRoot without runAsUser, and no Dockerfile to read the image's user from", w)
+		return
+	}
+	users := regexp.MustCompile(`(?m)^USER\s+(\S+)`).FindAllStringSubmatch(string(b), -1)
+	if len(users) == 0 {
+		e.add("%s: runAsNonRoot, but the image runs as root (no USER in the Dockerfile)", w)
+		return
+	}
+	uid, _, _ := strings.Cut(users[len(users)-1][1], ":")
+	if n, err := strconv.Atoi(uid); err != nil || n == 0 {
+		e.add("%s: runAsNonRoot needs runAsUser or a numeric non-zero USER in the Dockerfile, has %q", w, uid)
+	}
+}
+
 func containerHasPort(cs []corev1.Container, p intstr.IntOrString) bool {
 	for _, c := range cs {
 		for _, cp := range c.Ports {
@@ -483,6 +505,7 @@ func checkDeployment(e *errs, fsys fs.FS, label string, dp *deployment, cms map[
 		return
 	}
 	dp.process = c.Command[0]
+	checkNonRoot(e, fsys, w, d.Spec.Template.Spec.SecurityContext)
 	cw := w + " container " + c.Name
 	portNames := map[string]bool{}
 	for _, p := range c.Ports {
