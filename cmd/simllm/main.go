@@ -4,7 +4,14 @@
 //	simllm [-addr :8081]
 //
 // It listens on -addr, else HTTP_ADDR, else :8081, and reads SIM_FIRST_TOKEN_MS,
-// SIM_TOKEN_MS, SIM_TOKENS, SIM_SEED, SIM_FAIL_RATE and SIM_FAIL_MIDSTREAM_RATE.
+// SIM_TOKEN_MS, SIM_TOKENS, SIM_SEED, SIM_FAIL_RATE and SIM_FAIL_MIDSTREAM_RATE,
+// and the faults the timeout and throttling tests use (docs/TIMEOUTS.md):
+//
+//	SIM_FAIL_FIRST           the first K calls fail before their first chunk (0)
+//	SIM_FAIL_STATUS          status of those failures and SIM_FAIL_RATE's: 429 or 5xx (503)
+//	SIM_RETRY_AFTER_SECONDS  Retry-After sent with every refusal (0: none)
+//	SIM_STALL_AFTER          fall silent after N chunks until the client leaves (0: off)
+//	SIM_MAX_CONCURRENCY      answer 429 when C calls are already in flight (0: no limit)
 package main
 
 import (
@@ -14,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -78,6 +86,14 @@ func loadConfig(args []string, getenv func(string) string, usage io.Writer) (con
 	cfg.sim.Seed = e.int64("SIM_SEED", cfg.sim.Seed)
 	cfg.sim.FailRate = e.rate("SIM_FAIL_RATE", cfg.sim.FailRate)
 	cfg.sim.FailMidstreamRate = e.rate("SIM_FAIL_MIDSTREAM_RATE", cfg.sim.FailMidstreamRate)
+	cfg.sim.FailFirst = e.int("SIM_FAIL_FIRST", cfg.sim.FailFirst, 0, math.MaxInt32)
+	cfg.sim.FailStatus = e.int("SIM_FAIL_STATUS", cfg.sim.FailStatus, 429, 599)
+	if st := cfg.sim.FailStatus; st > 429 && st < 500 {
+		e.fail("SIM_FAIL_STATUS", strconv.Itoa(st), "429 or 500 to 599")
+	}
+	cfg.sim.FailRetryAfter = time.Duration(e.int("SIM_RETRY_AFTER_SECONDS", 0, 0, 86400)) * time.Second
+	cfg.sim.StallAfter = e.int("SIM_STALL_AFTER", cfg.sim.StallAfter, 0, 1<<20)
+	cfg.sim.MaxConcurrency = e.int("SIM_MAX_CONCURRENCY", cfg.sim.MaxConcurrency, 0, 1<<20)
 	if e.err != nil {
 		return config{}, e.err
 	}
@@ -169,7 +185,10 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	logger.Info("simllm listening", "addr", ln.Addr().String(),
 		"first_token", cfg.sim.FirstToken.String(), "token_interval", cfg.sim.TokenInterval.String(),
 		"tokens", cfg.sim.Tokens, "seed", cfg.sim.Seed,
-		"fail_rate", cfg.sim.FailRate, "fail_midstream_rate", cfg.sim.FailMidstreamRate)
+		"fail_rate", cfg.sim.FailRate, "fail_midstream_rate", cfg.sim.FailMidstreamRate,
+		"fail_first", cfg.sim.FailFirst, "fail_status", cfg.sim.FailStatus,
+		"retry_after", cfg.sim.FailRetryAfter.String(), "stall_after", cfg.sim.StallAfter,
+		"max_concurrency", cfg.sim.MaxConcurrency)
 	if cfg.onListen != nil {
 		cfg.onListen(ln.Addr())
 	}

@@ -36,6 +36,19 @@ func TestLoadConfig(t *testing.T) {
 			"SIM_FIRST_TOKEN_MS": "0", "SIM_TOKEN_MS": "5", "SIM_TOKENS": "7", "SIM_SEED": "-9",
 			"SIM_FAIL_RATE": "0.25", "SIM_FAIL_MIDSTREAM_RATE": "1",
 		}, want: config{addr: ":8081", sim: llm.SimConfig{TokenInterval: 5 * time.Millisecond, Tokens: 7, Seed: -9, FailRate: 0.25, FailMidstreamRate: 1}}},
+		{name: "fault SIM_*", env: map[string]string{
+			"SIM_FAIL_FIRST": "3", "SIM_FAIL_STATUS": "429", "SIM_RETRY_AFTER_SECONDS": "20",
+			"SIM_STALL_AFTER": "5", "SIM_MAX_CONCURRENCY": "8",
+		}, want: config{addr: ":8081", sim: func() llm.SimConfig {
+			c := llm.DefaultSimConfig()
+			c.FailFirst, c.FailStatus, c.FailRetryAfter, c.StallAfter, c.MaxConcurrency = 3, 429, 20*time.Second, 5, 8
+			return c
+		}()}},
+		{name: "fail status not 429 or 5xx", env: map[string]string{"SIM_FAIL_STATUS": "404"}, wantErr: "SIM_FAIL_STATUS"},
+		{name: "fail status 430", env: map[string]string{"SIM_FAIL_STATUS": "430"}, wantErr: "SIM_FAIL_STATUS"},
+		{name: "negative stall", env: map[string]string{"SIM_STALL_AFTER": "-1"}, wantErr: "SIM_STALL_AFTER"},
+		{name: "bad concurrency", env: map[string]string{"SIM_MAX_CONCURRENCY": "many"}, wantErr: "SIM_MAX_CONCURRENCY"},
+		{name: "bad retry after", env: map[string]string{"SIM_RETRY_AFTER_SECONDS": "1.5"}, wantErr: "SIM_RETRY_AFTER_SECONDS"},
 		{name: "bad ms", env: map[string]string{"SIM_TOKEN_MS": "fast"}, wantErr: "SIM_TOKEN_MS"},
 		{name: "negative ms", env: map[string]string{"SIM_FIRST_TOKEN_MS": "-1"}, wantErr: "SIM_FIRST_TOKEN_MS"},
 		{name: "zero tokens", env: map[string]string{"SIM_TOKENS": "0"}, wantErr: "SIM_TOKENS"},

@@ -64,7 +64,7 @@ func NewProvider(cfg *config.Config) (llm.Provider, error) {
 	case "sim":
 		return llm.NewSim(SimConfig(cfg))
 	case "openai":
-		return llm.NewOpenAI(llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Timeout: cfg.LLMTimeout()})
+		return llm.NewOpenAI(llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Timeout: cfg.LLMTimeout(), FirstTokenTimeout: cfg.LLMFirstTokenTimeout(), IdleTimeout: cfg.LLMIdleTimeout()})
 	}
 	return nil, fmt.Errorf("app: unknown LLM_PROVIDER %q", cfg.LLMProvider)
 }

@@ -100,8 +100,18 @@ type Config struct {
 	LLMBaseURL string `env:"LLM_BASE_URL"`
 	// LLMAPIKey is sent as a bearer token upstream.
 	LLMAPIKey string `env:"LLM_API_KEY"`
-	// LLMTimeoutSeconds bounds one upstream call. Default 120.
-	LLMTimeoutSeconds int `env:"LLM_TIMEOUT_SECONDS" envDefault:"120"`
+	// LLMFirstTokenTimeoutSeconds is the longest wait for an upstream
+	// call's first chunk. Default 60.
+	LLMFirstTokenTimeoutSeconds int `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS" envDefault:"60"`
+	// LLMIdleTimeoutSeconds is the longest silence between two chunks of an
+	// upstream stream. Default 30.
+	LLMIdleTimeoutSeconds int `env:"LLM_IDLE_TIMEOUT_SECONDS" envDefault:"30"`
+	// LLMTimeoutSeconds optionally caps one whole upstream call; 0 means no
+	// cap, so long answers are never cut. Default 0.
+	LLMTimeoutSeconds int `env:"LLM_TIMEOUT_SECONDS" envDefault:"0"`
+	// LLMRetryAfterMaxSeconds caps how long an upstream 429/503 Retry-After
+	// is honoured. Default 30.
+	LLMRetryAfterMaxSeconds int `env:"LLM_RETRY_AFTER_MAX_SECONDS" envDefault:"30"`
 
 	// SimFirstTokenMS is the simulator's delay before the first chunk. Default 150.
 	SimFirstTokenMS int `env:"SIM_FIRST_TOKEN_MS" envDefault:"150"`
@@ -188,8 +198,21 @@ func (c *Config) DepthCacheTTL() time.Duration { return millis(c.QueueDepthCache
 // (POOL_LEASE_TTL_SECONDS).
 func (c *Config) LeaseTTL() time.Duration { return seconds(c.PoolLeaseTTLSeconds) }
 
-// LLMTimeout bounds one upstream provider call (LLM_TIMEOUT_SECONDS).
+// LLMTimeout optionally caps one upstream provider call; 0 means no cap
+// (LLM_TIMEOUT_SECONDS).
 func (c *Config) LLMTimeout() time.Duration { return seconds(c.LLMTimeoutSeconds) }
+
+// LLMFirstTokenTimeout is the longest wait for an upstream call's first
+// chunk (LLM_FIRST_TOKEN_TIMEOUT_SECONDS).
+func (c *Config) LLMFirstTokenTimeout() time.Duration { return seconds(c.LLMFirstTokenTimeoutSeconds) }
+
+// LLMIdleTimeout is the longest silence between two chunks of an upstream
+// stream (LLM_IDLE_TIMEOUT_SECONDS).
+func (c *Config) LLMIdleTimeout() time.Duration { return seconds(c.LLMIdleTimeoutSeconds) }
+
+// LLMRetryAfterMax caps an upstream Retry-After and the throttled backoff
+// (LLM_RETRY_AFTER_MAX_SECONDS).
+func (c *Config) LLMRetryAfterMax() time.Duration { return seconds(c.LLMRetryAfterMaxSeconds) }
 
 // SimFirstToken is the simulator's delay before the first chunk (SIM_FIRST_TOKEN_MS).
 func (c *Config) SimFirstToken() time.Duration { return millis(c.SimFirstTokenMS) }

@@ -151,7 +151,14 @@ func (c *Config) Validate() error {
 			v.fail("LLM_BASE_URL", "must be an http:// or https:// URL with a host: %v", err)
 		}
 	}
-	v.atLeast("LLM_TIMEOUT_SECONDS", c.LLMTimeoutSeconds, 1)
+	v.atLeast("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeoutSeconds, 1)
+	v.atLeast("LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeoutSeconds, 1)
+	// A cap shorter than the first-token wait would make that wait a lie.
+	if c.LLMTimeoutSeconds != 0 && c.LLMTimeoutSeconds < c.LLMFirstTokenTimeoutSeconds {
+		v.fail("LLM_TIMEOUT_SECONDS", "(%d) must be 0 (off) or at least LLM_FIRST_TOKEN_TIMEOUT_SECONDS (%d)",
+			c.LLMTimeoutSeconds, c.LLMFirstTokenTimeoutSeconds)
+	}
+	v.atLeast("LLM_RETRY_AFTER_MAX_SECONDS", c.LLMRetryAfterMaxSeconds, 1)
 
 	v.atLeast("SIM_FIRST_TOKEN_MS", c.SimFirstTokenMS, 0)
 	v.atLeast("SIM_TOKEN_MS", c.SimTokenMS, 0)

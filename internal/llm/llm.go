@@ -31,12 +31,23 @@ type Result struct {
 	Usage        protocol.Usage
 }
 
-// Error is a provider failure that says whether a retry may succeed.
+// Error is a provider failure that says whether a retry may succeed. It
+// carries what the upstream said: its HTTP status and Retry-After.
+// CountsAgainstBreaker, IsClientError, Reason and RetryPolicy.Delay read it.
 type Error struct {
-	Retryable  bool
-	Status     int           // upstream HTTP status, 0 when none
-	RetryAfter time.Duration // upstream Retry-After, 0 when none
-	Err        error
+	// Retryable reports that the same request may succeed if sent again.
+	// Whether a retry is safe also depends on whether any chunk reached the
+	// client, which only the caller knows.
+	Retryable bool
+	// Status is the HTTP status of the upstream response the failure came
+	// with: 429 or 503 for a refusal, 200 for a failure in the middle of a
+	// stream, 0 when no response arrived (a refused connection, a timeout
+	// before the response headers).
+	Status int
+	// RetryAfter is the upstream's Retry-After, 0 when none.
+	RetryAfter time.Duration
+	// Err is the cause, for logs.
+	Err error
 }
 
 // Error describes the failure for logs; it is never shown to clients.
@@ -54,8 +65,13 @@ func (e *Error) Error() string {
 // Unwrap returns the cause.
 func (e *Error) Unwrap() error { return e.Err }
 
-// IsRetryable reports whether err is a provider failure a retry may cure.
-// Context cancellation is never retryable.
+// IsRetryable reports whether err is a provider failure a retry may cure:
+// an *Error marked Retryable (upstream 429 and 5xx, connection failures,
+// streams cut short, ErrFirstTokenTimeout, ErrIdleTimeout,
+// ErrTotalTimeout). Context cancellation, errors returned by emit and
+// client errors (IsClientError) are never retryable. A retry after a chunk
+// reached the client would repeat it: the caller must not retry then, even
+// when IsRetryable says yes.
 func IsRetryable(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false

@@ -29,9 +29,20 @@ const (
 	maxErrorBody = 512
 )
 
-// errUpstreamTimeout is the cause of an OpenAI call cut by
-// OpenAIConfig.Timeout, as opposed to the caller's own context.
-var errUpstreamTimeout = errors.New("llm: openai: call exceeded its timeout")
+// Defaults of OpenAIConfig's timeouts (docs/TIMEOUTS.md).
+const (
+	DefaultFirstTokenTimeout = 60 * time.Second
+	DefaultIdleTimeout       = 30 * time.Second
+)
+
+// Causes of a call's context cut by the client itself, as opposed to the
+// caller's context. Stream turns them into ErrFirstTokenTimeout,
+// ErrIdleTimeout or ErrTotalTimeout depending on whether the first chunk
+// had come.
+var (
+	errStalled  = errors.New("llm: openai: watchdog fired")
+	errCallTime = errors.New("llm: openai: call timeout")
+)
 
 // OpenAIConfig configures a client of an OpenAI-compatible chat completions
 // endpoint: OpenAI, vLLM, Ollama, llama.cpp server or simllm.
@@ -45,9 +56,29 @@ type OpenAIConfig struct {
 	// Model is sent when a request names no model. Default empty: the
 	// request's model is sent as it is.
 	Model string
-	// Timeout bounds one whole call, from sending the request to the last
-	// chunk (LLM_TIMEOUT_SECONDS, 120s in the service config). Zero means no
-	// bound beyond the caller's context. A call cut by it fails retryable.
+	// FirstTokenTimeout bounds the wait from sending the request to the
+	// first chunk: the first event that carries model output (content,
+	// reasoning, tool calls or a finish reason; a role-only preamble does
+	// not count, as some servers send it before the model has run). SSE
+	// comments before it do not extend it: an upstream that keeps a request
+	// waiting in its own queue while sending keepalives is as slow to start
+	// as a silent one (LLM_FIRST_TOKEN_TIMEOUT_SECONDS, default 60s; zero
+	// means the default). A call cut by it fails with ErrFirstTokenTimeout.
+	FirstTokenTimeout time.Duration
+	// IdleTimeout bounds the silence between two reads of the stream after
+	// the first chunk (LLM_IDLE_TIMEOUT_SECONDS, default 30s; zero means the
+	// default). Any bytes reset it, SSE comments and keepalives too: they
+	// prove the upstream and the connection alive, and reasoning models
+	// send events without content for minutes; a keepalive-only stream that
+	// never ends is what Timeout is for. Time the caller spends in emit is
+	// not silence: the clock runs only while waiting on the upstream. A call
+	// cut by it fails with ErrIdleTimeout.
+	IdleTimeout time.Duration
+	// Timeout optionally bounds one whole call, from sending the request
+	// to the last chunk (LLM_TIMEOUT_SECONDS). Default zero: no bound, so
+	// an answer that keeps flowing is never cut. A call cut by it fails
+	// with ErrTotalTimeout, or ErrFirstTokenTimeout before its first chunk.
+	// The service config keeps it 0 or at least FirstTokenTimeout.
 	Timeout time.Duration
 	// HTTPClient sends the requests. Nil means a client shared by the
 	// package whose transport keeps up to 1024 idle connections per host, so
@@ -68,6 +99,10 @@ func (c OpenAIConfig) Validate() error {
 		return fmt.Errorf("llm: openai: BaseURL %q: scheme must be http or https", c.BaseURL)
 	case u.Host == "":
 		return fmt.Errorf("llm: openai: BaseURL %q has no host", c.BaseURL)
+	case c.FirstTokenTimeout < 0:
+		return fmt.Errorf("llm: openai: FirstTokenTimeout %s is negative", c.FirstTokenTimeout)
+	case c.IdleTimeout < 0:
+		return fmt.Errorf("llm: openai: IdleTimeout %s is negative", c.IdleTimeout)
 	case c.Timeout < 0:
 		return fmt.Errorf("llm: openai: Timeout %s is negative", c.Timeout)
 	case c.HTTPClient != nil && c.HTTPClient.Timeout != 0:
@@ -79,11 +114,13 @@ func (c OpenAIConfig) Validate() error {
 // OpenAI streams answers from an OpenAI-compatible /chat/completions
 // endpoint. It is safe for concurrent use.
 type OpenAI struct {
-	endpoint string
-	apiKey   string
-	model    string
-	timeout  time.Duration
-	client   *http.Client
+	endpoint   string
+	apiKey     string
+	model      string
+	firstToken time.Duration
+	idle       time.Duration
+	timeout    time.Duration
+	client     *http.Client
 }
 
 var _ Provider = (*OpenAI)(nil)
@@ -98,13 +135,22 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	if client == nil {
 		client = sharedClient()
 	}
-	return &OpenAI{
-		endpoint: strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
-		apiKey:   cfg.APIKey,
-		model:    cfg.Model,
-		timeout:  cfg.Timeout,
-		client:   client,
-	}, nil
+	o := &OpenAI{
+		endpoint:   strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
+		apiKey:     cfg.APIKey,
+		model:      cfg.Model,
+		firstToken: cfg.FirstTokenTimeout,
+		idle:       cfg.IdleTimeout,
+		timeout:    cfg.Timeout,
+		client:     client,
+	}
+	if o.firstToken == 0 {
+		o.firstToken = DefaultFirstTokenTimeout
+	}
+	if o.idle == 0 {
+		o.idle = DefaultIdleTimeout
+	}
+	return o, nil
 }
 
 // sharedClient is the client of every OpenAI built without an HTTPClient,
@@ -147,6 +193,12 @@ type openAIChunk struct {
 	Choices []struct {
 		Delta struct {
 			Content string `json:"content"`
+			// Read only to tell that the model has started: reasoning
+			// models (vLLM's reasoning_content, OpenRouter's and Ollama's
+			// reasoning) and tool calls produce output without content.
+			ReasoningContent string          `json:"reasoning_content"`
+			Reasoning        string          `json:"reasoning"`
+			ToolCalls        json.RawMessage `json:"tool_calls"`
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
@@ -161,9 +213,11 @@ type openAIChunk struct {
 // Failures are *Error: HTTP 429 and 5xx are retryable and carry
 // Retry-After; other statuses and malformed streams are permanent;
 // connection failures, a stream that ends before [DONE] (or a finish
-// reason) and OpenAIConfig.Timeout are retryable. When ctx ends, Stream
-// closes the connection and returns an error wrapping ctx.Err().
-// Upstream body text appears, truncated, only in error text meant for logs.
+// reason) and the timeouts (ErrFirstTokenTimeout, ErrIdleTimeout,
+// ErrTotalTimeout) are retryable. When ctx ends, Stream closes the
+// connection and returns an error wrapping ctx.Err(); a timeout closes it
+// too, so the upstream stops generating. Upstream body text appears,
+// truncated, only in error text meant for logs.
 func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
 	model := req.Model
 	if model == "" {
@@ -180,13 +234,23 @@ func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func
 	if err != nil {
 		return Result{}, &Error{Err: fmt.Errorf("openai: encode request: %w", err)}
 	}
-	callCtx := ctx
+	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit}
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
-		callCtx, cancel = context.WithTimeoutCause(ctx, o.timeout, errUpstreamTimeout)
+		c.callCtx, cancel = context.WithTimeoutCause(c.callCtx, o.timeout, errCallTime)
 		defer cancel()
 	}
-	hreq, err := http.NewRequestWithContext(callCtx, http.MethodPost, o.endpoint, bytes.NewReader(body))
+	// One timer per call, not a goroutine per chunk: it runs from sending
+	// the request to the first chunk, then only while waiting on the body
+	// (watchdog.Read). Firing cancels the request's context, which makes
+	// the transport close the connection and the read return.
+	var cancel context.CancelCauseFunc
+	c.callCtx, cancel = context.WithCancelCause(c.callCtx)
+	defer cancel(nil)
+	c.timer = time.AfterFunc(o.firstToken, func() { cancel(errStalled) })
+	defer c.timer.Stop()
+
+	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, o.endpoint, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &Error{Err: fmt.Errorf("openai: build request: %w", err)}
 	}
@@ -197,7 +261,7 @@ func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func
 	}
 	resp, err := o.client.Do(hreq)
 	if err != nil {
-		return Result{}, transportError(ctx, callCtx, "send request", err)
+		return Result{}, c.fail("send request", err)
 	}
 	// Closing an unread body drops the connection, which is what a
 	// cancelled or failed stream needs: the upstream stops generating.
@@ -205,23 +269,82 @@ func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func
 	if resp.StatusCode != http.StatusOK {
 		return Result{}, statusError(resp, time.Now())
 	}
+	c.status = resp.StatusCode
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
 		return Result{}, &Error{Status: resp.StatusCode,
 			Err: fmt.Errorf("openai: response content type %q is not text/event-stream", resp.Header.Get("Content-Type"))}
 	}
-	return readOpenAIStream(ctx, callCtx, resp.Body, emit)
+	return c.read(&watchdog{body: resp.Body, call: c})
 }
 
-// transportError classifies a failure to send or read: the caller's
-// context first, then the call timeout, else a retryable network error.
-func transportError(ctx, callCtx context.Context, doing string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("openai: %s: %w", doing, ctx.Err())
+// openAICall is the state of one Stream call.
+type openAICall struct {
+	o       *OpenAI
+	ctx     context.Context // the caller's
+	callCtx context.Context // ctx bounded by the call's timeouts
+	emit    func(string) error
+	timer   *time.Timer // fires errStalled on callCtx
+	// started is set at the first chunk; from then on the timer measures
+	// silence (IdleTimeout) instead of the wait for the first chunk.
+	started bool
+	emitted int // chunks passed to emit
+	status  int // HTTP status of the response, once it arrived
+}
+
+// start ends the first-token phase. The timer stays stopped until the
+// next read of the body arms it with IdleTimeout, so the time emit takes
+// does not count as upstream silence.
+func (c *openAICall) start() {
+	if !c.started {
+		c.started = true
+		c.timer.Stop()
 	}
-	if callCtx.Err() != nil {
-		return &Error{Retryable: true, Err: fmt.Errorf("openai: %s: %w", doing, context.Cause(callCtx))}
+}
+
+// watchdog arms the call's timer with IdleTimeout for each read of the
+// body after the first chunk: any bytes, SSE comments included, end the
+// silence.
+type watchdog struct {
+	body io.Reader
+	call *openAICall
+}
+
+func (w *watchdog) Read(p []byte) (int, error) {
+	c := w.call
+	if c.started {
+		c.timer.Reset(c.o.idle)
 	}
-	return &Error{Retryable: true, Err: fmt.Errorf("openai: %s: %w", doing, err)}
+	n, err := w.body.Read(p)
+	if c.started {
+		c.timer.Stop()
+	}
+	return n, err
+}
+
+// fail classifies a failure to send or read: the caller's context first,
+// then the call's own timeouts, else a retryable network error.
+func (c *openAICall) fail(doing string, err error) error {
+	if c.ctx.Err() != nil {
+		return fmt.Errorf("openai: %s: %w", doing, c.ctx.Err())
+	}
+	e := &Error{Retryable: true, Status: c.status}
+	if c.callCtx.Err() == nil {
+		e.Err = fmt.Errorf("openai: %s: %w", doing, err)
+		return e
+	}
+	cause := context.Cause(c.callCtx)
+	switch {
+	case !c.started && errors.Is(cause, errCallTime):
+		e.Err = fmt.Errorf("openai: %s: no chunk within the call timeout %s: %w: %w",
+			doing, c.o.timeout, ErrFirstTokenTimeout, ErrTotalTimeout)
+	case !c.started:
+		e.Err = fmt.Errorf("openai: %s: no chunk within %s: %w", doing, c.o.firstToken, ErrFirstTokenTimeout)
+	case errors.Is(cause, errCallTime):
+		e.Err = fmt.Errorf("openai: %s: cut after %s and %d chunks: %w", doing, c.o.timeout, c.emitted, ErrTotalTimeout)
+	default:
+		e.Err = fmt.Errorf("openai: %s: upstream silent for %s after %d chunks: %w", doing, c.o.idle, c.emitted, ErrIdleTimeout)
+	}
+	return e
 }
 
 func statusError(resp *http.Response, now time.Time) error {
@@ -269,17 +392,16 @@ func logText(b []byte) string {
 	return strconv.Quote(s)
 }
 
-// readOpenAIStream parses server-sent events from body (WHATWG rules: data
-// lines joined by LF, an event dispatched at a blank line, comments and
-// other fields ignored) and handles each as a chat.completion.chunk.
-func readOpenAIStream(ctx, callCtx context.Context, body io.Reader, emit func(string) error) (Result, error) {
+// read parses server-sent events from body (WHATWG rules: data lines
+// joined by LF, an event dispatched at a blank line, comments and other
+// fields ignored) and handles each as a chat.completion.chunk.
+func (c *openAICall) read(body io.Reader) (Result, error) {
 	br := bufio.NewReaderSize(body, 32<<10)
 	var (
 		line, data   []byte
 		hasData      bool
 		finish       string
 		usage        *protocol.Usage
-		emitted      int
 		lineComplete bool
 	)
 	result := func() Result {
@@ -293,7 +415,7 @@ func readOpenAIStream(ctx, callCtx context.Context, body io.Reader, emit func(st
 				r.Usage.TotalTokens = r.Usage.PromptTokens + r.Usage.CompletionTokens
 			}
 		} else {
-			r.Usage = protocol.Usage{CompletionTokens: emitted, TotalTokens: emitted}
+			r.Usage = protocol.Usage{CompletionTokens: c.emitted, TotalTokens: c.emitted}
 		}
 		return r
 	}
@@ -302,40 +424,44 @@ func readOpenAIStream(ctx, callCtx context.Context, body io.Reader, emit func(st
 		if string(d) == "[DONE]" {
 			return true, nil
 		}
-		var c openAIChunk
-		if err := json.Unmarshal(d, &c); err != nil {
-			return false, &Error{Err: fmt.Errorf("openai: malformed stream event: %w", err)}
+		var ch openAIChunk
+		if err := json.Unmarshal(d, &ch); err != nil {
+			return false, &Error{Status: c.status, Err: fmt.Errorf("openai: malformed stream event: %w", err)}
 		}
-		if c.Error != nil {
-			// An error event mid-stream is, as far as OpenAI documents it,
-			// an overload or server fault.
-			return false, &Error{Retryable: true, Err: fmt.Errorf("openai: upstream error event: %s", logText(*c.Error))}
+		if ch.Error != nil {
+			return false, &Error{Retryable: true, Status: c.status,
+				Err: fmt.Errorf("openai: %w: %s", errStreamErrorEvent, logText(*ch.Error))}
 		}
-		if len(c.Choices) > 0 {
-			ch := c.Choices[0]
-			if ch.Delta.Content != "" {
-				if err := emit(ch.Delta.Content); err != nil {
-					return false, fmt.Errorf("openai: emit chunk %d: %w", emitted+1, err)
+		if len(ch.Choices) > 0 {
+			cc := ch.Choices[0]
+			if cc.Delta.Content != "" || cc.Delta.ReasoningContent != "" || cc.Delta.Reasoning != "" ||
+				len(cc.Delta.ToolCalls) > 0 || cc.FinishReason != nil {
+				c.start()
+			}
+			if cc.Delta.Content != "" {
+				if err := c.emit(cc.Delta.Content); err != nil {
+					return false, fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)
 				}
-				emitted++
+				c.emitted++
 			}
-			if ch.FinishReason != nil && *ch.FinishReason != "" {
-				finish = *ch.FinishReason
+			if cc.FinishReason != nil && *cc.FinishReason != "" {
+				finish = *cc.FinishReason
 			}
 		}
-		if c.Usage != nil {
-			usage = c.Usage
+		if ch.Usage != nil {
+			c.start()
+			usage = ch.Usage
 		}
 		return false, nil
 	}
 	for {
-		if callCtx.Err() != nil {
-			return Result{}, transportError(ctx, callCtx, "read stream", callCtx.Err())
+		if c.callCtx.Err() != nil {
+			return Result{}, c.fail("read stream", c.callCtx.Err())
 		}
 		var err error
 		line, lineComplete, err = readLine(br, line[:0])
 		if errors.Is(err, errLineTooLong) {
-			return Result{}, &Error{Err: fmt.Errorf("openai: %w", err)}
+			return Result{}, &Error{Status: c.status, Err: fmt.Errorf("openai: %w", err)}
 		}
 		if len(line) > 0 || lineComplete {
 			switch {
@@ -356,7 +482,7 @@ func readOpenAIStream(ctx, callCtx context.Context, body io.Reader, emit func(st
 						data = append(data, '\n')
 					}
 					if len(data)+len(value) > maxSSELine {
-						return Result{}, &Error{Err: fmt.Errorf("openai: stream event exceeds %d bytes", maxSSELine)}
+						return Result{}, &Error{Status: c.status, Err: fmt.Errorf("openai: stream event exceeds %d bytes", maxSSELine)}
 					}
 					data, hasData = append(data, value...), true
 				}
@@ -376,10 +502,13 @@ func readOpenAIStream(ctx, callCtx context.Context, body io.Reader, emit func(st
 			if finish != "" {
 				return result(), nil
 			}
-			return Result{}, &Error{Retryable: true,
-				Err: fmt.Errorf("openai: stream ended after %d chunks without [DONE]: %w", emitted, io.ErrUnexpectedEOF)}
+			if c.callCtx.Err() != nil { // a transport may report the cut as EOF
+				return Result{}, c.fail("read stream", io.ErrUnexpectedEOF)
+			}
+			return Result{}, &Error{Retryable: true, Status: c.status,
+				Err: fmt.Errorf("openai: stream ended after %d chunks without [DONE]: %w", c.emitted, io.ErrUnexpectedEOF)}
 		default:
-			return Result{}, transportError(ctx, callCtx, "read stream", err)
+			return Result{}, c.fail("read stream", err)
 		}
 	}
 }

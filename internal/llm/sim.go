@@ -39,18 +39,36 @@ type SimConfig struct {
 	// same seed gives the same messages the same answer.
 	Seed int64
 	// FailRate is the probability, from 0 to 1, that a call fails before its
-	// first chunk with a retryable *Error of Status 503 (SIM_FAIL_RATE,
-	// default 0).
+	// first chunk with a retryable *Error of Status FailStatus
+	// (SIM_FAIL_RATE, default 0).
 	FailRate float64
 	// FailMidstreamRate is the probability, from 0 to 1, that a call fails
 	// after about half of its chunks with a retryable *Error of Status 502
 	// (SIM_FAIL_MIDSTREAM_RATE, default 0).
 	FailMidstreamRate float64
 	// FailFirst makes the first FailFirst calls to Stream of this Sim fail
-	// before their first chunk, as FailRate does, whatever the rates say. It
-	// has no env variable: tests use it to script a number of failed
-	// attempts before a success. Default 0.
+	// before their first chunk, as FailRate does, whatever the rates say:
+	// a number of failed attempts before a success (SIM_FAIL_FIRST in
+	// simllm, default 0).
 	FailFirst int
+	// FailStatus is the HTTP status of the failures FailRate and FailFirst
+	// inject: 429 or 500 to 599 (SIM_FAIL_STATUS in simllm, default 0,
+	// meaning 503).
+	FailStatus int
+	// FailRetryAfter is the Retry-After of the failures FailRate, FailFirst
+	// and MaxConcurrency inject; simserver sends it in whole seconds, at
+	// least 1 (SIM_RETRY_AFTER_SECONDS in simllm, default 0: none).
+	FailRetryAfter time.Duration
+	// StallAfter makes a call fall silent once it has emitted StallAfter
+	// chunks, until its context ends, as a stuck upstream does; an answer
+	// of fewer chunks completes (SIM_STALL_AFTER in simllm, default 0:
+	// off).
+	StallAfter int
+	// MaxConcurrency makes a call fail at once with a retryable 429 when
+	// MaxConcurrency calls are already in flight, as an upstream limited to
+	// that many concurrent requests does (SIM_MAX_CONCURRENCY in simllm,
+	// default 0: no limit).
+	MaxConcurrency int
 }
 
 // DefaultSimConfig returns the defaults DESIGN.md gives for the SIM_*
@@ -79,6 +97,14 @@ func (c SimConfig) Validate() error {
 		return fmt.Errorf("llm: sim: FailMidstreamRate %v is not between 0 and 1", c.FailMidstreamRate)
 	case c.FailFirst < 0:
 		return fmt.Errorf("llm: sim: FailFirst %d is negative", c.FailFirst)
+	case c.FailStatus != 0 && c.FailStatus != 429 && (c.FailStatus < 500 || c.FailStatus > 599):
+		return fmt.Errorf("llm: sim: FailStatus %d is not 429 or from 500 to 599", c.FailStatus)
+	case c.FailRetryAfter < 0:
+		return fmt.Errorf("llm: sim: FailRetryAfter %s is negative", c.FailRetryAfter)
+	case c.StallAfter < 0:
+		return fmt.Errorf("llm: sim: StallAfter %d is negative", c.StallAfter)
+	case c.MaxConcurrency < 0:
+		return fmt.Errorf("llm: sim: MaxConcurrency %d is negative", c.MaxConcurrency)
 	}
 	return nil
 }
@@ -88,8 +114,9 @@ func (c SimConfig) Validate() error {
 // request's messages; only pacing and injected faults vary between calls.
 // It is safe for concurrent use.
 type Sim struct {
-	cfg   SimConfig
-	calls atomic.Int64 // calls to Stream so far, for FailFirst
+	cfg      SimConfig
+	calls    atomic.Int64 // calls to Stream so far, for FailFirst
+	inFlight atomic.Int64 // calls admitted and not returned, for MaxConcurrency
 }
 
 var _ Provider = (*Sim)(nil)
@@ -116,11 +143,22 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(co
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("sim: %w", err)
 	}
+	if s.cfg.MaxConcurrency > 0 {
+		if !s.admit() {
+			return Result{}, &Error{Retryable: true, Status: 429, RetryAfter: s.cfg.FailRetryAfter,
+				Err: fmt.Errorf("sim: more than %d calls in flight: %w", s.cfg.MaxConcurrency, ErrSimulatedFault)}
+		}
+		defer s.inFlight.Add(-1)
+	}
 	// The fault dice come from the global source, never from the text's
 	// seeded source, so a retry of the same request can succeed.
 	call := s.calls.Add(1)
 	if call <= int64(s.cfg.FailFirst) || (s.cfg.FailRate > 0 && rand.Float64() < s.cfg.FailRate) {
-		return Result{}, &Error{Retryable: true, Status: 503,
+		status := s.cfg.FailStatus
+		if status == 0 {
+			status = 503
+		}
+		return Result{}, &Error{Retryable: true, Status: status, RetryAfter: s.cfg.FailRetryAfter,
 			Err: fmt.Errorf("sim: fail before first chunk: %w", ErrSimulatedFault)}
 	}
 	chunks := SimChunks(req.Messages, s.cfg.Seed, s.cfg.Tokens)
@@ -134,6 +172,10 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(co
 		failAt = max(1, len(chunks)/2)
 	}
 	for i, c := range chunks {
+		if i > 0 && i == s.cfg.StallAfter {
+			<-ctx.Done()
+			return Result{}, fmt.Errorf("sim: stalled after %d chunks: %w", i, ctx.Err())
+		}
 		wait := s.cfg.TokenInterval
 		if i == 0 {
 			wait = s.cfg.FirstToken
@@ -162,6 +204,19 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(co
 			TotalTokens:      prompt + len(chunks),
 		},
 	}, nil
+}
+
+// admit takes an in-flight place if fewer than MaxConcurrency are taken.
+func (s *Sim) admit() bool {
+	for {
+		n := s.inFlight.Load()
+		if n >= int64(s.cfg.MaxConcurrency) {
+			return false
+		}
+		if s.inFlight.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
 }
 
 // sleepCtx waits d or until ctx ends, whichever comes first, and returns

@@ -475,6 +475,13 @@ func TestSimConfigValidate(t *testing.T) {
 		{"fail rate NaN", func(c *SimConfig) { c.FailRate = math.NaN() }, false},
 		{"midstream NaN", func(c *SimConfig) { c.FailMidstreamRate = math.NaN() }, false},
 		{"negative fail first", func(c *SimConfig) { c.FailFirst = -1 }, false},
+		{"fail status 429", func(c *SimConfig) { c.FailStatus = 429 }, true},
+		{"fail status 599", func(c *SimConfig) { c.FailStatus = 599 }, true},
+		{"fail status 404", func(c *SimConfig) { c.FailStatus = 404 }, false},
+		{"fail status 600", func(c *SimConfig) { c.FailStatus = 600 }, false},
+		{"negative retry after", func(c *SimConfig) { c.FailRetryAfter = -time.Second }, false},
+		{"negative stall", func(c *SimConfig) { c.StallAfter = -1 }, false},
+		{"negative concurrency", func(c *SimConfig) { c.MaxConcurrency = -1 }, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -493,4 +500,72 @@ func TestSimConfigValidate(t *testing.T) {
 	if s := newTestSim(t, ok); s.Name() != "sim" {
 		t.Errorf("Name() = %q", s.Name())
 	}
+}
+
+// TestSimThrottledFirst: the first K calls are refused with the status
+// and Retry-After configured, then the answer is the usual one.
+func TestSimThrottledFirst(t *testing.T) {
+	t.Parallel()
+	s := newTestSim(t, SimConfig{Tokens: 4, Seed: 3, FailFirst: 2, FailStatus: 429, FailRetryAfter: 2 * time.Second})
+	req := protocol.ChatRequest{Messages: userMsg("retry me")}
+	for range 2 {
+		_, _, err := collect(t, s, t.Context(), req)
+		wantSimFault(t, err, 429)
+		if d, ok := (RetryPolicy{}).Delay(err, 1); !ok || d != 2*time.Second {
+			t.Errorf("Delay = %v, %v; want 2s from Retry-After", d, ok)
+		}
+	}
+	if got, _, err := collect(t, s, t.Context(), req); err != nil || !slices.Equal(got, SimChunks(req.Messages, 3, 4)) {
+		t.Errorf("third call: %q, %v", got, err)
+	}
+}
+
+// TestSimStall: a call falls silent after StallAfter chunks until its
+// context ends; a shorter answer completes.
+func TestSimStall(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestSim(t, SimConfig{FirstToken: time.Second, TokenInterval: time.Second, Tokens: 10, Seed: 1, StallAfter: 3})
+		ctx, cancel := context.WithTimeout(t.Context(), time.Hour)
+		defer cancel()
+		start := time.Now()
+		got, _, err := collect(t, s, ctx, protocol.ChatRequest{Messages: userMsg("hi")})
+		if len(got) != 3 || !errors.Is(err, context.DeadlineExceeded) || time.Since(start) != time.Hour {
+			t.Errorf("got %d chunks, %v after %v; want 3 and the context's end after 1h", len(got), err, time.Since(start))
+		}
+		got, _, err = collect(t, s, t.Context(), protocol.ChatRequest{Messages: userMsg("hi"), MaxTokens: 3})
+		if len(got) != 3 || err != nil {
+			t.Errorf("3-chunk answer: %d chunks, %v; want it whole", len(got), err)
+		}
+	})
+}
+
+// TestSimMaxConcurrency: with C calls in flight the next is refused at
+// once with 429 and Retry-After; once one returns, a call is admitted.
+func TestSimMaxConcurrency(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newTestSim(t, SimConfig{FirstToken: time.Minute, Tokens: 2, Seed: 1, MaxConcurrency: 2, FailRetryAfter: time.Second})
+		req := protocol.ChatRequest{Messages: userMsg("hi")}
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				if _, _, err := collect(t, s, t.Context(), req); err != nil {
+					t.Errorf("admitted call: %v", err)
+				}
+			})
+		}
+		synctest.Wait() // both wait for their first token
+		start := time.Now()
+		_, _, err := collect(t, s, t.Context(), req)
+		wantSimFault(t, err, 429)
+		var e *Error
+		if errors.As(err, &e); e.RetryAfter != time.Second || time.Since(start) != 0 {
+			t.Errorf("refusal %v after %v, want Retry-After 1s at once", err, time.Since(start))
+		}
+		wg.Wait()
+		if _, _, err := collect(t, s, t.Context(), req); err != nil {
+			t.Errorf("call after the others returned: %v", err)
+		}
+	})
 }

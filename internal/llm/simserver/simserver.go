@@ -2,6 +2,17 @@
 // OpenAI-compatible HTTP API. It is a package of its own, not part of
 // cmd/simllm, so that tests elsewhere can run the simulated upstream
 // in-process with httptest.
+//
+// Faults come from the provider's configuration (llm.SimConfig; simllm
+// reads them from SIM_* variables, docs/TIMEOUTS.md): a failure before the
+// first chunk is answered with its status (503, or 429 and 5xx as
+// SIM_FAIL_STATUS says) and Retry-After in whole seconds
+// (SIM_RETRY_AFTER_SECONDS), for a share of calls (SIM_FAIL_RATE), the
+// first K calls (SIM_FAIL_FIRST) or the calls beyond a concurrency limit
+// (SIM_MAX_CONCURRENCY, 429); a slow first token is SIM_FIRST_TOKEN_MS; a
+// stall after N chunks (SIM_STALL_AFTER) keeps the response open and
+// silent until the client leaves; a failure after the first chunk drops
+// the connection.
 package simserver
 
 import (
@@ -46,6 +57,7 @@ type Server struct {
 	requests  atomic.Int64
 	cancelled atomic.Int64
 	active    atomic.Int64
+	throttled atomic.Int64
 }
 
 // New returns a server answering with p. A nil logger discards logs.
@@ -71,6 +83,10 @@ func (s *Server) Requests() int64 { return s.requests.Load() }
 // Cancelled returns how many chat completions ended because the client
 // went away before the answer was complete (simllm_cancelled_total).
 func (s *Server) Cancelled() int64 { return s.cancelled.Load() }
+
+// Throttled returns how many chat completions were answered 429
+// (simllm_throttled_total).
+func (s *Server) Throttled() int64 { return s.throttled.Load() }
 
 // Active returns how many chat completions, streaming or not, are being
 // answered now (simllm_active_streams).
@@ -303,6 +319,9 @@ func (s *Server) providerError(w http.ResponseWriter, a answer, err error) {
 			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, pe.RetryAfter.Round(time.Second)/time.Second))))
 		}
 	}
+	if status == http.StatusTooManyRequests {
+		s.throttled.Add(1)
+	}
 	s.log.Info("provider failed", "id", a.id, "status", status, "err", err)
 	writeError(w, status, "server_error", "the simulated provider failed; retry the request")
 }
@@ -321,6 +340,10 @@ func (s *Server) registry() *prometheus.Registry {
 			Name: "simllm_cancelled_total",
 			Help: "Chat completions whose client went away before the answer was complete.",
 		}, func() float64 { return float64(s.Cancelled()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "simllm_throttled_total",
+			Help: "Chat completions answered 429 Too Many Requests.",
+		}, func() float64 { return float64(s.Throttled()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "simllm_active_streams",
 			Help: "Chat completions being answered now.",

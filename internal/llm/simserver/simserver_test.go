@@ -352,3 +352,73 @@ func waitFor(tb testing.TB, timeout time.Duration, what string, cond func() bool
 	tb.Helper()
 	testutil.Eventually(tb, timeout, cond, what)
 }
+
+// TestThrottledWithRetryAfter: the first calls are refused 429 with a
+// Retry-After in seconds, which the OpenAI client reads back.
+func TestThrottledWithRetryAfter(t *testing.T) {
+	t.Parallel()
+	srv, hs := start(t, llm.SimConfig{Tokens: 3, FailFirst: 2, FailStatus: 429, FailRetryAfter: 2 * time.Second})
+	resp := post(t, hs.URL, `{"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "2" {
+		t.Fatalf("status %d Retry-After %q, want 429 and 2", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	c, err := llm.NewOpenAI(llm.OpenAIConfig{BaseURL: hs.URL + "/v1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(string) error { return nil })
+	if d, ok := (llm.RetryPolicy{}).Delay(err, 1); !ok || d != 2*time.Second || llm.CountsAgainstBreaker(err) {
+		t.Errorf("err %v: Delay %v, %v; want 2s, and not a breaker failure", err, d, ok)
+	}
+	if _, err := c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(string) error { return nil }); err != nil {
+		t.Errorf("third call: %v", err)
+	}
+	if srv.Throttled() != 2 || srv.Requests() != 3 {
+		t.Errorf("throttled %d of %d requests, want 2 of 3", srv.Throttled(), srv.Requests())
+	}
+}
+
+// TestStallCutByIdleTimeout: a stalled stream is cut by the client's idle
+// timeout, and the server sees the client leave.
+func TestStallCutByIdleTimeout(t *testing.T) {
+	t.Parallel()
+	srv, hs := start(t, llm.SimConfig{Tokens: 10, Seed: seed, StallAfter: 2})
+	c, err := llm.NewOpenAI(llm.OpenAIConfig{BaseURL: hs.URL + "/v1", FirstTokenTimeout: time.Second, IdleTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	_, err = c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(string) error { n++; return nil })
+	if !errors.Is(err, llm.ErrIdleTimeout) || n != 2 {
+		t.Fatalf("err %v after %d chunks, want ErrIdleTimeout after 2", err, n)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return srv.Cancelled() == 1 && srv.Active() == 0 }, "the server sees the client leave")
+}
+
+// TestConcurrencyLimit: with two slow answers in flight, a third request
+// is answered 429 at once.
+func TestConcurrencyLimit(t *testing.T) {
+	t.Parallel()
+	srv, hs := start(t, llm.SimConfig{FirstToken: time.Hour, Tokens: 3, Seed: seed, MaxConcurrency: 2, FailRetryAfter: time.Second})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	for range 2 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, hs.URL+"/v1/chat/completions",
+			strings.NewReader(`{"stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			if resp, err := http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}()
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return srv.Active() == 2 }, "two answers in flight")
+	resp := post(t, hs.URL, `{"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "1" || srv.Throttled() != 1 {
+		t.Errorf("status %d Retry-After %q throttled %d, want 429, 1 and 1", resp.StatusCode, resp.Header.Get("Retry-After"), srv.Throttled())
+	}
+	cancel()
+	testutil.Eventually(t, 5*time.Second, func() bool { return srv.Active() == 0 }, "the slow answers end")
+}
