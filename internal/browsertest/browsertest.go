@@ -206,7 +206,7 @@ func pageText(ctx context.Context) string {
 	if c == nil {
 		return ""
 	}
-	short, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	short, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	s, err := chromedp.Run(short, chromedp.Evaluate[string](`document.body ? document.body.innerText : ""`))
 	if err != nil {
