@@ -10,10 +10,11 @@ test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 # deps installs what the tests need from Debian's packages when missing:
-# redis-server (integration tests start their own servers on free ports)
-# and promtool (the alert rules are checked with it). apt-get update runs
-# at most once.
-DEB_NEEDS := redis-server:redis-server promtool:prometheus
+# redis-server (integration tests start their own servers on free ports),
+# promtool (the alert rules are checked with it) and chromium (the chat
+# page and CORS are tested in a headless browser). apt-get update runs at
+# most once.
+DEB_NEEDS := redis-server:redis-server promtool:prometheus chromium:chromium
 deps:
 	@missing=""; \
 	for pair in $(DEB_NEEDS); do \

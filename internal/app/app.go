@@ -36,6 +36,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/web"
+	"github.com/spillway-dev/spillway/internal/web/cors"
 )
 
 // API is a built api process: routes and everything behind them.
@@ -309,6 +311,10 @@ func (a *API) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
+	// CORS first: refusals, 404/405 and panics must carry its headers too.
+	if p := cors.New(cors.Config{AllowedOrigins: a.cfg.CORSAllowedOrigins}); p.Enabled() {
+		e.Use(p.Gin())
+	}
 	// A panic in a handler is a bug; the client still gets a problem
 	// document, and the log gets the stack.
 	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, err any) {
@@ -323,6 +329,9 @@ func (a *API) routes() *gin.Engine {
 	e.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	e.GET("/readyz", a.readyz)
 	e.GET("/metrics", gin.WrapH(promhttp.HandlerFor(a.gatherer(), promhttp.HandlerOpts{})))
+	if a.cfg.ChatPageEnabled {
+		e.GET("/", gin.WrapH(web.Handler()))
+	}
 	e.NoRoute(func(c *gin.Context) {
 		stream.WriteProblem(c.Writer, protocol.NewProblem(protocol.ProblemNotFound, "Not Found", http.StatusNotFound,
 			"No such endpoint."), c.Request.URL.Path)

@@ -126,6 +126,13 @@ type Config struct {
 	// SimFailMidstreamRate is the share failing after some chunks. Default 0.
 	SimFailMidstreamRate float64 `env:"SIM_FAIL_MIDSTREAM_RATE" envDefault:"0"`
 
+	// CORSAllowedOrigins lists the origins (scheme://host[:port]) whose
+	// browser pages may call the api, or "*" for any. Default empty (no
+	// CORS headers), "*" in embedded mode.
+	CORSAllowedOrigins []string `env:"CORS_ALLOWED_ORIGINS" envSeparator:","`
+	// ChatPageEnabled serves the built-in chat page at GET /. Default true.
+	ChatPageEnabled bool `env:"CHAT_PAGE_ENABLED" envDefault:"true"`
+
 	// LogLevel is debug, info, warn or error. Default info.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 }

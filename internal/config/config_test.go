@@ -124,6 +124,8 @@ func TestDefaults(t *testing.T) {
 		{"SIM_SEED", c.SimSeed, int64(1)},
 		{"SIM_FAIL_RATE", c.SimFailRate, 0.0},
 		{"SIM_FAIL_MIDSTREAM_RATE", c.SimFailMidstreamRate, 0.0},
+		{"CORS_ALLOWED_ORIGINS", c.CORSAllowedOrigins, []string{"*"}}, // embedded mode
+		{"CHAT_PAGE_ENABLED", c.ChatPageEnabled, true},
 		{"LOG_LEVEL", c.LogLevel, "info"},
 	}
 	var covered []string
@@ -198,6 +200,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"SIM_SEED":                              "-7",
 		"SIM_FAIL_RATE":                         "0.25",
 		"SIM_FAIL_MIDSTREAM_RATE":               "1",
+		"CORS_ALLOWED_ORIGINS":                  "https://chat.example.com, http://localhost:3000",
+		"CHAT_PAGE_ENABLED":                     "false",
 		"LOG_LEVEL":                             "debug",
 		"UNRELATED_VAR":                         "ignored",
 	}
@@ -257,6 +261,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		SimSeed:                          -7,
 		SimFailRate:                      0.25,
 		SimFailMidstreamRate:             1,
+		CORSAllowedOrigins:               []string{"https://chat.example.com", "http://localhost:3000"},
+		ChatPageEnabled:                  false,
 		LogLevel:                         "debug",
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -324,6 +330,24 @@ func TestEnvEdgeCases(t *testing.T) {
 			check: func(tb testing.TB, c *Config) {
 				if c.SlogLevel() != slog.LevelWarn {
 					tb.Errorf("SlogLevel() = %v, want warn", c.SlogLevel())
+				}
+			},
+		},
+		{
+			name:    "no CORS by default with REDIS_URL",
+			environ: map[string]string{"REDIS_URL": "redis://r:6379"},
+			check: func(tb testing.TB, c *Config) {
+				if c.CORSAllowedOrigins != nil {
+					tb.Errorf("CORSAllowedOrigins = %q, want nil", c.CORSAllowedOrigins)
+				}
+			},
+		},
+		{
+			name:    "CORS origins replace the embedded default",
+			environ: map[string]string{"CORS_ALLOWED_ORIGINS": "https://a.example, ,http://b.example:8000"},
+			check: func(tb testing.TB, c *Config) {
+				if !slices.Equal(c.CORSAllowedOrigins, []string{"https://a.example", "http://b.example:8000"}) {
+					tb.Errorf("CORSAllowedOrigins = %q", c.CORSAllowedOrigins)
 				}
 			},
 		},
@@ -639,6 +663,10 @@ func TestValidateRules(t *testing.T) {
 		{"pool backend unknown", func(c *Config) { c.PoolBackend = "memcached" }, []string{"POOL_BACKEND"}, `POOL_BACKEND ("memcached") must be local or redis`},
 		{"pool backend unset", func(c *Config) { c.PoolBackend = "" }, []string{"POOL_BACKEND"}, `POOL_BACKEND ("") must be local or redis`},
 		{"redis pool in embedded mode", func(c *Config) { c.PoolBackend = "redis" }, []string{"POOL_BACKEND"}, "POOL_BACKEND (redis) needs REDIS_URL"},
+		{"cors origin with path", func(c *Config) { c.CORSAllowedOrigins = []string{"https://a.example/"} }, []string{"CORS_ALLOWED_ORIGINS"}, `CORS_ALLOWED_ORIGINS item "https://a.example/" must be "*" or an origin`},
+		{"cors origin without scheme", func(c *Config) { c.CORSAllowedOrigins = []string{"a.example:3000"} }, []string{"CORS_ALLOWED_ORIGINS"}, "scheme or host is missing"},
+		{"cors origin with query", func(c *Config) { c.CORSAllowedOrigins = []string{"https://a.example?x=1"} }, []string{"CORS_ALLOWED_ORIGINS"}, "no user, path"},
+		{"cors star with others", func(c *Config) { c.CORSAllowedOrigins = []string{"*", "https://a.example"} }, []string{"CORS_ALLOWED_ORIGINS"}, `lists "*" with other origins`},
 		{"pool size", func(c *Config) { c.ConnectionPoolSize = 0 }, []string{"CONNECTION_POOL_SIZE"}, "CONNECTION_POOL_SIZE (0) must be at least 1"},
 		{"pool per user", func(c *Config) { c.ConnectionPoolPerUser = 0 }, []string{"CONNECTION_POOL_PER_USER"}, "CONNECTION_POOL_PER_USER (0) must be at least 1"},
 		{"lease ttl", func(c *Config) { c.PoolLeaseTTLSeconds = 1 }, []string{"POOL_LEASE_TTL_SECONDS"}, "POOL_LEASE_TTL_SECONDS (1) must be at least 2"},
@@ -757,6 +785,10 @@ func TestValidateAcceptsEdges(t *testing.T) {
 		{"openai", func(c *Config) { c.LLMProvider, c.LLMBaseURL = "openai", "https://api.example.com/v1" }},
 		{"queue only", func(c *Config) { c.DirectPathEnabled = false }},
 		{"no failover", func(c *Config) { c.QueueFailoverEnabled = false }},
+		{"cors origins", func(c *Config) {
+			c.CORSAllowedOrigins = []string{"https://chat.example.com", "http://127.0.0.1:5173", "capacitor://localhost"}
+		}},
+		{"no cors", func(c *Config) { c.CORSAllowedOrigins = nil }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -822,7 +854,7 @@ func TestExampleFileDocumentsEverySetting(t *testing.T) {
 	}
 	// These have mode-dependent defaults (or nil means "decide by mode"), so
 	// setting them in the file would change behaviour.
-	commentedOut := []string{"CONNECTION_POOL_SIZE", "EMBEDDED_WORKERS", "POOL_BACKEND", "REDIS_URL"}
+	commentedOut := []string{"CONNECTION_POOL_SIZE", "CORS_ALLOWED_ORIGINS", "EMBEDDED_WORKERS", "POOL_BACKEND", "REDIS_URL"}
 
 	active := regexp.MustCompile(`^([a-z_]+):`)
 	commented := regexp.MustCompile(`^# ([a-z_]+):`)

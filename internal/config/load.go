@@ -47,9 +47,9 @@ func FromEnv(path string) (*Config, error) {
 // neither overrides the file nor the default: docker-compose passes
 // `${VAR}` of an unset host variable as "", and that must not erase a value.
 //
-// CONNECTION_POOL_SIZE (unset or 0) and POOL_BACKEND (unset) get defaults
-// that depend on the mode: 2 and "local" without REDIS_URL (embedded), 100
-// and "redis" with it.
+// CONNECTION_POOL_SIZE (unset or 0), POOL_BACKEND (unset) and
+// CORS_ALLOWED_ORIGINS (unset) get defaults that depend on the mode: 2,
+// "local" and "*" without REDIS_URL (embedded), 100, "redis" and none with it.
 func Load(path string, environ map[string]string) (*Config, error) {
 	merged := make(map[string]string)
 	source := make(map[string]string)
@@ -77,6 +77,10 @@ func Load(path string, environ map[string]string) (*Config, error) {
 	}
 	c.KafkaBrokers = cleanList(c.KafkaBrokers)
 	c.APIKeys = cleanList(c.APIKeys)
+	c.CORSAllowedOrigins = cleanList(c.CORSAllowedOrigins)
+	if c.CORSAllowedOrigins == nil && c.Embedded() {
+		c.CORSAllowedOrigins = []string{CORSAnyOrigin}
+	}
 	if c.ConnectionPoolSize == 0 {
 		c.ConnectionPoolSize = defaultPoolSize
 		if c.Embedded() {

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Values of QUEUE_TYPE, POOL_BACKEND and LLM_PROVIDER.
+// Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER and CORS_ALLOWED_ORIGINS.
 const (
 	// QueueTypeRedis is the QUEUE_TYPE for Redis Streams.
 	QueueTypeRedis = "redis"
@@ -26,6 +26,8 @@ const (
 	ProviderSim = "sim"
 	// ProviderOpenAI is the LLM_PROVIDER for any OpenAI-compatible endpoint at LLM_BASE_URL.
 	ProviderOpenAI = "openai"
+	// CORSAnyOrigin is the CORS_ALLOWED_ORIGINS item that allows every origin.
+	CORSAnyOrigin = "*"
 )
 
 // Lower bounds that are not simply "at least 1".
@@ -166,6 +168,18 @@ func (c *Config) Validate() error {
 	v.rate("SIM_FAIL_RATE", c.SimFailRate)
 	v.rate("SIM_FAIL_MIDSTREAM_RATE", c.SimFailMidstreamRate)
 
+	for _, o := range c.CORSAllowedOrigins {
+		if o == CORSAnyOrigin {
+			if len(c.CORSAllowedOrigins) > 1 {
+				v.fail("CORS_ALLOWED_ORIGINS", "lists %q with other origins: \"*\" already allows every origin", CORSAnyOrigin)
+			}
+			continue
+		}
+		if err := checkOrigin(o); err != nil {
+			v.fail("CORS_ALLOWED_ORIGINS", "item %q must be \"*\" or an origin like https://chat.example.com: %v", o, err)
+		}
+	}
+
 	if _, ok := logLevels[strings.ToLower(c.LogLevel)]; !ok {
 		v.fail("LOG_LEVEL", "(%q) must be debug, info, warn or error", c.LogLevel)
 	}
@@ -235,6 +249,22 @@ func checkHTTPURL(raw string) error {
 	}
 	if u.Host == "" {
 		return errors.New("host is missing")
+	}
+	return nil
+}
+
+// checkOrigin accepts what a browser sends in Origin: scheme://host[:port],
+// nothing after it.
+func checkOrigin(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return urlCause(err)
+	}
+	switch {
+	case u.Scheme == "" || u.Host == "":
+		return errors.New("scheme or host is missing")
+	case u.User != nil || u.Path != "" || u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(raw, "?") || strings.HasSuffix(raw, "#"):
+		return errors.New("an origin has no user, path (not even \"/\"), query or fragment")
 	}
 	return nil
 }
