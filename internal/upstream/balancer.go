@@ -225,6 +225,7 @@ type Reservation struct {
 	slot    Slot
 	capped  bool
 	trial   bool
+	wait    bool // from Acquire: a retry waits for a slot too
 	tokens  int
 	tried   uint64
 	key     string
@@ -264,15 +265,25 @@ func (b *Balancer) TryAcquire(ctx context.Context, req protocol.ChatRequest) (*R
 
 // Acquire reserves like TryAcquire but waits while no upstream can take
 // the call, until one can or ctx ends: the worker's path. It wakes at
-// every release or health change and at least every second.
+// every release or health change and at least every second. A retry
+// inside the reservation's Stream waits the same way while an untried
+// upstream is only full, not sitting out.
 func (b *Balancer) Acquire(ctx context.Context, req protocol.ChatRequest) (*Reservation, error) {
+	return b.acquire(ctx, req, sessionFrom(ctx, req), 0)
+}
+
+func (b *Balancer) acquire(ctx context.Context, req protocol.ChatRequest, key string, tried uint64) (*Reservation, error) {
 	t := time.NewTimer(recheckEvery)
 	defer t.Stop()
 	for {
 		capsCh, healthCh := b.caps.Changed(), b.health.Changed()
-		r, err := b.TryAcquire(ctx, req)
-		if !errors.Is(err, ErrNoUpstream) {
-			return r, err
+		r, err := b.reserve(ctx, req, key, tried)
+		if err == nil {
+			r.wait = true
+			return r, nil
+		}
+		if !errors.Is(err, ErrNoUpstream) || (tried != 0 && !b.anyUp(req.Model, tried)) {
+			return nil, err
 		}
 		t.Reset(recheckEvery)
 		select {
@@ -283,6 +294,17 @@ func (b *Balancer) Acquire(ctx context.Context, req protocol.ChatRequest) (*Rese
 		case <-t.C:
 		}
 	}
+}
+
+// anyUp reports whether an upstream serving model and not in tried is
+// healthy or awaiting its trial: worth waiting for.
+func (b *Balancer) anyUp(model string, tried uint64) bool {
+	for i, u := range b.ups {
+		if tried&(1<<i) == 0 && u.Spec.Serves(model) && b.health.State(i) != Ejected {
+			return true
+		}
+	}
+	return false
 }
 
 // reserve picks and holds an upstream for req, skipping those in tried.
@@ -416,7 +438,16 @@ func (r *Reservation) Stream(ctx context.Context, req protocol.ChatRequest, emit
 		if first || ctx.Err() != nil || !llm.IsRetryable(err) {
 			return llm.Result{}, err
 		}
-		next, nerr := b.reserve(ctx, req, r.key, r.tried|1<<r.u.index)
+		tried := r.tried | 1<<r.u.index
+		var (
+			next *Reservation
+			nerr error
+		)
+		if r.wait {
+			next, nerr = b.acquire(ctx, req, r.key, tried)
+		} else {
+			next, nerr = b.reserve(ctx, req, r.key, tried)
+		}
 		if nerr != nil {
 			return llm.Result{}, err
 		}

@@ -82,8 +82,9 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 		return nil, errors.New("upstreams: LLM_BASE_URL and the YAML upstreams list are both set; give one of them")
 	}
 	var (
-		specs []Spec
-		errs  []error
+		specs   []Spec
+		entries []int // 1-based position of each spec in its list
+		errs    []error
 	)
 	switch {
 	case list != "":
@@ -109,6 +110,7 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 				Weight:         1,
 				MaxConcurrency: max(d.MaxConcurrency, 0),
 			})
+			entries = append(entries, i+1)
 		}
 	case len(yamlUpstreams) > 0:
 		for i, s := range yamlUpstreams {
@@ -158,6 +160,7 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 				s.APIKey = v
 			}
 			specs = append(specs, s)
+			entries = append(entries, i+1)
 		}
 	default:
 		return nil, nil
@@ -169,13 +172,13 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 	urls := make(map[string]int, len(specs))
 	for i, s := range specs {
 		if j, dup := names[s.Name]; dup && s.Name != "" {
-			errs = append(errs, fmt.Errorf("upstream name %q is used by entries %d and %d", s.Name, j+1, i+1))
+			errs = append(errs, fmt.Errorf("upstream name %q is used by entries %d and %d", s.Name, entries[j], entries[i]))
 		} else {
 			names[s.Name] = i
 		}
 		key := strings.TrimRight(s.BaseURL, "/")
 		if j, dup := urls[key]; dup && key != "" {
-			errs = append(errs, fmt.Errorf("upstream base URL %q is used by entries %d and %d", s.BaseURL, j+1, i+1))
+			errs = append(errs, fmt.Errorf("upstream base URL %q is used by entries %d and %d", s.BaseURL, entries[j], entries[i]))
 		} else {
 			urls[key] = i
 		}
