@@ -21,9 +21,9 @@ import (
 // the most it ever had in flight at once.
 type mockUpstream struct {
 	srv        *httptest.Server
-	status     atomic.Int32 // 0 or 200: stream; else answer this status
-	retryAfter atomic.Value // string Retry-After with status 429
-	delay      atomic.Int64 // ns before the first chunk
+	status     atomic.Int32  // 0 or 200: stream; else answer this status
+	retryAfter atomic.Value  // string Retry-After with status 429
+	delay      atomic.Int64  // ns before the first chunk
 	hold       chan struct{} // when not nil, each call waits on it before answering
 
 	calls, inFlight, peak, probes atomic.Int64
