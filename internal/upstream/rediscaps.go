@@ -148,7 +148,7 @@ func NewRedisCaps(rdb redis.UniversalClient, specs []Spec, cfg RedisConfig, log 
 	c.stop = stop
 	sub := rdb.Subscribe(ctx, CapsChannel(cfg.Prefix))
 	c.done.Add(2)
-	go c.listen(sub)
+	go c.listen(ctx, sub)
 	go c.renewLoop(ctx)
 	return c, nil
 }
@@ -255,10 +255,17 @@ func (c *RedisCaps) setDegraded(on bool, err error) {
 }
 
 // listen reads release notices: "<count> <name>".
-func (c *RedisCaps) listen(sub *redis.PubSub) {
+func (c *RedisCaps) listen(ctx context.Context, sub *redis.PubSub) {
 	defer c.done.Done()
 	defer sub.Close()
-	for msg := range sub.Channel() {
+	msgs := sub.Channel()
+	for {
+		var msg *redis.Message
+		select {
+		case <-ctx.Done():
+			return
+		case msg = <-msgs:
+		}
 		count, name, ok := strings.Cut(msg.Payload, " ")
 		n, err := strconv.ParseInt(count, 10, 64)
 		i, known := c.byName[name]
