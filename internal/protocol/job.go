@@ -8,9 +8,12 @@ import (
 const MaxJobBytes = 4 << 20
 
 // EncodeJob returns the wire form of j, stamping the current JobVersion. It
-// refuses a job larger than MaxJobBytes, which DecodeJob would refuse.
+// refuses a job larger than MaxJobBytes, which DecodeJob would refuse. A
+// trace context that fails TraceContext.Validate is left out rather than
+// failing the job: DecodeJob would drop it anyway.
 func EncodeJob(j Job) ([]byte, error) {
 	j.Version = JobVersion
+	j.Trace, _ = normalizeTrace(j.Trace)
 	b, err := appendJSON(nil, j)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: encode job %s: %w", j.RequestID, err)
@@ -23,7 +26,9 @@ func EncodeJob(j Job) ([]byte, error) {
 
 // DecodeJob parses and checks a job read from a queue. It never panics; an
 // input it cannot accept gives an error wrapping ErrMalformed, and such a
-// job belongs in the dead-letter queue.
+// job belongs in the dead-letter queue. A trace field is the exception: one
+// that is malformed or out of bounds is dropped (Trace nil, TraceDropped
+// set) and the job is still run.
 func DecodeJob(b []byte) (Job, error) {
 	if len(b) > MaxJobBytes {
 		return Job{}, fmt.Errorf("%w: job of %d bytes exceeds %d", ErrMalformed, len(b), MaxJobBytes)
@@ -45,6 +50,7 @@ func DecodeJob(b []byte) (Job, error) {
 	if err := validateMessages(j.Payload.Messages, maxMessagesHardLimit); err != nil {
 		return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
 	}
+	j.Trace, j.TraceDropped = normalizeTrace(j.Trace)
 	return j, nil
 }
 

@@ -126,7 +126,9 @@ func TestJobRoundTrip(t *testing.T) {
 		"request id of every allowed char": func(j *Job) {
 			j.RequestID = "AZaz09._:@-"
 		},
-		"request id of 128 chars": func(j *Job) { j.RequestID = strings.Repeat("r", 128) },
+		"request id of 128 chars":         func(j *Job) { j.RequestID = strings.Repeat("r", 128) },
+		"trace context":                   func(j *Job) { *j = sampleTracedJob() },
+		"trace context with baggage only": func(j *Job) { j.Trace = &TraceContext{Baggage: "k=v;meta, k2 = v2"} },
 		"non utc times": func(j *Job) {
 			loc := time.FixedZone("", 5*3600+30*60)
 			j.EnqueueTime = time.Date(2025, 6, 1, 12, 0, 0, 1, loc)

@@ -66,4 +66,12 @@ type Job struct {
 	// Deadline is the latest time a worker may start the job; after it the
 	// client has been told queue-timeout and the job is skipped.
 	Deadline time.Time `json:"deadline"`
+	// Trace is the W3C trace context of the api's enqueue span, so the
+	// worker's spans join the request's trace (docs/TRACING.md). Optional:
+	// jobs written before it existed, or with tracing off, have none.
+	Trace *TraceContext `json:"trace,omitempty"`
+	// TraceDropped is set by DecodeJob when the job carried a trace field it
+	// could not accept and dropped; the job itself is fine. It is not part
+	// of the wire format: it tells the consumer to count the bad field.
+	TraceDropped bool `json:"-"`
 }
