@@ -19,6 +19,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // testLog discards logs unless -v is given.
@@ -27,7 +28,7 @@ func testLog(tb testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(&tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
+	return testutil.DiscardLogger()
 }
 
 type tbWriter struct{ tb testing.TB }

@@ -1,6 +1,7 @@
 // Package stream owns the client side of a stream: the SSE writer
 // (headers, events, flushes, heartbeats, disconnects) and the request
-// handler that validates a request and picks the direct or queued path.
+// handler that parses a request and picks the direct or queued path
+// (docs/API.md for what clients see).
 package stream
 
 import (

@@ -32,7 +32,7 @@ func testLogger() *slog.Logger {
 	if os.Getenv("KAFKA_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return slog.New(slog.DiscardHandler)
+	return testutil.DiscardLogger()
 }
 
 // testConfig returns a Config with fresh topic and group names and timings
