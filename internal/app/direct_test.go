@@ -256,7 +256,7 @@ func TestRoutesAndMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, name := range metrics.DesignNames {
+	for _, name := range metrics.DocumentedNames {
 		if !strings.Contains(string(body), "\n"+name) && !strings.Contains(string(body), "# TYPE "+name+" ") {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -10,7 +10,7 @@ import (
 )
 
 // Config is every setting of the api, consumer and simllm processes. Env
-// names and defaults are the contract in DESIGN.md; the yaml key of each
+// names and defaults are the contract in docs/OPERATIONS.md, "Settings"; the yaml key of each
 // field is its env name in lower case.
 type Config struct {
 	// HTTPAddr is the api listen address. Default ":8080".

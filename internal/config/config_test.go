@@ -69,7 +69,7 @@ func TestDefaults(t *testing.T) {
 	t.Parallel()
 	c := mustLoad(t, "", nil)
 
-	// One row per setting, values from DESIGN.md's table.
+	// One row per setting, values from docs/OPERATIONS.md's settings table.
 	rows := []struct {
 		name      string
 		got, want any

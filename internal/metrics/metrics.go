@@ -136,9 +136,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// DesignNames lists every metric name docs/OPERATIONS.md promises, for tests that
+// DocumentedNames lists every metric name docs/OPERATIONS.md promises, for tests that
 // check /metrics exposes them.
-var DesignNames = []string{
+var DocumentedNames = []string{
 	"spillway_streams_total", "spillway_active_streams", "spillway_time_to_first_chunk_seconds",
 	"spillway_pool_slots_in_use", "spillway_pool_slots_capacity", "spillway_pool_fallback",
 	"spillway_queue_depth", "spillway_queue_threshold", "spillway_queue_rejections_total",

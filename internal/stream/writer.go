@@ -53,7 +53,7 @@ func (sw *Writer) Start(requestID, path string) error {
 }
 
 // RequestIDHeader is the response header carrying the request id, spelled
-// as DESIGN.md spells it. Go would send the canonical "X-Request-Id";
+// as docs/API.md spells it. Go would send the canonical "X-Request-Id";
 // header names are case-insensitive, but people grep for the documented
 // spelling.
 const RequestIDHeader = "X-Request-ID"

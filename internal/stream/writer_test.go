@@ -54,7 +54,7 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), v)
 		}
 	}
-	// Written with DESIGN's spelling, once.
+	// Written with docs/API.md's spelling, once.
 	if got := h["X-Request-ID"]; len(got) != 1 || got[0] != "req-1" || len(h["X-Request-Id"]) != 0 {
 		t.Errorf("request id header %v / %v, want exactly X-Request-ID: req-1", h["X-Request-ID"], h["X-Request-Id"])
 	}

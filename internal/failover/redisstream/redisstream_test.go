@@ -103,7 +103,7 @@ func TestConfig(t *testing.T) {
 		}
 	}
 	if StreamKey(DefaultPrefix) != "queue:streaming_requests_failover" || DeadLetterKey(DefaultPrefix) != "queue:dead_letter" {
-		t.Errorf("keys = %q, %q; DESIGN.md names queue:streaming_requests_failover and queue:dead_letter",
+		t.Errorf("keys = %q, %q; docs/QUEUE.md names queue:streaming_requests_failover and queue:dead_letter",
 			StreamKey(DefaultPrefix), DeadLetterKey(DefaultPrefix))
 	}
 }
