@@ -1,3 +1,9 @@
+// The tests of package app are system tests: they start a real
+// redis-server per test (internal/redistest), kfake Kafka brokers
+// (internal/kafkatest) and simllm upstreams, serve the api and consumer on
+// loopback ports, and procs_test.go builds cmd/api and cmd/consumer and
+// runs them as separate processes. They run in `make test`; -short skips
+// the ones that need redis-server.
 package app
 
 import (
