@@ -34,6 +34,9 @@ const (
 	shutdownSlack = 10 * time.Second
 	// readyTimeout bounds one /readyz check of every dependency.
 	readyTimeout = 2 * time.Second
+	// notReadyRetryAfter is advised, in seconds, while a dependency is
+	// unreachable: readiness is checked again at once.
+	notReadyRetryAfter = 1
 )
 
 // API is a built api process: routes and everything behind them.
@@ -180,7 +183,7 @@ func (a *API) readyz(c *gin.Context) {
 	for _, check := range a.ready {
 		if err := check(ctx); err != nil {
 			a.log.Warn("not ready", "err", err)
-			stream.WriteProblem(c.Writer, protocol.NotReady(1), c.Request.URL.Path)
+			stream.WriteProblem(c.Writer, protocol.NotReady(notReadyRetryAfter), c.Request.URL.Path)
 			return
 		}
 	}
@@ -231,20 +234,4 @@ func (a *API) serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) 
 	}
 	<-errc
 	return nil
-}
-
-// Run builds the api, listens on HTTP_ADDR and serves until ctx ends.
-func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	a, err := NewAPI(cfg, log, Options{})
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
-	if err != nil {
-		return fmt.Errorf("app: listen %s: %w", cfg.HTTPAddr, err)
-	}
-	log.Info("api listening", "addr", ln.Addr().String(), "pool_size", cfg.ConnectionPoolSize,
-		"per_user", cfg.ConnectionPoolPerUser, "provider", cfg.LLMProvider)
-	return a.Serve(ctx, ln)
 }

@@ -11,7 +11,10 @@
 package app
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"net"
 	"os"
 
 	"github.com/google/uuid"
@@ -48,4 +51,20 @@ func NewProvider(cfg *config.Config) (llm.Provider, error) {
 func InstanceName(role string) string {
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s-%s-%d-%s", role, host, os.Getpid(), uuid.NewString()[:8])
+}
+
+// Run builds the api, listens on HTTP_ADDR and serves until ctx ends.
+func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	a, err := NewAPI(cfg, log, Options{})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("app: listen %s: %w", cfg.HTTPAddr, err)
+	}
+	log.Info("api listening", "addr", ln.Addr().String(), "pool_size", cfg.ConnectionPoolSize,
+		"per_user", cfg.ConnectionPoolPerUser, "provider", cfg.LLMProvider)
+	return a.Serve(ctx, ln)
 }
