@@ -47,7 +47,7 @@ func repoFiles(tb testing.TB) fstest.MapFS {
 			tb.Fatalf("reading %s: %v", dir, err)
 		}
 	}
-	for _, p := range []string{"docker-compose.yml", "Dockerfile", "docs/DEPLOY.md", "internal/app/app.go", "internal/app/consumer.go"} {
+	for _, p := range []string{"docker-compose.yml", "Dockerfile", "docs/DEPLOY.md", "internal/app/api.go", "internal/app/consumer.go"} {
 		b, err := fs.ReadFile(root, p)
 		if err != nil {
 			tb.Fatalf("reading %s: %v", p, err)
@@ -228,7 +228,7 @@ func portOf(addr string) string {
 // registers the route: the check reads that file, so removing a route
 // there fails it.
 var servedPaths = map[string]map[string]string{
-	"api":      {"/healthz": "internal/app/app.go", "/readyz": "internal/app/app.go"},
+	"api":      {"/healthz": "internal/app/api.go", "/readyz": "internal/app/api.go"},
 	"consumer": {"/healthz": "internal/app/consumer.go"},
 }
 

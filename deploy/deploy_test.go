@@ -226,7 +226,7 @@ var breakages = []breakage{
 	{"kustomize unsupported patch", "deploy/overlays/kafka/configmap-kafka.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: spillway-config\ndata:\n  QUEUE_TYPE: kafka",
 		"apiVersion: v1\nkind: Service\nmetadata:\n  name: spillway-api\nspec:\n  type: NodePort\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: spillway-config\ndata:\n  QUEUE_TYPE: kafka", "patches of v1/Service are not rendered"},
 	{"image user not numeric", "Dockerfile", "USER 65532:65532", "USER nonroot", "runAsNonRoot needs runAsUser or a numeric"},
-	{"route removed from the api", "internal/app/app.go", "e.GET(\"/readyz\"", "e.GET(\"/ready\"", "no longer registers /readyz"},
+	{"route removed from the api", "internal/app/api.go", "e.GET(\"/readyz\"", "e.GET(\"/ready\"", "no longer registers /readyz"},
 }
 
 func init() {

@@ -10,16 +10,17 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // benchChecks builds the request-path checks in their accepting state.
 func benchChecks(b *testing.B) (*Overflow, *Breaker, *RateLimiter) {
 	b.Helper()
-	log := newDiscardLog()
+	log := testutil.DiscardLogger()
 	m := newMetrics(b)
 	fd := &fakeDepth{}
 	fd.set(42, nil)
-	o, err := NewOverflow(DefaultOverflowConfig(), fd.read, m, log)
+	o, err := NewOverflow(OverflowConfig{Threshold: 10000, Hysteresis: 500, RefreshEvery: time.Second, RetryAfterMax: time.Minute}, DepthFunc(fd.read), m, log)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -81,7 +82,7 @@ func BenchmarkOverflowRefuse(b *testing.B) {
 	o, _, _ := benchChecks(b)
 	fd := &fakeDepth{}
 	fd.set(20000, nil)
-	o.depth = fd.read
+	o.backlog = DepthFunc(fd.read)
 	o.refresh(context.Background(), time.Now())
 	b.ReportAllocs()
 	for b.Loop() {
@@ -105,7 +106,7 @@ func BenchmarkLocalGCRA(b *testing.B) {
 // GCRA script call on a local redis-server.
 func BenchmarkRateLimiterRedis(b *testing.B) {
 	s := redistest.Start(b)
-	rl, err := NewRateLimiter(RateLimitConfig{RPS: 1e6, Burst: 1e6, KeyPrefix: redistest.Prefix(b)}, s.Client(b), newMetrics(b), newDiscardLog())
+	rl, err := NewRateLimiter(RateLimitConfig{RPS: 1e6, Burst: 1e6, KeyPrefix: redistest.Prefix(b)}, s.Client(b), newMetrics(b), testutil.DiscardLogger())
 	if err != nil {
 		b.Fatal(err)
 	}

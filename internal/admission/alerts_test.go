@@ -106,9 +106,9 @@ func registeredNames(tb testing.TB) map[string]bool {
 			names[m[1]] = true
 		}
 	}
-	for _, n := range metrics.DesignNames {
+	for _, n := range metrics.DocumentedNames {
 		if !names[n] {
-			tb.Fatalf("DESIGN.md metric %s is not registered by metrics.New", n)
+			tb.Fatalf("docs/OPERATIONS.md metric %s is not registered by metrics.New", n)
 		}
 	}
 	return names

@@ -23,11 +23,35 @@ import (
 // RetryAfter is the time the circuit has left open.
 var ErrCircuitOpen = errors.New("admission: provider circuit open")
 
+// circuitOpenError is the refusal Breaker.Stream wraps in an *llm.Error.
+// Its CircuitOpen method lets a caller that does not import admission
+// (the queue worker) recognise it with errors.As.
+type circuitOpenError struct{ provider string }
+
+func (e *circuitOpenError) Error() string {
+	return "admission: provider " + e.provider + ": " + ErrCircuitOpen.Error()
+}
+func (e *circuitOpenError) Unwrap() error { return ErrCircuitOpen }
+
+// CircuitOpen reports that the call was refused by an open circuit.
+func (e *circuitOpenError) CircuitOpen() bool { return true }
+
+// Defaults of zero BreakerConfig fields. The first four are the
+// BREAKER_* settings' defaults (docs/OPERATIONS.md).
+const (
+	DefaultBreakerFailures         = 5
+	DefaultBreakerWindow           = time.Minute
+	DefaultBreakerOpenTimeout      = 30 * time.Second
+	DefaultBreakerHalfOpenRequests = 3
+	DefaultBreakerFailureRatio     = 0.5
+	DefaultBreakerMinRequests      = 20
+)
+
 // BreakerConfig configures a provider's circuit breaker. A zero field
 // takes its default.
 type BreakerConfig struct {
 	// ConsecutiveFailures opens the circuit after this many provider
-	// failures in a row. Default 5.
+	// failures in a row (BREAKER_FAILURES). Default 5.
 	ConsecutiveFailures uint32
 	// FailureRatio opens the circuit when at least this share of the calls
 	// finished within Window failed, once MinRequests finished. Default 0.5.
@@ -36,43 +60,37 @@ type BreakerConfig struct {
 	// FailureRatio applies. Default 20.
 	MinRequests uint32
 	// Window is the rolling window, in six buckets, over which
-	// FailureRatio and MinRequests are counted while closed. Default 60s.
+	// FailureRatio and MinRequests are counted while closed
+	// (BREAKER_WINDOW_SECONDS). Default 60s.
 	Window time.Duration
 	// OpenTimeout is how long the circuit stays open before it lets trial
-	// calls through (half-open). Default 10s.
+	// calls through, half-open (BREAKER_OPEN_SECONDS). Default 30s.
 	OpenTimeout time.Duration
 	// HalfOpenMaxRequests is how many trial calls run while half-open;
-	// that many successes close the circuit, one failure opens it again.
-	// Default 1.
+	// that many successes close the circuit, one failure opens it again
+	// (BREAKER_HALF_OPEN_REQUESTS). Default 3.
 	HalfOpenMaxRequests uint32
-}
-
-// DefaultBreakerConfig returns the defaults.
-func DefaultBreakerConfig() BreakerConfig {
-	return BreakerConfig{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20, Window: time.Minute,
-		OpenTimeout: 10 * time.Second, HalfOpenMaxRequests: 1}
 }
 
 // withDefaults returns c with every zero field set to its default.
 func (c BreakerConfig) withDefaults() BreakerConfig {
-	d := DefaultBreakerConfig()
 	if c.ConsecutiveFailures == 0 {
-		c.ConsecutiveFailures = d.ConsecutiveFailures
+		c.ConsecutiveFailures = DefaultBreakerFailures
 	}
 	if c.FailureRatio == 0 {
-		c.FailureRatio = d.FailureRatio
+		c.FailureRatio = DefaultBreakerFailureRatio
 	}
 	if c.MinRequests == 0 {
-		c.MinRequests = d.MinRequests
+		c.MinRequests = DefaultBreakerMinRequests
 	}
 	if c.Window == 0 {
-		c.Window = d.Window
+		c.Window = DefaultBreakerWindow
 	}
 	if c.OpenTimeout == 0 {
-		c.OpenTimeout = d.OpenTimeout
+		c.OpenTimeout = DefaultBreakerOpenTimeout
 	}
 	if c.HalfOpenMaxRequests == 0 {
-		c.HalfOpenMaxRequests = d.HalfOpenMaxRequests
+		c.HalfOpenMaxRequests = DefaultBreakerHalfOpenRequests
 	}
 	return c
 }
@@ -220,7 +238,7 @@ func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit fun
 			left = time.Second // half-open: the trial call decides soon
 		}
 		return llm.Result{}, &llm.Error{Retryable: true, RetryAfter: left,
-			Err: fmt.Errorf("admission: provider %s: %w", b.p.Name(), ErrCircuitOpen)}
+			Err: &circuitOpenError{provider: b.p.Name()}}
 	}
 	var u *uncounted
 	if errors.As(err, &u) {

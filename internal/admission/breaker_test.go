@@ -69,7 +69,7 @@ func TestBreakerLifecycle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var fail atomic.Bool
 		p := scripted(&fail)
-		b, m, lb := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, MinRequests: 100, OpenTimeout: 10 * time.Second}, p)
+		b, m, lb := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, MinRequests: 100, OpenTimeout: 10 * time.Second, HalfOpenMaxRequests: 1}, p)
 		gauge := m.CircuitState.WithLabelValues("fake")
 		var seen []float64
 		observe := func() {
@@ -333,15 +333,17 @@ func TestBreakerWindowForgets(t *testing.T) {
 
 func TestBreakerConfig(t *testing.T) {
 	t.Parallel()
-	if got := (BreakerConfig{}).withDefaults(); got != DefaultBreakerConfig() {
-		t.Fatalf("zero config with defaults = %+v, want %+v", got, DefaultBreakerConfig())
+	want := BreakerConfig{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20, Window: time.Minute,
+		OpenTimeout: 30 * time.Second, HalfOpenMaxRequests: 3}
+	if got := (BreakerConfig{}).withDefaults(); got != want {
+		t.Fatalf("zero config with defaults = %+v, want %+v", got, want)
 	}
 	for _, c := range []BreakerConfig{{FailureRatio: 1.5}, {FailureRatio: -0.1}, {OpenTimeout: -time.Second}, {Window: -time.Second}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", c)
 		}
 	}
-	if _, err := NewBreaker(BreakerConfig{}, nil, newMetrics(t), newDiscardLog()); err == nil {
+	if _, err := NewBreaker(BreakerConfig{}, nil, newMetrics(t), testutil.DiscardLogger()); err == nil {
 		t.Error("NewBreaker without a provider succeeded")
 	}
 }

@@ -98,5 +98,3 @@ func (c *fakeClock) Advance(d time.Duration) {
 	defer c.mu.Unlock()
 	c.now = c.now.Add(d)
 }
-
-func newDiscardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }

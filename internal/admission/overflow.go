@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,14 +16,23 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// OverflowConfig configures the queue overflow gate.
+// Defaults of zero OverflowConfig fields, the QUEUE_* settings' defaults
+// (docs/OPERATIONS.md).
+const (
+	DefaultOverflowThreshold     = 10000
+	DefaultOverflowRefreshEvery  = time.Second
+	DefaultOverflowRetryAfterMax = 60 * time.Second
+)
+
+// OverflowConfig configures the queue overflow gate. Zero fields take
+// their defaults, except Hysteresis, where 0 is a valid setting.
 type OverflowConfig struct {
 	// Threshold is the backlog at which queued requests start being refused
 	// (QUEUE_OVERFLOW_THRESHOLD, default 10000).
 	Threshold int64
 	// Hysteresis keeps refusing until the backlog is below
 	// Threshold − Hysteresis, so the gate does not flap around the
-	// threshold (QUEUE_OVERFLOW_HYSTERESIS, default 500).
+	// threshold (QUEUE_OVERFLOW_HYSTERESIS, 500 in the settings).
 	Hysteresis int64
 	// RefreshEvery is how often the cached depth is read again; a read
 	// slower than this counts as failed (QUEUE_DEPTH_CACHE_TTL_MS, default 1s).
@@ -34,13 +42,22 @@ type OverflowConfig struct {
 	RetryAfterMax time.Duration
 }
 
-// DefaultOverflowConfig returns the defaults DESIGN.md lists.
-func DefaultOverflowConfig() OverflowConfig {
-	return OverflowConfig{Threshold: 10000, Hysteresis: 500, RefreshEvery: time.Second, RetryAfterMax: 60 * time.Second}
+func (c OverflowConfig) withDefaults() OverflowConfig {
+	if c.Threshold == 0 {
+		c.Threshold = DefaultOverflowThreshold
+	}
+	if c.RefreshEvery == 0 {
+		c.RefreshEvery = DefaultOverflowRefreshEvery
+	}
+	if c.RetryAfterMax == 0 {
+		c.RetryAfterMax = DefaultOverflowRetryAfterMax
+	}
+	return c
 }
 
 // Validate reports bad values without changing c.
 func (c OverflowConfig) Validate() error {
+	c = c.withDefaults()
 	var errs []error
 	if c.Threshold < 1 {
 		errs = append(errs, fmt.Errorf("admission: overflow Threshold %d must be positive", c.Threshold))
@@ -62,16 +79,13 @@ func (c OverflowConfig) Validate() error {
 // consumer tier without lagging a scale-up by more than a few seconds.
 const drainWeight = 0.25
 
-var problemOverflow = protocol.NewProblem(protocol.ProblemQueueOverflow, "Queue Over Capacity",
-	http.StatusServiceUnavailable, "Too many requests are waiting; retry after the advised delay.")
-
 // Overflow is the queue overflow gate. Check is what the request path
 // calls; it reads only state cached by Run, which reads the backlog depth
 // in the background every RefreshEvery. Overflow is safe for concurrent
 // use; Run must run once, in a goroutine its owner waits for.
 type Overflow struct {
 	cfg      OverflowConfig
-	depth    func(context.Context) (int64, error)
+	backlog  Backlog
 	m        *metrics.Metrics
 	rejected prometheus.Counter
 	log      *slog.Logger
@@ -79,6 +93,7 @@ type Overflow struct {
 	// Read on every Check; written by refresh.
 	refusing   atomic.Bool
 	cached     atomic.Int64
+	waiting    atomic.Int64 // jobs no worker has taken, as last read
 	retryAfter atomic.Int64 // seconds advised while refusing
 
 	mu        sync.Mutex // serialises refresh
@@ -91,17 +106,37 @@ type Overflow struct {
 	drainRate float64 // jobs per second leaving the backlog; negative while it grows
 }
 
-// NewOverflow returns the gate. depth reports the backlog (for example
-// failover.Depther.Depth); it is called only by Run, never by Check. The
-// gate accepts until the first refresh says otherwise.
-func NewOverflow(cfg OverflowConfig, depth func(context.Context) (int64, error), m *metrics.Metrics, log *slog.Logger) (*Overflow, error) {
+// Backlog is what the overflow gate reads in the background: the jobs
+// accepted and not yet acknowledged (failover.Depther). A Backlog that can
+// also tell the jobs no worker has taken yet (Waiting, as Redis Streams
+// can) feeds QueueFirst with them; otherwise the whole backlog counts as
+// waiting.
+type Backlog interface {
+	Depth(ctx context.Context) (int64, error)
+}
+
+// waitingCounter is the optional ability of a Backlog described above.
+type waitingCounter interface {
+	Waiting(ctx context.Context) (int64, error)
+}
+
+// DepthFunc adapts a function to a Backlog.
+type DepthFunc func(ctx context.Context) (int64, error)
+
+// Depth calls f.
+func (f DepthFunc) Depth(ctx context.Context) (int64, error) { return f(ctx) }
+
+// NewOverflow returns the gate. backlog is read only by Run, never by
+// Check. The gate accepts until the first refresh says otherwise.
+func NewOverflow(cfg OverflowConfig, backlog Backlog, m *metrics.Metrics, log *slog.Logger) (*Overflow, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if depth == nil || m == nil || log == nil {
-		return nil, errors.New("admission: overflow needs a depth function, metrics and logger")
+	if backlog == nil || m == nil || log == nil {
+		return nil, errors.New("admission: overflow needs a backlog, metrics and logger")
 	}
-	o := &Overflow{cfg: cfg, depth: depth, m: m, log: log,
+	cfg = cfg.withDefaults()
+	o := &Overflow{cfg: cfg, backlog: backlog, m: m, log: log,
 		rejected: m.QueueRejections.WithLabelValues("overflow")}
 	o.retryAfter.Store(int64(cfg.RetryAfterMax / time.Second))
 	m.QueueThreshold.Set(float64(cfg.Threshold))
@@ -134,11 +169,16 @@ func (o *Overflow) Check() *protocol.Problem {
 		return nil
 	}
 	o.rejected.Inc()
-	return problemOverflow.WithRetryAfter(int(o.retryAfter.Load()))
+	return protocol.QueueOverflow(int(o.retryAfter.Load()))
 }
 
 // Depth returns the backlog as last read (0 before the first read).
 func (o *Overflow) Depth() int64 { return o.cached.Load() }
+
+// Waiting returns the jobs no worker has taken, as last read (0 before
+// the first read): while it is above zero new requests queue behind them
+// (docs/QUEUE.md, invariant 4).
+func (o *Overflow) Waiting() int64 { return o.waiting.Load() }
 
 // refresh reads the depth once and updates the cached state; now is the
 // time of the read.
@@ -146,8 +186,17 @@ func (o *Overflow) refresh(ctx context.Context, now time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	rctx, cancel := context.WithTimeout(ctx, o.cfg.RefreshEvery)
-	d, err := o.depth(rctx)
+	wc, canTell := o.backlog.(waitingCounter)
+	if canTell {
+		if n, err := wc.Waiting(rctx); err == nil {
+			o.waiting.Store(n)
+		}
+	}
+	d, err := o.backlog.Depth(rctx)
 	cancel()
+	if err == nil && !canTell {
+		o.waiting.Store(d)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return // shutting down, not a failed read

@@ -19,7 +19,7 @@ func newTestOverflow(tb testing.TB, cfg OverflowConfig) (*Overflow, *fakeDepth, 
 	fd := &fakeDepth{}
 	log, lb := newLog(tb)
 	m := newMetrics(tb)
-	o, err := NewOverflow(cfg, fd.read, m, log)
+	o, err := NewOverflow(cfg, DepthFunc(fd.read), m, log)
 	if err != nil {
 		tb.Fatalf("NewOverflow: %v", err)
 	}
@@ -99,7 +99,7 @@ func TestOverflowCheckReturnsFreshProblem(t *testing.T) {
 func TestOverflowCheckNeverReadsDepth(t *testing.T) {
 	t.Parallel()
 	for _, depth := range []int64{0, 20000} { // accepting and refusing
-		o, fd, _, _ := newTestOverflow(t, DefaultOverflowConfig())
+		o, fd, _, _ := newTestOverflow(t, OverflowConfig{Threshold: 10000, Hysteresis: 500, RefreshEvery: time.Second, RetryAfterMax: time.Minute})
 		fd.set(depth, nil)
 		o.refresh(context.Background(), time.Now())
 		before := fd.calls.Load()
@@ -222,7 +222,7 @@ func TestOverflowRetryAfter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			o, fd, _, _ := newTestOverflow(t, DefaultOverflowConfig())
+			o, fd, _, _ := newTestOverflow(t, OverflowConfig{Threshold: 10000, Hysteresis: 500, RefreshEvery: time.Second, RetryAfterMax: time.Minute})
 			t0 := time.Now()
 			for _, s := range tt.samples {
 				if s.fail {
@@ -245,7 +245,7 @@ func TestOverflowRetryAfter(t *testing.T) {
 
 func TestOverflowConfigValidate(t *testing.T) {
 	t.Parallel()
-	ok := DefaultOverflowConfig()
+	ok := OverflowConfig{Threshold: 10000, Hysteresis: 500, RefreshEvery: time.Second, RetryAfterMax: time.Minute}
 	tests := []struct {
 		name   string
 		mutate func(*OverflowConfig)
@@ -253,10 +253,10 @@ func TestOverflowConfigValidate(t *testing.T) {
 	}{
 		{"defaults", func(*OverflowConfig) {}, true},
 		{"no hysteresis", func(c *OverflowConfig) { c.Hysteresis = 0 }, true},
-		{"zero threshold", func(c *OverflowConfig) { c.Threshold = 0 }, false},
+		{"negative threshold", func(c *OverflowConfig) { c.Threshold = -1 }, false},
 		{"hysteresis at threshold", func(c *OverflowConfig) { c.Hysteresis = c.Threshold }, false},
 		{"negative hysteresis", func(c *OverflowConfig) { c.Hysteresis = -1 }, false},
-		{"zero refresh", func(c *OverflowConfig) { c.RefreshEvery = 0 }, false},
+		{"negative refresh", func(c *OverflowConfig) { c.RefreshEvery = -time.Second }, false},
 		{"retry max below 1s", func(c *OverflowConfig) { c.RetryAfterMax = 500 * time.Millisecond }, false},
 	}
 	for _, tt := range tests {

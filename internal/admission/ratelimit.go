@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,8 +43,28 @@ type RateLimitConfig struct {
 	LocalMaxKeys int
 }
 
+// Defaults of zero RateLimitConfig fields.
+const (
+	DefaultRateLimitTimeout      = 200 * time.Millisecond
+	DefaultRateLimitProbeEvery   = time.Second
+	DefaultRateLimitLocalMaxKeys = 10000
+)
+
+func (c RateLimitConfig) withDefaults() RateLimitConfig {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultRateLimitTimeout
+	}
+	if c.ProbeEvery == 0 {
+		c.ProbeEvery = DefaultRateLimitProbeEvery
+	}
+	if c.LocalMaxKeys == 0 {
+		c.LocalMaxKeys = DefaultRateLimitLocalMaxKeys
+	}
+	return c
+}
+
 // Validate reports bad values without changing c. Zero durations and
-// LocalMaxKeys are valid: NewRateLimiter puts the defaults in.
+// LocalMaxKeys are valid: they take their defaults.
 func (c RateLimitConfig) Validate() error {
 	var errs []error
 	if math.IsNaN(c.RPS) || c.RPS < 0 || c.RPS > 1e6 {
@@ -71,9 +90,6 @@ func limitFor(rps float64, burst int) redis_rate.Limit {
 	return redis_rate.Limit{Rate: 1, Burst: burst, Period: time.Duration(math.Round(float64(time.Second) / rps))}
 }
 
-var problemRateLimited = protocol.NewProblem(protocol.ProblemRateLimited, "Too Many Requests",
-	http.StatusTooManyRequests, "This client sent too many requests; retry after the advised delay.")
-
 // RateLimiter limits each identity with GCRA on Redis
 // (github.com/go-redis/redis_rate), shared by every api process. When
 // Redis errs or does not answer within Timeout it limits locally with the
@@ -96,18 +112,10 @@ type RateLimiter struct {
 // NewRateLimiter returns the limiter. rdb may be nil when cfg.RPS is 0
 // (the limiter is then off); it is never closed by the limiter.
 func NewRateLimiter(cfg RateLimitConfig, rdb redis.UniversalClient, m *metrics.Metrics, log *slog.Logger) (*RateLimiter, error) {
-	if cfg.Timeout == 0 {
-		cfg.Timeout = 200 * time.Millisecond
-	}
-	if cfg.ProbeEvery == 0 {
-		cfg.ProbeEvery = time.Second
-	}
-	if cfg.LocalMaxKeys == 0 {
-		cfg.LocalMaxKeys = 10000
-	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	if m == nil || log == nil {
 		return nil, errors.New("admission: rate limiter needs metrics and a logger")
 	}
@@ -183,7 +191,7 @@ func (l *RateLimiter) allowLocal(identity string, now time.Time) *protocol.Probl
 
 func (l *RateLimiter) refuse(retry time.Duration) *protocol.Problem {
 	l.limited.Inc()
-	return problemRateLimited.WithRetryAfter(RetryAfterSeconds(retry))
+	return protocol.RateLimited(RetryAfterSeconds(retry))
 }
 
 // localGCRA is the fallback: the GCRA redis_rate runs in Lua, kept per

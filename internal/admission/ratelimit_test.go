@@ -168,10 +168,10 @@ func TestRateLimiterOff(t *testing.T) {
 		t.Fatal("the counting hook saw no command from a limiter that is on")
 	}
 	// No client is needed when off.
-	if _, err := NewRateLimiter(RateLimitConfig{}, nil, newMetrics(t), newDiscardLog()); err != nil {
+	if _, err := NewRateLimiter(RateLimitConfig{}, nil, newMetrics(t), testutil.DiscardLogger()); err != nil {
 		t.Fatalf("NewRateLimiter off without a client: %v", err)
 	}
-	if _, err := NewRateLimiter(RateLimitConfig{RPS: 1}, nil, newMetrics(t), newDiscardLog()); err == nil {
+	if _, err := NewRateLimiter(RateLimitConfig{RPS: 1}, nil, newMetrics(t), testutil.DiscardLogger()); err == nil {
 		t.Fatal("NewRateLimiter on without a client succeeded")
 	}
 }

@@ -45,7 +45,7 @@ func TestDirectStreamEqualsSimulatorText(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
-		if resp.Header.Get("X-Stream-Path") != metrics.PathDirect || resp.Header.Get("X-Request-ID") == "" {
+		if resp.Header.Get("X-Stream-Path") != protocol.PathDirect || resp.Header.Get("X-Request-ID") == "" {
 			t.Fatalf("headers %v", resp.Header)
 		}
 		want := llm.SimChunks(userMsgs(text), 7, 24)
@@ -55,7 +55,7 @@ func TestDirectStreamEqualsSimulatorText(t *testing.T) {
 			t.Fatalf("prompt %d: lost=%v reason=%s detail=%s terminal=%q", i, rep.Lost, rep.Reason, rep.Detail, rep.Terminal)
 		}
 		if rep.Done.Usage == nil || rep.Done.Usage.CompletionTokens != 24 || rep.Done.FinishReason != "stop" ||
-			rep.Done.Path != metrics.PathDirect || rep.Done.RequestID != resp.Header.Get("X-Request-ID") {
+			rep.Done.Path != protocol.PathDirect || rep.Done.RequestID != resp.Header.Get("X-Request-ID") {
 			t.Fatalf("done %+v usage %+v", rep.Done, rep.Done.Usage)
 		}
 	}
@@ -256,7 +256,7 @@ func TestRoutesAndMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, name := range metrics.DesignNames {
+	for _, name := range metrics.DocumentedNames {
 		if !strings.Contains(string(body), "\n"+name) && !strings.Contains(string(body), "# TYPE "+name+" ") {
 			t.Errorf("/metrics lacks %s", name)
 		}

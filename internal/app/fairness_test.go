@@ -8,7 +8,6 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/loadtest"
-	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -58,11 +57,11 @@ func TestQueuedJobsAreNotStarved(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"direct 0", "direct 1"} {
-		if results[name].path != metrics.PathDirect {
+		if results[name].path != protocol.PathDirect {
 			t.Fatalf("%s went %s", name, results[name].path)
 		}
 	}
-	if p := results["late"].path; p != metrics.PathQueued {
+	if p := results["late"].path; p != protocol.PathQueued {
 		t.Fatalf("the late request went %s while jobs waited: it jumped the queue", p)
 	}
 	// Two slots, 300ms answers: FIFO serves the queue in generations of
@@ -73,7 +72,7 @@ func TestQueuedJobsAreNotStarved(t *testing.T) {
 		for _, earlier := range generations[g-1] {
 			for _, later := range generations[g] {
 				a, b := results[earlier], results[later]
-				if a.path != metrics.PathQueued || b.path != metrics.PathQueued {
+				if a.path != protocol.PathQueued || b.path != protocol.PathQueued {
 					t.Fatalf("%s went %s, %s went %s", earlier, a.path, later, b.path)
 				}
 				if gap := b.first.Sub(a.first); gap < 150*time.Millisecond {

@@ -1,3 +1,9 @@
+// The tests of package app are system tests: they start a real
+// redis-server per test (internal/redistest), kfake Kafka brokers
+// (internal/kafkatest) and simllm upstreams, serve the api and consumer on
+// loopback ports, and procs_test.go builds cmd/api and cmd/consumer and
+// runs them as separate processes. They run in `make test`; -short skips
+// the ones that need redis-server.
 package app
 
 import (
@@ -19,6 +25,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // testLog discards logs unless -v is given.
@@ -27,7 +34,7 @@ func testLog(tb testing.TB) *slog.Logger {
 	if testing.Verbose() {
 		return slog.New(slog.NewTextHandler(&tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
+	return testutil.DiscardLogger()
 }
 
 type tbWriter struct{ tb testing.TB }

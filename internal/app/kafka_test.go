@@ -11,7 +11,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/kafkatest"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/loadtest"
-	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
@@ -51,7 +50,7 @@ func TestKafkaFloodTwoConsumers(t *testing.T) {
 	if res.Lost != 0 || res.Done != 200 {
 		t.Fatalf("done %d lost %d errors %v refused %d: %+v", res.Done, res.Lost, res.ErrorsByType, res.Refused, res.LostSamples)
 	}
-	if q := res.Paths[metrics.PathQueued]; q < 100 {
+	if q := res.Paths[protocol.PathQueued]; q < 100 {
 		t.Fatalf("only %d of 200 queued", q)
 	}
 }
@@ -158,7 +157,7 @@ func TestKafkaBrokerDownRefusesQueuedServesDirect(t *testing.T) {
 	// With the slot free again, a new request streams directly.
 	again := postStream(t, t.Context(), url, prompt("direct again"), nil)
 	defer again.Body.Close()
-	if again.Header.Get("X-Stream-Path") != metrics.PathDirect {
+	if again.Header.Get("X-Stream-Path") != protocol.PathDirect {
 		t.Fatalf("after the slot freed: path %q status %d", again.Header.Get("X-Stream-Path"), again.StatusCode)
 	}
 	if rep := loadtest.CheckStream(again.Body, c.want("direct again")); rep.Lost || rep.Terminal != protocol.EventDone {

@@ -112,7 +112,7 @@ func TestCircuitOpenFailsFastAndQueueStaysEmpty(t *testing.T) {
 	sc.FailRate = 1
 	c := newCluster(t, sc, map[string]string{"CONNECTION_POOL_SIZE": "1", "CONNECTION_POOL_PER_USER": "1"})
 	_, url := c.api(nil)
-	// Five consecutive failures open it (DefaultBreakerConfig).
+	// Five consecutive failures open it (BREAKER_FAILURES).
 	for i := range 5 {
 		resp := postStream(t, t.Context(), url, prompt("fail"), nil)
 		rep := loadtest.CheckStream(resp.Body, nil)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -21,12 +20,6 @@ type Queue interface {
 	DeadLetterDepth(ctx context.Context) (int64, error)
 	// Ping tells readiness whether the queue is reachable.
 	Ping(ctx context.Context) error
-}
-
-// waitingCounter is a queue that can tell the jobs no worker has taken
-// from the whole backlog (Redis Streams can; for Kafka the lag is used).
-type waitingCounter interface {
-	Waiting(ctx context.Context) (int64, error)
 }
 
 // OpenedQueue is a queue and this process's consumer of it (a Kafka
@@ -58,14 +51,11 @@ func OpenQueue(ctx context.Context, cfg *config.Config, rdb redis.UniversalClien
 		if err != nil {
 			return nil, err
 		}
-		q, err := kafka.New(kafka.Config{
-			Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
-			ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims,
-		}, log.With("component", "kafka"))
+		q, err := kafka.New(KafkaConfig(cfg, claims), log.With("component", "kafka"))
 		if err != nil {
 			return nil, err
 		}
-		tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		tctx, cancel := context.WithTimeout(ctx, kafkaSetupTimeout)
 		if err := q.EnsureTopics(tctx); err != nil {
 			log.Error("kafka topics not ensured; queued requests fail until the brokers answer", "err", err)
 		}
@@ -77,22 +67,11 @@ func OpenQueue(ctx context.Context, cfg *config.Config, rdb redis.UniversalClien
 		}
 		return &OpenedQueue{Queue: q, Consumer: c, Close: func() { _ = q.Close() }}, nil
 	case config.QueueTypeRedis:
-		q, err := redisstream.New(redisstream.Config{
-			Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(),
-		}, rdb)
+		q, err := redisstream.New(RedisStreamConfig(cfg, member), rdb)
 		if err != nil {
 			return nil, err
 		}
 		return &OpenedQueue{Queue: redisQueue{Queue: q, rdb: rdb}, Consumer: q, Close: func() {}}, nil
 	}
 	return nil, fmt.Errorf("app: unknown QUEUE_TYPE %q", cfg.QueueType)
-}
-
-// waitingOrDepth returns the jobs no worker has taken when the queue can
-// tell, else the whole backlog.
-func waitingOrDepth(ctx context.Context, q Queue) (int64, error) {
-	if w, ok := q.(waitingCounter); ok {
-		return w.Waiting(ctx)
-	}
-	return q.Depth(ctx)
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/loadtest"
-	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/testutil"
@@ -115,7 +114,7 @@ func TestQueuedFloodTwoConsumers(t *testing.T) {
 	if res.Lost != 0 || res.Done != 200 {
 		t.Fatalf("done %d lost %d errors %v refused %d: %+v", res.Done, res.Lost, res.ErrorsByType, res.Refused, res.LostSamples)
 	}
-	queued := res.Paths[metrics.PathQueued]
+	queued := res.Paths[protocol.PathQueued]
 	if queued < 150 {
 		t.Fatalf("only %d of 200 queued", queued)
 	}
@@ -185,7 +184,7 @@ func TestQueuedIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Lost != 0 || res.Done != 300 || res.Paths[metrics.PathQueued] != 300 {
+	if res.Lost != 0 || res.Done != 300 || res.Paths[protocol.PathQueued] != 300 {
 		t.Fatalf("done %d lost %d samples %+v", res.Done, res.Lost, res.LostSamples)
 	}
 }
@@ -250,7 +249,7 @@ func TestQueuedDisconnectWhileWaitingSkipsJob(t *testing.T) {
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	ctx, cancel := context.WithCancel(t.Context())
 	resp := postStream(t, ctx, url, prompt("never mind"), nil)
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != metrics.PathQueued {
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != protocol.PathQueued {
 		t.Fatalf("status %d path %q", resp.StatusCode, resp.Header.Get("X-Stream-Path"))
 	}
 	id := resp.Header.Get("X-Request-ID")

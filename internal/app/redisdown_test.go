@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/loadtest"
-	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
@@ -23,7 +22,7 @@ func TestRedisDownDirectStillServed(t *testing.T) {
 		start := time.Now()
 		resp := postStream(t, t.Context(), url, prompt(text), nil)
 		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != metrics.PathDirect {
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != protocol.PathDirect {
 			t.Fatalf("%s: status %d path %q", text, resp.StatusCode, resp.Header.Get("X-Stream-Path"))
 		}
 		rep := loadtest.CheckStream(resp.Body, c.want(text))

@@ -10,7 +10,7 @@ import (
 )
 
 // Config is every setting of the api, consumer and simllm processes. Env
-// names and defaults are the contract in DESIGN.md; the yaml key of each
+// names and defaults are the contract in docs/OPERATIONS.md, "Settings"; the yaml key of each
 // field is its env name in lower case.
 type Config struct {
 	// HTTPAddr is the api listen address. Default ":8080".
@@ -93,6 +93,19 @@ type Config struct {
 	RateLimitBurst int `env:"RATE_LIMIT_BURST" envDefault:"0"`
 	// APIKeys are accepted bearer keys (or sha256 hex of them); empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
+
+	// BreakerFailures opens the provider's circuit after this many
+	// failures in a row. Default 5.
+	BreakerFailures int `env:"BREAKER_FAILURES" envDefault:"5"`
+	// BreakerWindowSeconds is the rolling window over which the circuit
+	// counts its failure ratio. Default 60.
+	BreakerWindowSeconds int `env:"BREAKER_WINDOW_SECONDS" envDefault:"60"`
+	// BreakerOpenSeconds is how long the circuit stays open before it lets
+	// trial calls through. Default 30.
+	BreakerOpenSeconds int `env:"BREAKER_OPEN_SECONDS" envDefault:"30"`
+	// BreakerHalfOpenRequests is how many trial calls run while the circuit
+	// is half-open; that many successes close it. Default 3.
+	BreakerHalfOpenRequests int `env:"BREAKER_HALF_OPEN_REQUESTS" envDefault:"3"`
 
 	// LLMProvider is "sim" or "openai". Default "sim".
 	LLMProvider string `env:"LLM_PROVIDER" envDefault:"sim"`
@@ -226,6 +239,12 @@ func (c *Config) SimFirstToken() time.Duration { return millis(c.SimFirstTokenMS
 
 // SimTokenInterval is the simulator's delay between chunks (SIM_TOKEN_MS).
 func (c *Config) SimTokenInterval() time.Duration { return millis(c.SimTokenMS) }
+
+// BreakerWindow is BREAKER_WINDOW_SECONDS as a duration.
+func (c *Config) BreakerWindow() time.Duration { return seconds(c.BreakerWindowSeconds) }
+
+// BreakerOpen is BREAKER_OPEN_SECONDS as a duration.
+func (c *Config) BreakerOpen() time.Duration { return seconds(c.BreakerOpenSeconds) }
 
 func seconds(n int) time.Duration { return time.Duration(n) * time.Second }
 

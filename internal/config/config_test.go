@@ -69,7 +69,7 @@ func TestDefaults(t *testing.T) {
 	t.Parallel()
 	c := mustLoad(t, "", nil)
 
-	// One row per setting, values from DESIGN.md's table.
+	// One row per setting, values from docs/OPERATIONS.md's settings table.
 	rows := []struct {
 		name      string
 		got, want any
@@ -111,6 +111,10 @@ func TestDefaults(t *testing.T) {
 		{"RATE_LIMIT_RPS", c.RateLimitRPS, 0.0},
 		{"RATE_LIMIT_BURST", c.RateLimitBurst, 0},
 		{"API_KEYS", c.APIKeys, []string(nil)},
+		{"BREAKER_FAILURES", c.BreakerFailures, 5},
+		{"BREAKER_WINDOW_SECONDS", c.BreakerWindowSeconds, 60},
+		{"BREAKER_OPEN_SECONDS", c.BreakerOpenSeconds, 30},
+		{"BREAKER_HALF_OPEN_REQUESTS", c.BreakerHalfOpenRequests, 3},
 		{"LLM_PROVIDER", c.LLMProvider, "sim"},
 		{"LLM_BASE_URL", c.LLMBaseURL, ""},
 		{"LLM_API_KEY", c.LLMAPIKey, ""},
@@ -204,6 +208,10 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"CHAT_PAGE_ENABLED":                     "false",
 		"LOG_LEVEL":                             "debug",
 		"UNRELATED_VAR":                         "ignored",
+		"BREAKER_FAILURES":                      "6",
+		"BREAKER_WINDOW_SECONDS":                "61",
+		"BREAKER_OPEN_SECONDS":                  "31",
+		"BREAKER_HALF_OPEN_REQUESTS":            "4",
 	}
 	// DIRECT_PATH_ENABLED=false and QUEUE_FAILOVER_ENABLED=false together are
 	// invalid, so each bool is overridden in its own load below.
@@ -248,6 +256,10 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		RateLimitRPS:                     2.5,
 		RateLimitBurst:                   3,
 		APIKeys:                          []string{"key-a", "key-b"},
+		BreakerFailures:                  6,
+		BreakerWindowSeconds:             61,
+		BreakerOpenSeconds:               31,
+		BreakerHalfOpenRequests:          4,
 		LLMProvider:                      "openai",
 		LLMBaseURL:                       "http://127.0.0.1:8081/v1",
 		LLMAPIKey:                        "sk-test",

@@ -139,6 +139,11 @@ func (c *Config) Validate() error {
 		v.fail("RATE_LIMIT_BURST", "(%d) must be at least 1 when RATE_LIMIT_RPS is set (%g)", c.RateLimitBurst, c.RateLimitRPS)
 	}
 
+	v.atLeast("BREAKER_FAILURES", c.BreakerFailures, 1)
+	v.atLeast("BREAKER_WINDOW_SECONDS", c.BreakerWindowSeconds, 1)
+	v.atLeast("BREAKER_OPEN_SECONDS", c.BreakerOpenSeconds, 1)
+	v.atLeast("BREAKER_HALF_OPEN_REQUESTS", c.BreakerHalfOpenRequests, 1)
+
 	switch c.LLMProvider {
 	case ProviderSim:
 	case ProviderOpenAI:

@@ -1,7 +1,15 @@
-// Package failover owns the spill-over path: the queue that carries jobs
-// from the api to the workers, the result-channel subscriber the api relays
-// from, and the consumer worker. Backends live in sibling packages
-// (redisstream, kafka, memqueue) and all pass failovertest.Run.
+// Package failover states the contracts of the spill-over path and holds
+// no backend: the job queue (Producer, Consumer, Delivery), the
+// per-request result-and-cancel channel (ResultPublisher,
+// ResultSubscriber, Canceller, CancelWatcher), the queued path as the HTTP
+// layer sees it (Spiller, Relay), and the key names (keys.go). The
+// protocol behind them is docs/QUEUE.md.
+//
+// Implementations are siblings: queues in redisstream, kafka and memqueue
+// (all pass failovertest.Run), the result channel in results, the api's
+// queued path in gateway and the consumer in worker. This package imports
+// none of them, nor the HTTP layer (stream), admission or app;
+// TestContractsImportNoImplementation holds that.
 package failover
 
 import (

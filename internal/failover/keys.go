@@ -1,7 +1,7 @@
 package failover
 
 // Key and channel names, one builder per name. prefix is QUEUE_PREFIX
-// (default "queue:"); the names are the contract in DESIGN.md.
+// (default "queue:"); the names are the contract in docs/QUEUE.md, "Keys".
 
 // ResultChannel is the Pub/Sub channel a request's results travel on:
 // queue:results:<request_id>.

@@ -24,7 +24,7 @@ type Cluster struct {
 }
 
 // Defaults of Start: one broker, topics auto-created with 4 partitions
-// (DESIGN's KAFKA_PARTITIONS default), and consumer-group session timeouts
+// (KAFKA_PARTITIONS' default, docs/OPERATIONS.md), and consumer-group session timeouts
 // down to one second so a rebalance after a member leaves or dies takes
 // seconds, not the broker default's six.
 const (

@@ -1,16 +1,16 @@
-// Package metrics owns Spillway's Prometheus metrics: every name in
-// DESIGN.md's metric list, registered once per process on a registry the
-// caller provides.
+// Package metrics owns Spillway's Prometheus metrics: every name
+// docs/OPERATIONS.md lists, registered once per process on a registry the
+// caller provides. Components do not take *Metrics whole: each states the
+// small interface it counts through (gateway.Metrics, worker.Metrics,
+// stream.Metrics), which *Metrics implements with the methods in
+// observe.go. Path label values are the wire's (protocol.PathDirect,
+// protocol.PathQueued).
 package metrics
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// Path label values.
-const (
-	PathDirect = "direct"
-	PathQueued = "queued"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // Stream outcome label values of spillway_streams_total.
@@ -121,7 +121,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.DeadLetterDepth,
 		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
-	for _, p := range []string{PathDirect, PathQueued} {
+	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)
 		for _, o := range []string{OutcomeDone, OutcomeError, OutcomeCancelled, OutcomeRefused} {
 			m.StreamsTotal.WithLabelValues(p, o)
@@ -136,9 +136,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
-// DesignNames lists every metric name DESIGN.md promises, for tests that
+// DocumentedNames lists every metric name docs/OPERATIONS.md promises, for tests that
 // check /metrics exposes them.
-var DesignNames = []string{
+var DocumentedNames = []string{
 	"spillway_streams_total", "spillway_active_streams", "spillway_time_to_first_chunk_seconds",
 	"spillway_pool_slots_in_use", "spillway_pool_slots_capacity", "spillway_pool_fallback",
 	"spillway_queue_depth", "spillway_queue_threshold", "spillway_queue_rejections_total",

@@ -23,6 +23,7 @@ const (
 	ProblemWorkerLost          = "worker-lost"
 	ProblemShuttingDown        = "shutting-down"
 	ProblemSlowClient          = "slow-client"
+	ProblemNotReady            = "not-ready"
 	ProblemInternal            = "internal"
 )
 

@@ -1,25 +1,162 @@
 package protocol
 
-import "net/http"
+import (
+	"fmt"
+	"net/http"
+)
 
-// Problems more than one component sends. Each call returns a fresh copy
-// the caller may change.
+// ProblemType is one entry of the problem catalogue: the slug of its
+// `type` URI, and the title and HTTP status every occurrence carries
+// (RFC 9457: the title of a type does not change between occurrences).
+type ProblemType struct {
+	Slug   string
+	Title  string
+	Status int
+}
+
+// New returns an occurrence of t with detail, written for the client.
+func (t ProblemType) New(detail string) *Problem {
+	return &Problem{Type: ProblemTypeBase + t.Slug, Title: t.Title, Status: t.Status, Detail: detail}
+}
+
+// Problems is the catalogue: every problem type Spillway writes, on a
+// refusal (application/problem+json) or in an `error` event. No component
+// builds a problem of a type missing here; TestProblemCatalogue holds that
+// every slug constant has an entry. docs/API.md lists them for clients.
+var Problems = map[string]ProblemType{
+	ProblemBadRequest:          {ProblemBadRequest, "Bad Request", http.StatusBadRequest},
+	ProblemUnauthorized:        {ProblemUnauthorized, "Unauthorized", http.StatusUnauthorized},
+	ProblemNotFound:            {ProblemNotFound, "Not Found", http.StatusNotFound},
+	ProblemMethodNotAllowed:    {ProblemMethodNotAllowed, "Method Not Allowed", http.StatusMethodNotAllowed},
+	ProblemBodyTooLarge:        {ProblemBodyTooLarge, "Request Body Too Large", http.StatusRequestEntityTooLarge},
+	ProblemUnsupportedMedia:    {ProblemUnsupportedMedia, "Unsupported Media Type", http.StatusUnsupportedMediaType},
+	ProblemRateLimited:         {ProblemRateLimited, "Too Many Requests", http.StatusTooManyRequests},
+	ProblemPoolExhausted:       {ProblemPoolExhausted, "Capacity Exhausted", http.StatusServiceUnavailable},
+	ProblemQueueOverflow:       {ProblemQueueOverflow, "Queue Over Capacity", http.StatusServiceUnavailable},
+	ProblemQueueTimeout:        {ProblemQueueTimeout, "Queue Timeout", http.StatusServiceUnavailable},
+	ProblemQueueUnavailable:    {ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable},
+	ProblemProviderError:       {ProblemProviderError, "Provider Error", http.StatusBadGateway},
+	ProblemProviderUnavailable: {ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable},
+	ProblemWorkerLost:          {ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable},
+	ProblemShuttingDown:        {ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable},
+	ProblemSlowClient:          {ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable},
+	ProblemNotReady:            {ProblemNotReady, "Not Ready", http.StatusServiceUnavailable},
+	ProblemInternal:            {ProblemInternal, "Internal Error", http.StatusInternalServerError},
+}
+
+// problem returns an occurrence of the catalogued type slug advising a
+// retry after retryAfterSeconds, in one allocation (refusals are a hot
+// path under overload).
+func problem(slug, detail string, retryAfterSeconds int) *Problem {
+	t := Problems[slug]
+	return &Problem{Type: ProblemTypeBase + t.Slug, Title: t.Title, Status: t.Status, Detail: detail,
+		RetryAfterSeconds: retryAfterSeconds}
+}
+
+// Each function below returns a fresh occurrence the caller may change;
+// retryAfterSeconds 0 advises no retry delay.
+
+// BadRequest refuses a request that could not be read or decoded; detail
+// is client text (protocol's decode errors are written for the client).
+func BadRequest(detail string) *Problem { return problem(ProblemBadRequest, detail, 0) }
+
+// Unauthorized refuses a request without a valid API key.
+func Unauthorized(detail string) *Problem { return problem(ProblemUnauthorized, detail, 0) }
+
+// NotFound answers a path no route serves.
+func NotFound() *Problem { return problem(ProblemNotFound, "No such endpoint.", 0) }
+
+// MethodNotAllowed answers a known path asked with another method.
+func MethodNotAllowed(method string) *Problem {
+	return problem(ProblemMethodNotAllowed, "This endpoint does not take "+method+".", 0)
+}
+
+// BodyTooLarge refuses a body over MAX_BODY_BYTES.
+func BodyTooLarge(limit int64) *Problem {
+	return problem(ProblemBodyTooLarge, fmt.Sprintf("The request body must be at most %d bytes.", limit), 0)
+}
+
+// TooLargeToQueue refuses a request whose job does not fit a queue message.
+func TooLargeToQueue() *Problem {
+	return problem(ProblemBodyTooLarge, "The request is too large to be queued; shorten it.", 0)
+}
+
+// UnsupportedMedia refuses a body that is not application/json.
+func UnsupportedMedia() *Problem {
+	return problem(ProblemUnsupportedMedia, "Content-Type must be application/json.", 0)
+}
+
+// RateLimited refuses an identity over RATE_LIMIT_RPS.
+func RateLimited(retryAfterSeconds int) *Problem {
+	return problem(ProblemRateLimited, "This client sent too many requests; retry after the advised delay.", retryAfterSeconds)
+}
+
+// PoolExhausted refuses a request when no slot is free and no queue takes it.
+func PoolExhausted(retryAfterSeconds int) *Problem {
+	return problem(ProblemPoolExhausted, "No streaming slot is free for this request; retry shortly.", retryAfterSeconds)
+}
+
+// QueueOverflow refuses a request while the backlog is over
+// QUEUE_OVERFLOW_THRESHOLD.
+func QueueOverflow(retryAfterSeconds int) *Problem {
+	return problem(ProblemQueueOverflow, "Too many requests are waiting; retry after the advised delay.", retryAfterSeconds)
+}
+
+// QueueTimeout ends a queued request no worker started in time.
+func QueueTimeout(retryAfterSeconds int) *Problem {
+	return problem(ProblemQueueTimeout, "No worker started the request in time; retry shortly.", retryAfterSeconds)
+}
 
 // QueueUnavailable is the refusal when a job could not be queued.
 func QueueUnavailable(retryAfterSeconds int) *Problem {
-	return NewProblem(ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable,
-		"The request could not be queued; retry shortly.").WithRetryAfter(retryAfterSeconds)
+	return problem(ProblemQueueUnavailable, "The request could not be queued; retry shortly.", retryAfterSeconds)
+}
+
+// ResultChannelLost ends a queued request whose result subscription broke.
+func ResultChannelLost(retryAfterSeconds int) *Problem {
+	return problem(ProblemQueueUnavailable, "The connection carrying the answer was lost; retry the request.", retryAfterSeconds)
 }
 
 // ProviderFailed ends a stream whose provider call failed, on either path.
 func ProviderFailed(retryAfterSeconds int) *Problem {
-	return NewProblem(ProblemProviderError, "Provider Error", http.StatusBadGateway,
-		"The model provider failed while answering; retry the request.").WithRetryAfter(retryAfterSeconds)
+	return problem(ProblemProviderError, "The model provider failed while answering; retry the request.", retryAfterSeconds)
 }
 
 // ProviderUnavailable refuses or ends a request while the provider's
 // circuit is open.
 func ProviderUnavailable(retryAfterSeconds int) *Problem {
-	return NewProblem(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable,
-		"The model provider is failing; requests are refused until it recovers. Retry after the advised delay.").WithRetryAfter(retryAfterSeconds)
+	return problem(ProblemProviderUnavailable, "The model provider is failing; requests are refused until it recovers. Retry after the advised delay.",
+		retryAfterSeconds)
+}
+
+// WorkerLost ends a queued request whose worker went silent and no other
+// took over.
+func WorkerLost(retryAfterSeconds int) *Problem {
+	return problem(ProblemWorkerLost, "The worker answering the request stopped and no other took over; retry the request.",
+		retryAfterSeconds)
+}
+
+// SlowClient ends a stream whose client did not read fast enough.
+func SlowClient(retryAfterSeconds int) *Problem {
+	return problem(ProblemSlowClient, "The stream was ended because the client did not read it fast enough.", retryAfterSeconds)
+}
+
+// ShuttingDown ends a stream still open when the shutdown grace is over.
+func ShuttingDown(retryAfterSeconds int) *Problem {
+	return problem(ProblemShuttingDown, "The server is restarting; retry the request.", retryAfterSeconds)
+}
+
+// NotReady answers /readyz while a dependency is unreachable.
+func NotReady(retryAfterSeconds int) *Problem {
+	return problem(ProblemNotReady, "A dependency is unreachable.", retryAfterSeconds)
+}
+
+// StreamFailed ends a stream that failed unexpectedly (a bug).
+func StreamFailed() *Problem {
+	return problem(ProblemInternal, "The stream failed unexpectedly; retry the request.", 0)
+}
+
+// RequestFailed answers a request whose handler panicked (a bug).
+func RequestFailed() *Problem {
+	return problem(ProblemInternal, "The request failed unexpectedly; retry it.", 0)
 }

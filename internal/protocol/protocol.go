@@ -37,12 +37,23 @@ type Chunk struct {
 	Content string `json:"content"`
 }
 
+// Path values: which way a request was answered, sent in the `done`
+// event's path and the X-Stream-Path header (docs/API.md). Metrics label
+// streams with the same values.
+const (
+	// PathDirect is a stream answered in the api process holding a pool slot.
+	PathDirect = "direct"
+	// PathQueued is a stream answered by a worker through the queue.
+	PathQueued = "queued"
+)
+
 // Done is the payload of the terminal SSE `done` event and of SIGNAL:DONE.
 type Done struct {
 	RequestID    string `json:"request_id,omitempty"`
 	FinishReason string `json:"finish_reason,omitempty"`
-	Path         string `json:"path,omitempty"`
-	Usage        *Usage `json:"usage,omitempty"`
+	// Path is PathDirect or PathQueued.
+	Path  string `json:"path,omitempty"`
+	Usage *Usage `json:"usage,omitempty"`
 }
 
 // Reset is the payload of the SSE `reset` event and of SIGNAL:RESET: the

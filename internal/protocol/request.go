@@ -19,7 +19,7 @@ type Limits struct {
 	MaxTokens   int // MAX_TOKENS_LIMIT, default 32768
 }
 
-// DefaultLimits are the limits DESIGN.md gives as defaults.
+// DefaultLimits are the limits docs/OPERATIONS.md gives as defaults.
 var DefaultLimits = Limits{MaxMessages: 1000, MaxTokens: 32768}
 
 // ErrInvalidRequest is wrapped by every validation error of DecodeChatRequest;

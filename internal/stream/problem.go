@@ -8,18 +8,9 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// Problems the api writes on purpose. Their detail is client text.
-var (
-	problemPoolFull = protocol.NewProblem(protocol.ProblemPoolExhausted, "Capacity Exhausted",
-		http.StatusServiceUnavailable, "No streaming slot is free for this request; retry shortly.")
-	problemShuttingDown = protocol.NewProblem(protocol.ProblemShuttingDown, "Shutting Down",
-		http.StatusServiceUnavailable, "The server is restarting; retry the request.")
-	problemInternal = protocol.NewProblem(protocol.ProblemInternal, "Internal Error",
-		http.StatusInternalServerError, "The stream failed unexpectedly; retry the request.")
-)
-
 // WriteProblem answers with p as application/problem+json, adding
 // Retry-After when p advises a retry. instance identifies the occurrence.
+// The problems themselves come from protocol's catalogue.
 func WriteProblem(w http.ResponseWriter, p *protocol.Problem, instance string) {
 	c := *p
 	if c.Instance == "" {

@@ -1,6 +1,7 @@
 // Package stream owns the client side of a stream: the SSE writer
 // (headers, events, flushes, heartbeats, disconnects) and the request
-// handler that validates a request and picks the direct or queued path.
+// handler that parses a request and picks the direct or queued path
+// (docs/API.md for what clients see).
 package stream
 
 import (
@@ -52,7 +53,7 @@ func (sw *Writer) Start(requestID, path string) error {
 }
 
 // RequestIDHeader is the response header carrying the request id, spelled
-// as DESIGN.md spells it. Go would send the canonical "X-Request-Id";
+// as docs/API.md spells it. Go would send the canonical "X-Request-Id";
 // header names are case-insensitive, but people grep for the documented
 // spelling.
 const RequestIDHeader = "X-Request-ID"

@@ -1,8 +1,6 @@
 package stream
 
 import (
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -56,14 +54,14 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 			t.Errorf("header %s = %q, want %q", k, h.Get(k), v)
 		}
 	}
-	// Written with DESIGN's spelling, once.
+	// Written with docs/API.md's spelling, once.
 	if got := h["X-Request-ID"]; len(got) != 1 || got[0] != "req-1" || len(h["X-Request-Id"]) != 0 {
 		t.Errorf("request id header %v / %v, want exactly X-Request-ID: req-1", h["X-Request-ID"], h["X-Request-Id"])
 	}
 	if err := sw.Chunk(2, "late"); err != ErrTerminated {
 		t.Fatalf("write after done: %v, want ErrTerminated", err)
 	}
-	if err := sw.Error(problemInternal); err != ErrTerminated {
+	if err := sw.Error(protocol.StreamFailed()); err != ErrTerminated {
 		t.Fatalf("second terminal: %v, want ErrTerminated", err)
 	}
 }
@@ -122,9 +120,9 @@ func advance(d time.Duration) {
 func newTestHandler(tb testing.TB, heartbeat time.Duration) *Handler {
 	tb.Helper()
 	h := &Handler{
-		cfg:      Config{Heartbeat: heartbeat, WriteTimeout: time.Second},
+		cfg:      Config{Heartbeat: heartbeat}, // no write deadline: a recorder has none
 		m:        metrics.New(prometheus.NewRegistry()),
-		log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		log:      testutil.DiscardLogger(),
 		draining: make(chan struct{}),
 	}
 	return h
@@ -145,7 +143,7 @@ func TestHeartbeatTimerResetsAfterEachWrite(t *testing.T) {
 		}
 		out := make(chan result)
 		go func() {
-			o, _ := h.pump(t.Context(), NewWriter(rec, 0), "r", metrics.PathDirect, start, frames, nil)
+			o, _ := (&session{h: h, w: rec, requestID: "r", path: protocol.PathDirect, start: start, frames: frames}).serve(t.Context())
 			out <- result{o, rec.Body()}
 		}()
 		advance(14 * time.Second)
@@ -167,7 +165,7 @@ func TestHeartbeatTimerResetsAfterEachWrite(t *testing.T) {
 		}
 		frames <- protocol.Result{Kind: protocol.KindDone}
 		r := <-out
-		if r.outcome != metrics.OutcomeDone {
+		if r.outcome != OutcomeDone {
 			t.Fatalf("outcome %s", r.outcome)
 		}
 		if !strings.HasSuffix(r.body, "event: done\ndata: {\"request_id\":\"r\",\"finish_reason\":\"stop\",\"path\":\"direct\"}\n\n") {
@@ -184,12 +182,12 @@ func TestDrainEndsStreamWithError(t *testing.T) {
 		rec := httptest.NewRecorder()
 		out := make(chan string)
 		go func() {
-			o, _ := h.pump(t.Context(), NewWriter(rec, 0), "r", metrics.PathQueued, time.Now(), make(chan protocol.Result), nil)
+			o, _ := (&session{h: h, w: rec, requestID: "r", path: protocol.PathQueued, start: time.Now(), frames: make(chan protocol.Result)}).serve(t.Context())
 			out <- o
 		}()
 		synctest.Wait()
 		h.Drain()
-		if o := <-out; o != metrics.OutcomeError {
+		if o := <-out; o != OutcomeError {
 			t.Fatalf("outcome %s, want error", o)
 		}
 		if !strings.Contains(rec.Body.String(), "event: error\ndata: {\"type\":\"https://spillway.dev/errors/shutting-down\"") {

@@ -1,9 +1,13 @@
-// Package testutil holds small helpers shared by tests: waiting on a
-// condition with a deadline instead of sleeping.
+// Package testutil holds small helpers shared by tests, each with one
+// meaning: Eventually waits on a condition with a deadline (never a bare
+// sleep), AdvanceFakeClock moves a testing/synctest bubble's clock, and
+// DiscardLogger is the logger of tests that do not read logs.
 package testutil
 
 import (
+	"log/slog"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -24,10 +28,15 @@ func Eventually(tb testing.TB, within time.Duration, cond func() bool, what stri
 	}
 }
 
-// AdvanceFakeClock sleeps d. It exists for tests inside a testing/synctest
-// bubble, where sleeping is how the fake clock moves forward; there the
-// sleep is the thing under test, not a wait for a condition. Do not use it
-// outside a bubble.
+// AdvanceFakeClock moves the fake clock of the calling testing/synctest
+// bubble forward by d: it waits until every other goroutine of the bubble
+// is blocked, then sleeps d, which in a bubble takes no real time. The
+// passing of time is then the thing under test. Outside a bubble it
+// panics (synctest.Wait does), so it can never serve as a real sleep.
 func AdvanceFakeClock(d time.Duration) {
+	synctest.Wait()
 	time.Sleep(d)
 }
+
+// DiscardLogger returns a logger that drops everything.
+func DiscardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }

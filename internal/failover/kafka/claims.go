@@ -104,6 +104,19 @@ type RedisClaims struct {
 
 var _ Claims = (*RedisClaims)(nil)
 
+// DefaultClaimsPrefix is the default RedisClaimsConfig.Prefix, QUEUE_PREFIX's.
+const DefaultClaimsPrefix = "queue:"
+
+func (cfg RedisClaimsConfig) withDefaults() RedisClaimsConfig {
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultClaimsPrefix
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultClaimRetention
+	}
+	return cfg
+}
+
 // NewRedisClaims returns RedisClaims on client. It does no I/O.
 func NewRedisClaims(cfg RedisClaimsConfig, client redis.UniversalClient) (*RedisClaims, error) {
 	if err := cfg.Validate(); err != nil {
@@ -112,12 +125,7 @@ func NewRedisClaims(cfg RedisClaimsConfig, client redis.UniversalClient) (*Redis
 	if client == nil {
 		return nil, errors.New("kafka: redis claims: nil client")
 	}
-	if cfg.Prefix == "" {
-		cfg.Prefix = "queue:"
-	}
-	if cfg.Retention == 0 {
-		cfg.Retention = DefaultClaimRetention
-	}
+	cfg = cfg.withDefaults()
 	return &RedisClaims{client: client, prefix: cfg.Prefix, retention: cfg.Retention}, nil
 }
 

@@ -45,7 +45,7 @@ func testClaimsContract(t *testing.T, c Claims) {
 		if _, err := claim("j1", "b"); !errors.Is(err, ErrClaimHeld) {
 			t.Fatalf("Claim of a refreshed job by another member = %v, want ErrClaimHeld", err)
 		}
-		waitFor(t, ttl/4)
+		letRealTimePass(t, ttl/4)
 	}
 	if err := c.Refresh(ctx, "j1", "b", ttl); !errors.Is(err, failover.ErrClaimLost) {
 		t.Fatalf("Refresh by a non-holder = %v, want ErrClaimLost", err)
@@ -64,7 +64,7 @@ func testClaimsContract(t *testing.T, c Claims) {
 		t.Fatalf("Refresh by the former holder = %v, want ErrClaimLost", err)
 	}
 	// A claim that expired but was not taken over is still the holder's.
-	waitFor(t, 2*ttl)
+	letRealTimePass(t, 2*ttl)
 	if err := c.Refresh(ctx, "j1", "b", ttl); err != nil {
 		t.Fatalf("Refresh of an expired, untaken claim by its holder: %v", err)
 	}
@@ -92,10 +92,10 @@ func testClaimsContract(t *testing.T, c Claims) {
 	}
 }
 
-// waitFor lets d of real time pass, the behaviour under test being what
-// time does to a claim: expiry is measured by the store's clock (Redis
-// TIME), which a test cannot advance.
-func waitFor(t *testing.T, d time.Duration) {
+// letRealTimePass lets d of real time pass, the behaviour under test being
+// what time does to a claim: expiry is measured by the store's clock
+// (Redis TIME), which a test cannot advance.
+func letRealTimePass(t *testing.T, d time.Duration) {
 	t.Helper()
 	timer := time.NewTimer(d)
 	defer timer.Stop()

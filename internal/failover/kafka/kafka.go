@@ -48,7 +48,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 )
 
-// Defaults applied to zero Config fields. Names match DESIGN.md.
+// Defaults applied to zero Config fields. Names match docs/QUEUE.md, "Kafka".
 const (
 	DefaultTopic             = "streaming_requests_failover"
 	DefaultGroup             = "streaming_failover_consumers"

@@ -32,7 +32,7 @@ func testLogger() *slog.Logger {
 	if os.Getenv("KAFKA_TEST_LOG") != "" {
 		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	return slog.New(slog.DiscardHandler)
+	return testutil.DiscardLogger()
 }
 
 // testConfig returns a Config with fresh topic and group names and timings
@@ -158,7 +158,7 @@ func TestConfig(t *testing.T) {
 	d := Config{Brokers: b}.withDefaults()
 	if d.Topic != "streaming_requests_failover" || d.Group != "streaming_failover_consumers" ||
 		d.DeadLetterTopic != "streaming_requests_failover.dead_letter" {
-		t.Errorf("default names %q %q %q differ from DESIGN.md", d.Topic, d.Group, d.DeadLetterTopic)
+		t.Errorf("default names %q %q %q differ from docs/QUEUE.md", d.Topic, d.Group, d.DeadLetterTopic)
 	}
 	if d.Partitions != 4 || d.ReplicationFactor != 1 || d.RequiredAcks != -1 || d.BatchTimeout != 5*time.Millisecond ||
 		d.WriteTimeout != 5*time.Second || d.ClaimTTL != 15*time.Second {

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/failover"
 )
 
 // Sentinel errors. Match them with errors.Is.
@@ -30,7 +32,7 @@ var (
 	ErrDuplicate = errors.New("pubsub: channel already subscribed")
 	// ErrOverflow ends a subscription whose buffer was full when a message
 	// arrived: its reader fell behind and the stream has a gap.
-	ErrOverflow = errors.New("pubsub: subscription buffer overflowed")
+	ErrOverflow = fmt.Errorf("pubsub: subscription buffer overflowed: %w", failover.ErrResultOverflow)
 	// ErrConnectionLost ends every subscription of a shard whose Redis
 	// connection failed: messages published meanwhile are lost.
 	ErrConnectionLost = errors.New("pubsub: redis connection lost")

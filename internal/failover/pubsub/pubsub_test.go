@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -714,7 +713,7 @@ func TestStaleRepliesDoNotConfirmReusedChannel(t *testing.T) {
 	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	t.Cleanup(func() { _ = c.Close() })
-	s := &Subscriber{cfg: Config{}.withDefaults(), client: c, log: slog.New(slog.DiscardHandler)}
+	s := &Subscriber{cfg: Config{}.withDefaults(), client: c, log: testutil.DiscardLogger()}
 	sh := newShard(s, 0)
 	ps := sh.ps
 	t.Cleanup(func() { _ = ps.Close() })

@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/failovertest"
 	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 const testIdle = 300 * time.Millisecond
@@ -102,7 +103,7 @@ func TestConfig(t *testing.T) {
 		}
 	}
 	if StreamKey(DefaultPrefix) != "queue:streaming_requests_failover" || DeadLetterKey(DefaultPrefix) != "queue:dead_letter" {
-		t.Errorf("keys = %q, %q; DESIGN.md names queue:streaming_requests_failover and queue:dead_letter",
+		t.Errorf("keys = %q, %q; docs/QUEUE.md names queue:streaming_requests_failover and queue:dead_letter",
 			StreamKey(DefaultPrefix), DeadLetterKey(DefaultPrefix))
 	}
 }
@@ -475,9 +476,8 @@ func TestRecoversAfterRedisRestart(t *testing.T) {
 	got := make(chan failover.Delivery, 1)
 	go func() { got <- fetchEventually(t, ctx, q) }()
 	// Enqueue only once the waiting Fetch has recreated stream and group.
-	if err := waitFor(ctx, func() bool { return c.Exists(ctx, StreamKey(prefix)).Val() == 1 }); err != nil {
-		t.Fatalf("Fetch did not recreate the stream and group: %v", err)
-	}
+	testutil.Eventually(t, 30*time.Second, func() bool { return c.Exists(ctx, StreamKey(prefix)).Val() == 1 },
+		"Fetch recreating the stream and group")
 	if err := q.Enqueue(ctx, "r2", []byte("second restart")); err != nil {
 		t.Fatal(err)
 	}
@@ -511,18 +511,4 @@ func fetchEventually(t testing.TB, ctx context.Context, q *Queue) failover.Deliv
 		case <-retry.C:
 		}
 	}
-}
-
-// waitFor waits until cond holds, checking every 10ms, or ctx ends.
-func waitFor(ctx context.Context, cond func() bool) error {
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
-	return nil
 }

@@ -2,16 +2,15 @@ package redispool
 
 import (
 	"bytes"
-	"io"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
-)
 
-func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
 
 // logBuffer collects log lines from any goroutine.
 type logBuffer struct {
@@ -44,7 +43,7 @@ func newTestPool(tb testing.TB, addr string, cfg Config, log *slog.Logger, onFal
 	tb.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	if log == nil {
-		log = discardLogger()
+		log = testutil.DiscardLogger()
 	}
 	p, err := New(cfg, c, log, onFallback)
 	if err != nil {

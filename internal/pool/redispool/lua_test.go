@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // Fast checks of the scripts and the key layout on miniredis, with its
@@ -27,7 +28,7 @@ func newMiniPool(t *testing.T, cfg Config) (*Pool, *miniredis.Miniredis) {
 	m.SetTime(miniEpoch)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
-	p, err := New(cfg, c, discardLogger(), nil)
+	p, err := New(cfg, c, testutil.DiscardLogger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@
 // revived: its slot may already belong to someone else. Lease ids are never
 // reused, so releasing a lease late frees no one else's slot.
 //
-// Fairness (DESIGN.md, queue failover invariant 4: a freed slot goes to
+// Fairness (docs/QUEUE.md, invariant 4: a freed slot goes to
 // the oldest waiting job before any newer direct request). Acquire calls
 // that have to wait register in WaitersKey, ordered by the Redis time of
 // registration. A registered waiter is eligible while its user has a free

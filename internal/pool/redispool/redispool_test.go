@@ -518,7 +518,7 @@ func TestStatsClusterWideAndCached(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	hook := &countingHook{}
 	c.AddHook(hook)
-	p, err := New(cfg, c, discardLogger(), nil)
+	p, err := New(cfg, c, testutil.DiscardLogger(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

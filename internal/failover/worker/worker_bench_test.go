@@ -1,4 +1,4 @@
-package failover_test
+package worker_test
 
 import (
 	"context"
@@ -12,13 +12,17 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // BenchmarkWorkerRelay measures the queued path's throughput without the
 // api: jobs go through memqueue to a worker, whose batches travel through
-// miniredis Pub/Sub (over TCP) to a subscriber per job. Each iteration
+// the Redis result channel (results.Publisher on miniredis over TCP) to a
+// subscriber per job. Each iteration
 // answers `parallel` jobs of `tokens` chunks from an instant simulator.
 func BenchmarkWorkerRelay(b *testing.B) {
 	const (
@@ -34,7 +38,11 @@ func BenchmarkWorkerRelay(b *testing.B) {
 				MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 			})
 			b.Cleanup(func() { _ = rdb.Close() })
-			e := newEnvWith(b, mr, rdb, 15*time.Second, 4*parallel)
+			e := newEnv(b, 15*time.Second, 4*parallel)
+			pub, err := results.NewPublisher(benchPrefix, rdb)
+			if err != nil {
+				b.Fatal(err)
+			}
 			sim, err := llm.NewSim(llm.SimConfig{Tokens: tokens, Seed: 1})
 			if err != nil {
 				b.Fatal(err)
@@ -43,7 +51,17 @@ func BenchmarkWorkerRelay(b *testing.B) {
 			cfg.Concurrency = parallel
 			cfg.BatchSize = batch
 			cfg.Heartbeat = 5 * time.Second
-			e.startWorker(cfg, e.q.Consumer("bench"), sim)
+			w, err := worker.New(cfg, worker.Deps{
+				Consumer: e.q.Consumer("bench"), Pool: e.pool, Provider: sim, Results: pub, Cancels: pub,
+				Metrics: e.m, Log: testutil.DiscardLogger(),
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			stopped := make(chan struct{})
+			go func() { defer close(stopped); _ = w.Run(ctx) }()
+			b.Cleanup(func() { cancel(); <-stopped })
 
 			var chunks, messages int
 			var mu sync.Mutex
@@ -54,7 +72,7 @@ func BenchmarkWorkerRelay(b *testing.B) {
 					n++
 					id := fmt.Sprintf("bench-%d", n)
 					wg.Go(func() {
-						c, m := relayOne(b, e, id)
+						c, m := relayOne(b, e, rdb, id)
 						mu.Lock()
 						chunks += c
 						messages += m
@@ -72,10 +90,10 @@ func BenchmarkWorkerRelay(b *testing.B) {
 
 // relayOne subscribes to a job's result channel, enqueues the job and
 // reads until DONE; it returns the chunks and messages received.
-func relayOne(b *testing.B, e *env, id string) (chunks, messages int) {
+func relayOne(b *testing.B, e *env, rdb *redis.Client, id string) (chunks, messages int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ps := e.rdb.Subscribe(ctx, failover.ResultChannel(testPrefix, id))
+	ps := rdb.Subscribe(ctx, failover.ResultChannel(benchPrefix, id))
 	defer ps.Close()
 	if _, err := ps.Receive(ctx); err != nil {
 		b.Errorf("SUBSCRIBE: %v", err)
@@ -115,6 +133,9 @@ func relayOne(b *testing.B, e *env, id string) (chunks, messages int) {
 		}
 	}
 }
+
+// benchPrefix is QUEUE_PREFIX's default.
+const benchPrefix = "queue:"
 
 func tokensOf(res protocol.Result) int {
 	if res.Done == nil || res.Done.Usage == nil {

@@ -1,10 +1,8 @@
-package failover_test
+package worker_test
 
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -13,14 +11,13 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/memqueue"
+	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
@@ -28,45 +25,30 @@ import (
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
-// Most tests here run inside a testing/synctest bubble: miniredis serves
-// the go-redis client over net.Pipe (no sockets), memqueue, the pool and
-// the simulator wait only on channels and timers, so durations are exact
-// on the bubble's fake clock and a loaded machine cannot make them flaky.
+// Most tests here run inside a testing/synctest bubble on plain in-memory
+// fakes: results.Memory carries results and cancellations, memqueue the
+// jobs, and the pool and the simulator wait only on channels and timers,
+// so durations are exact on the bubble's fake clock and a loaded machine
+// cannot make them flaky.
 
-const testPrefix = "queue:"
-
-// env is one test's Redis, queue, pool and metrics.
+// env is one test's result channel, queue, pool and metrics.
 type env struct {
 	tb   testing.TB
-	mr   *miniredis.Miniredis
-	rdb  *redis.Client
+	res  *results.Memory
 	q    *memqueue.Queue
 	pool *pool.Local
 	m    *metrics.Metrics
 }
 
-// newEnv returns an env whose Redis is an in-memory miniredis reached over
-// net.Pipe, so it also works inside a synctest bubble (create it there).
+// newEnv returns an env; inside a synctest bubble, create it there.
 func newEnv(tb testing.TB, reclaimIdle time.Duration, poolSize int) *env {
 	tb.Helper()
-	mr := miniredis.NewMiniRedis()
-	tb.Cleanup(mr.Close)
-	rdb := redis.NewClient(&redis.Options{
-		// An IP address and no maintenance notifications: go-redis would
-		// otherwise resolve the host name, which a bubble cannot do.
-		Addr:                     "127.0.0.1:6379",
-		Dialer:                   func(context.Context, string, string) (net.Conn, error) { return mr.Dial() },
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	})
-	tb.Cleanup(func() { _ = rdb.Close() })
-	if err := rdb.Ping(context.Background()).Err(); err != nil { // also starts the server
-		tb.Fatalf("PING: %v", err)
+	// The listener of a test reads every message, so its buffer only has
+	// to hold what arrives between two reads.
+	res, err := results.NewMemory(results.MemoryConfig{Buffer: 10000})
+	if err != nil {
+		tb.Fatalf("results.NewMemory: %v", err)
 	}
-	return newEnvWith(tb, mr, rdb, reclaimIdle, poolSize)
-}
-
-func newEnvWith(tb testing.TB, mr *miniredis.Miniredis, rdb *redis.Client, reclaimIdle time.Duration, poolSize int) *env {
-	tb.Helper()
 	q, err := memqueue.New(memqueue.Config{ReclaimIdle: reclaimIdle})
 	if err != nil {
 		tb.Fatalf("memqueue.New: %v", err)
@@ -75,14 +57,11 @@ func newEnvWith(tb testing.TB, mr *miniredis.Miniredis, rdb *redis.Client, recla
 	if err != nil {
 		tb.Fatalf("pool.NewLocal: %v", err)
 	}
-	return &env{tb: tb, mr: mr, rdb: rdb, q: q, pool: p, m: metrics.New(prometheus.NewRegistry())}
+	return &env{tb: tb, res: res, q: q, pool: p, m: metrics.New(prometheus.NewRegistry())}
 }
 
-func discardLog() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func workerConfig() failover.WorkerConfig {
-	return failover.WorkerConfig{
-		Prefix:       testPrefix,
+func workerConfig() worker.Config {
+	return worker.Config{
 		Concurrency:  4,
 		Heartbeat:    time.Second,
 		BatchSize:    5,
@@ -97,7 +76,7 @@ func workerConfig() failover.WorkerConfig {
 
 // runningWorker is a Worker whose Run goroutine the test owns.
 type runningWorker struct {
-	*failover.Worker
+	*worker.Worker
 	cancel context.CancelFunc
 	done   chan struct{}
 }
@@ -109,13 +88,17 @@ func (rw *runningWorker) stop() {
 }
 
 // startWorker runs a worker on c until the test ends, and returns once it
-// listens for cancel notices.
-func (e *env) startWorker(cfg failover.WorkerConfig, c failover.Consumer, p llm.Provider) *runningWorker {
+// watches for cancellations.
+func (e *env) startWorker(cfg worker.Config, c failover.Consumer, p llm.Provider) *runningWorker {
 	e.tb.Helper()
-	w, err := failover.NewWorker(cfg, c, e.pool, p, e.rdb, e.m, discardLog())
+	w, err := worker.New(cfg, worker.Deps{
+		Consumer: c, Pool: e.pool, Provider: p, Results: e.res, Cancels: e.res, Metrics: e.m,
+		Log: testutil.DiscardLogger(),
+	})
 	if err != nil {
-		e.tb.Fatalf("NewWorker: %v", err)
+		e.tb.Fatalf("worker.New: %v", err)
 	}
+	watchers := e.res.Watchers()
 	ctx, cancel := context.WithCancel(context.Background())
 	rw := &runningWorker{Worker: w, cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -125,16 +108,16 @@ func (e *env) startWorker(cfg failover.WorkerConfig, c failover.Consumer, p llm.
 		}
 	}()
 	e.tb.Cleanup(rw.stop)
-	e.waitSubscribers(failover.CancelChannel(testPrefix), 1)
+	testutil.Eventually(e.tb, 10*time.Second, func() bool { return e.res.Watchers() > watchers }, "worker watching cancellations")
 	return rw
 }
 
-func (e *env) waitSubscribers(channel string, n int64) {
+// cancel tells the workers requestID's client left, as the api does.
+func (e *env) cancel(requestID string) {
 	e.tb.Helper()
-	testutil.Eventually(e.tb, 10*time.Second, func() bool {
-		m, err := e.rdb.PubSubNumSub(context.Background(), channel).Result()
-		return err == nil && m[channel] >= n
-	}, "subscribers on "+channel)
+	if err := e.res.Cancel(context.Background(), requestID, time.Hour); err != nil {
+		e.tb.Fatalf("Cancel: %v", err)
+	}
 }
 
 func newJob(id string) protocol.Job {
@@ -275,34 +258,22 @@ type listener struct {
 	c  chan received
 }
 
-// listen subscribes to id's result channel and returns once Redis
-// confirmed the subscription.
+// listen subscribes to id's result channel, as the api would.
 func (e *env) listen(id string) *listener {
 	e.tb.Helper()
-	return e.listenChannel(failover.ResultChannel(testPrefix, id))
-}
-
-func (e *env) listenChannel(channel string) *listener {
-	e.tb.Helper()
-	ctx := context.Background()
-	ps := e.rdb.Subscribe(ctx, channel)
-	if _, err := ps.Receive(ctx); err != nil {
-		e.tb.Fatalf("SUBSCRIBE %s: %v", channel, err)
+	sub, err := e.res.SubscribeResults(context.Background(), id)
+	if err != nil {
+		e.tb.Fatalf("SubscribeResults %s: %v", id, err)
 	}
 	l := &listener{tb: e.tb, c: make(chan received, 10000)}
-	msgs := ps.Channel(redis.WithChannelSize(10000))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for m := range msgs {
-			r := received{raw: m.Payload, at: time.Now()}
-			if !strings.HasPrefix(channel, testPrefix+"results:") {
-				l.c <- r
-				continue
-			}
-			res, err := protocol.DecodeResult([]byte(m.Payload))
+		for msg := range sub.C() {
+			r := received{raw: string(msg), at: time.Now()}
+			res, err := protocol.DecodeResult(msg)
 			if err != nil {
-				e.tb.Errorf("worker published a malformed message %q: %v", m.Payload, err)
+				e.tb.Errorf("worker published a malformed message %q: %v", msg, err)
 				continue
 			}
 			r.res = res
@@ -310,7 +281,7 @@ func (e *env) listenChannel(channel string) *listener {
 		}
 	}()
 	e.tb.Cleanup(func() {
-		_ = ps.Close()
+		sub.Close()
 		<-done
 	})
 	return l
@@ -471,7 +442,7 @@ func TestWorkerBatchesBySize(t *testing.T) {
 		checkChunks(t, bs, llm.SimChunks(job.Payload.Messages, 7, 12))
 		done := rs[len(rs)-1].res.Done
 		if done == nil || done.Usage == nil || done.Usage.CompletionTokens != 12 || done.RequestID != job.RequestID ||
-			done.FinishReason != "stop" || done.Path != metrics.PathQueued {
+			done.FinishReason != "stop" || done.Path != protocol.PathQueued {
 			t.Errorf("DONE payload %q lacks the request id, finish reason, path or usage of 12 tokens", rs[len(rs)-1].raw)
 		}
 		synctest.Wait()
@@ -780,9 +751,7 @@ func TestWorkerSkipsJobs(t *testing.T) {
 		outcome string
 	}{
 		{"cancel key set", func(e *env, job *protocol.Job) {
-			if err := e.mr.Set(failover.CancelKey(testPrefix, job.RequestID), "1"); err != nil {
-				e.tb.Fatal(err)
-			}
+			e.cancel(job.RequestID)
 		}, metrics.JobCancelled},
 		{"deadline passed on attempt 1", func(_ *env, job *protocol.Job) {
 			job.EnqueueTime = time.Now().Add(-31 * time.Second)
@@ -903,9 +872,7 @@ func TestWorkerCancelNotice(t *testing.T) {
 				}
 
 				cancelledAt := time.Now()
-				if n, err := e.rdb.Publish(context.Background(), failover.CancelChannel(testPrefix), job.RequestID).Result(); err != nil || n != 1 {
-					t.Fatalf("PUBLISH cancel: %d receivers, %v", n, err)
-				}
+				e.cancel(job.RequestID)
 				testutil.Eventually(t, 5*time.Second, func() bool { return e.jobs(metrics.JobCancelled) == 1 }, "job cancelled")
 				if took := time.Since(cancelledAt); took >= time.Second {
 					t.Errorf("job cancelled %v after the notice, want well under a second", took)

@@ -1,4 +1,4 @@
-package failover_test
+package worker_test
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -30,10 +29,17 @@ func (c *circuitThenOK) Stream(ctx context.Context, req protocol.ChatRequest, em
 	c.mu.Unlock()
 	if refuse {
 		return llm.Result{}, &llm.Error{Retryable: true, RetryAfter: 3 * time.Second,
-			Err: fmt.Errorf("fake: %w", admission.ErrCircuitOpen)}
+			Err: fmt.Errorf("fake: %w", circuitOpenError{})}
 	}
 	return c.Provider.Stream(ctx, req, emit)
 }
+
+// circuitOpenError is how a breaker says its circuit refused the call
+// (admission's Breaker returns one): it has a CircuitOpen method.
+type circuitOpenError struct{}
+
+func (circuitOpenError) Error() string     { return "fake: provider circuit open" }
+func (circuitOpenError) CircuitOpen() bool { return true }
 
 // While the provider's circuit is open the worker waits for it (as long as
 // the advised delay says) without spending its retries, then answers.

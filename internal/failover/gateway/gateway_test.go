@@ -1,23 +1,28 @@
-package failover_test
+package gateway_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
-	promtest "github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/failover/pubsub"
+	"github.com/spillway-dev/spillway/internal/failover/gateway"
+	"github.com/spillway-dev/spillway/internal/failover/memqueue"
+	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
+
+// Every test runs inside a testing/synctest bubble on plain in-memory
+// fakes: memqueue for the queue, results.Memory for the result channel and
+// cancellations, counters for metrics. Durations are exact on the
+// bubble's clock.
 
 // Gateway durations: silence after a worker spoke is 3·1s + 5s + 3·1s.
 const (
@@ -27,9 +32,8 @@ const (
 	gwSilence      = 6*gwHeartbeat + gwReclaimIdle
 )
 
-func gatewayConfig() failover.GatewayConfig {
-	return failover.GatewayConfig{
-		Prefix:          testPrefix,
+func gatewayConfig() gateway.Config {
+	return gateway.Config{
 		QueueTimeout:    gwQueueTimeout,
 		WorkerHeartbeat: gwHeartbeat,
 		ReclaimIdle:     gwReclaimIdle,
@@ -37,26 +41,69 @@ func gatewayConfig() failover.GatewayConfig {
 	}
 }
 
-func (e *env) subscriber() *pubsub.Subscriber {
-	e.tb.Helper()
-	s, err := pubsub.New(pubsub.Config{Shards: 2}, e.rdb, nil)
-	if err != nil {
-		e.tb.Fatalf("pubsub.New: %v", err)
-	}
-	e.tb.Cleanup(func() { _ = s.Close() })
-	return s
+// counters is a gateway.Metrics that counts by method and label.
+type counters struct {
+	mu sync.Mutex
+	n  map[string]int
 }
 
-func (e *env) gateway(p failover.Producer, sub *pubsub.Subscriber) *failover.Gateway {
-	e.tb.Helper()
-	g, err := failover.NewGateway(gatewayConfig(), p, sub, e.rdb, e.m, discardLog())
+func (c *counters) add(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[key]++
+}
+
+func (c *counters) get(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[key]
+}
+
+func (c *counters) QueueRejected(reason string)    { c.add("rejected:" + reason) }
+func (c *counters) MalformedMessage(source string) { c.add("malformed:" + source) }
+func (c *counters) SubscriptionLost(reason string) { c.add("lost:" + reason) }
+
+// env is one test's queue, result channel and metrics.
+type env struct {
+	tb  testing.TB
+	q   *memqueue.Queue
+	res *results.Memory
+	m   *counters
+}
+
+func newEnv(tb testing.TB) *env {
+	tb.Helper()
+	q, err := memqueue.New(memqueue.Config{ReclaimIdle: 15 * time.Second})
 	if err != nil {
-		e.tb.Fatalf("NewGateway: %v", err)
+		tb.Fatalf("memqueue.New: %v", err)
+	}
+	res, err := results.NewMemory(results.MemoryConfig{})
+	if err != nil {
+		tb.Fatalf("results.NewMemory: %v", err)
+	}
+	return &env{tb: tb, q: q, res: res, m: &counters{}}
+}
+
+func (e *env) gateway(p failover.Producer) *gateway.Gateway {
+	e.tb.Helper()
+	g, err := gateway.New(gatewayConfig(), gateway.Deps{
+		Producer: p, Results: e.res, Canceller: e.res, Metrics: e.m, Log: testutil.DiscardLogger(),
+	})
+	if err != nil {
+		e.tb.Fatalf("gateway.New: %v", err)
 	}
 	return g
 }
 
-func spill(tb testing.TB, g *failover.Gateway, id string) stream.Relay {
+func newJob(id string) protocol.Job {
+	return protocol.Job{RequestID: id, UserID: "user-1",
+		Payload: protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "tell me about " + id}}}}
+}
+
+func spill(tb testing.TB, g *gateway.Gateway, id string) failover.Relay {
 	tb.Helper()
 	r, err := g.Spill(context.Background(), newJob(id))
 	if err != nil {
@@ -68,15 +115,24 @@ func spill(tb testing.TB, g *failover.Gateway, id string) stream.Relay {
 
 func (e *env) publish(id, msg string) {
 	e.tb.Helper()
-	n, err := e.rdb.Publish(context.Background(), failover.ResultChannel(testPrefix, id), msg).Result()
-	if err != nil || n != 1 {
-		e.tb.Fatalf("PUBLISH %q: %d receivers, %v; want the relay's subscription", msg, n, err)
+	listened, err := e.res.PublishResult(context.Background(), id, []byte(msg))
+	if err != nil || !listened {
+		e.tb.Fatalf("publish %q: listened %v, %v; want the relay's subscription", msg, listened, err)
 	}
+}
+
+func (e *env) depth() int64 {
+	e.tb.Helper()
+	n, err := e.q.Depth(context.Background())
+	if err != nil {
+		e.tb.Fatalf("Depth: %v", err)
+	}
+	return n
 }
 
 // nextResult returns the relay's next result, failing the test when none
 // comes within d or the relay gave up.
-func nextResult(tb testing.TB, r stream.Relay, d time.Duration) protocol.Result {
+func nextResult(tb testing.TB, r failover.Relay, d time.Duration) protocol.Result {
 	tb.Helper()
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -91,7 +147,7 @@ func nextResult(tb testing.TB, r stream.Relay, d time.Duration) protocol.Result 
 	return protocol.Result{}
 }
 
-func isDone(r stream.Relay) bool {
+func isDone(r failover.Relay) bool {
 	select {
 	case <-r.Done():
 		return true
@@ -114,24 +170,24 @@ func (p *producerFunc) Enqueue(ctx context.Context, requestID string, body []byt
 func TestGatewaySubscribesBeforeEnqueue(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 1)
+		e := newEnv(t)
 		// A worker so fast that it answers while Enqueue is still running.
-		var receivers atomic.Int64
+		var heard atomic.Bool
 		p := &producerFunc{enqueue: func(ctx context.Context, id string, body []byte) error {
 			if _, err := protocol.DecodeJob(body); err != nil {
 				return fmt.Errorf("enqueued a job that does not decode: %w", err)
 			}
-			n, err := e.rdb.Publish(ctx, failover.ResultChannel(testPrefix, id), `SIGNAL:DONE:{"request_id":"`+id+`"}`).Result()
-			receivers.Store(n)
+			listened, err := e.res.PublishResult(ctx, id, []byte(`SIGNAL:DONE:{"request_id":"`+id+`"}`))
+			heard.Store(listened)
 			return err
 		}}
-		g := e.gateway(p, e.subscriber())
+		g := e.gateway(p)
 		r := spill(t, g, "early-1")
 		if n := p.calls.Load(); n != 1 {
 			t.Fatalf("Spill enqueued %d times, want once", n)
 		}
-		if n := receivers.Load(); n != 1 {
-			t.Fatalf("the DONE published from inside Enqueue reached %d subscribers, want 1: Spill enqueued before subscribing", n)
+		if !heard.Load() {
+			t.Fatal("the DONE published from inside Enqueue reached no subscriber: Spill enqueued before subscribing")
 		}
 		res := nextResult(t, r, 5*time.Second)
 		if res.Kind != protocol.KindDone || res.Done == nil || res.Done.RequestID != "early-1" {
@@ -143,8 +199,8 @@ func TestGatewaySubscribesBeforeEnqueue(t *testing.T) {
 func TestGatewayQueueTimeout(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 1)
-		g := e.gateway(e.q, e.subscriber()) // no worker takes the job
+		e := newEnv(t)
+		g := e.gateway(e.q) // no worker takes the job
 		start := time.Now()
 		r := spill(t, g, "wait-1")
 		if d := e.depth(); d != 1 {
@@ -166,7 +222,7 @@ func TestGatewayQueueTimeout(t *testing.T) {
 		if p == nil || p.Slug() != protocol.ProblemQueueTimeout || p.Status != http.StatusServiceUnavailable || p.RetryAfterSeconds < 1 {
 			t.Fatalf("problem %+v, want queue-timeout, 503, retry_after ≥ 1", p)
 		}
-		if n := promtest.ToFloat64(e.m.QueueRejections.WithLabelValues("timeout")); n != 1 {
+		if n := e.m.get("rejected:timeout"); n != 1 {
 			t.Errorf("QueueRejections{reason=timeout} = %v, want 1", n)
 		}
 	})
@@ -175,8 +231,8 @@ func TestGatewayQueueTimeout(t *testing.T) {
 func TestGatewayWorkerLost(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 1)
-		g := e.gateway(e.q, e.subscriber())
+		e := newEnv(t)
+		g := e.gateway(e.q)
 		start := time.Now()
 		r := spill(t, g, "lost-1")
 
@@ -211,7 +267,7 @@ func TestGatewayWorkerLost(t *testing.T) {
 		if p == nil || p.Slug() != protocol.ProblemWorkerLost || p.Status != http.StatusServiceUnavailable || p.RetryAfterSeconds < 1 {
 			t.Fatalf("problem %+v, want worker-lost, 503, retry_after ≥ 1", p)
 		}
-		if n := promtest.ToFloat64(e.m.QueueRejections.WithLabelValues("timeout")); n != 0 {
+		if n := e.m.get("rejected:timeout"); n != 0 {
 			t.Errorf("QueueRejections{reason=timeout} = %v for a job a worker started", n)
 		}
 	})
@@ -223,34 +279,37 @@ func TestGatewayClose(t *testing.T) {
 		t.Run(fmt.Sprintf("completed=%v", completed), func(t *testing.T) {
 			t.Parallel()
 			synctest.Test(t, func(t *testing.T) {
-				e := newEnv(t, 15*time.Second, 1)
-				cancels := e.listenChannel(failover.CancelChannel(testPrefix))
-				sub := e.subscriber()
-				g := e.gateway(e.q, sub)
+				e := newEnv(t)
+				cancels, err := e.res.WatchCancels(context.Background())
+				if err != nil {
+					t.Fatalf("WatchCancels: %v", err)
+				}
+				defer cancels.Close()
+				g := e.gateway(e.q)
 				r := spill(t, g, "close-1")
 				r.Close(completed)
 				r.Close(completed) // idempotent
+				synctest.Wait()
 
-				key := failover.CancelKey(testPrefix, "close-1")
+				ttl, marked := e.res.CancelMark("close-1")
+				var notices []string
+				for len(cancels.C()) > 0 {
+					notices = append(notices, <-cancels.C())
+				}
 				if completed {
-					cancels.quiet(5 * time.Second)
-					if e.mr.Exists(key) {
-						t.Errorf("Close(true) set the cancel key %s", key)
+					if marked || len(notices) > 0 {
+						t.Errorf("Close(true) cancelled the request: mark %v, notices %q", marked, notices)
 					}
 				} else {
-					if m := cancels.must(5 * time.Second); m.raw != "close-1" {
-						t.Errorf("cancel notice %q, want the request id", m.raw)
+					if len(notices) != 1 || notices[0] != "close-1" {
+						t.Errorf("cancel notices %q, want the request id once", notices)
 					}
-					if !e.mr.Exists(key) {
-						t.Fatalf("Close(false) did not set the cancel key %s", key)
-					}
-					if ttl, want := e.mr.TTL(key), gwQueueTimeout+gwReclaimIdle+6*gwHeartbeat; ttl != want {
-						t.Errorf("cancel key TTL %v, want %v", ttl, want)
+					if want := gwQueueTimeout + gwReclaimIdle + 6*gwHeartbeat; !marked || ttl != want {
+						t.Errorf("cancel mark %v with TTL %v, want one with %v", marked, ttl, want)
 					}
 				}
-				synctest.Wait()
-				if n := sub.Stats().Active; n != 0 {
-					t.Errorf("%d subscriptions still active after Close", n)
+				if e.res.Subscribed("close-1") {
+					t.Error("subscription still open after Close")
 				}
 			})
 		})
@@ -260,15 +319,15 @@ func TestGatewayClose(t *testing.T) {
 func TestGatewaySkipsMalformedMessages(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 1)
-		g := e.gateway(e.q, e.subscriber())
+		e := newEnv(t)
+		g := e.gateway(e.q)
 		start := time.Now()
 		r := spill(t, g, "junk-1")
 		for _, msg := range []string{"hello", `BATCH:[{"seq":0,"content":"x"}]`, "SIGNAL:ERROR:{}"} {
 			e.publish("junk-1", msg)
 		}
 		synctest.Wait()
-		if n := promtest.ToFloat64(e.m.MalformedMessages.WithLabelValues("result_channel")); n != 3 {
+		if n := e.m.get("malformed:result_channel"); n != 3 {
 			t.Errorf("MalformedMessages{source=result_channel} = %v, want 3", n)
 		}
 		select {
@@ -292,84 +351,78 @@ func TestGatewaySkipsMalformedMessages(t *testing.T) {
 				t.Fatalf("result %+v, want %v", res, want)
 			}
 		}
-		if n := promtest.ToFloat64(e.m.MalformedMessages.WithLabelValues("result_channel")); n != 5 {
+		if n := e.m.get("malformed:result_channel"); n != 5 {
 			t.Errorf("MalformedMessages{source=result_channel} = %v, want 5", n)
-		}
-	})
-}
-
-func TestGatewayAdmission(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 1)
-		p := &producerFunc{enqueue: e.q.Enqueue}
-		sub := e.subscriber()
-		g := e.gateway(p, sub)
-		refusal := protocol.NewProblem(protocol.ProblemQueueOverflow, "Queue Full", http.StatusServiceUnavailable, "later").WithRetryAfter(60)
-		var refuse atomic.Bool
-		refuse.Store(true)
-		g.SetAdmission(func() *protocol.Problem {
-			if refuse.Load() {
-				return refusal
-			}
-			return nil
-		})
-
-		commands := e.mr.CommandCount()
-		r, err := g.Spill(context.Background(), newJob("refused-1"))
-		var prob *protocol.Problem
-		if r != nil || !errors.As(err, &prob) || prob.Slug() != protocol.ProblemQueueOverflow || prob.RetryAfterSeconds != 60 {
-			t.Fatalf("Spill = %v, %v; want the admission's problem", r, err)
-		}
-		synctest.Wait()
-		if n := e.mr.CommandCount(); n != commands {
-			t.Errorf("a refused Spill sent %d Redis commands, want none (no subscription)", n-commands)
-		}
-		if n := p.calls.Load(); n != 0 {
-			t.Errorf("a refused Spill enqueued %d jobs", n)
-		}
-		if n := sub.Stats().Active; n != 0 {
-			t.Errorf("%d subscriptions after a refused Spill", n)
-		}
-
-		refuse.Store(false)
-		spill(t, g, "admitted-1")
-		if n := p.calls.Load(); n != 1 {
-			t.Errorf("an admitted Spill enqueued %d jobs, want 1", n)
 		}
 	})
 }
 
 func TestGatewaySubscriptionLost(t *testing.T) {
 	t.Parallel()
+	for _, tt := range []struct {
+		name   string
+		cause  error
+		slug   string
+		reason string
+	}{
+		{"connection lost", errors.New("fake: connection reset"), protocol.ProblemQueueUnavailable, "connection_lost"},
+		{"overflow", fmt.Errorf("fake: %w", failover.ErrResultOverflow), protocol.ProblemSlowClient, "overflow"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t)
+				g := e.gateway(e.q)
+				const n = 20
+				relays := make([]failover.Relay, n)
+				for i := range relays {
+					relays[i] = spill(t, g, fmt.Sprintf("gone-%d", i))
+				}
+				for i := range relays {
+					e.res.Drop(fmt.Sprintf("gone-%d", i), tt.cause)
+				}
+				for i, r := range relays {
+					select {
+					case <-r.Done():
+					case <-time.After(time.Second):
+						t.Fatalf("relay %d did not give up when its subscription ended", i)
+					}
+					if p := r.Problem(); p == nil || p.Slug() != tt.slug || p.Status != http.StatusServiceUnavailable || p.RetryAfterSeconds < 1 {
+						t.Errorf("relay %d gave up with %+v, want %s with retry_after", i, p, tt.slug)
+					}
+				}
+				if got := e.m.get("lost:" + tt.reason); got != n {
+					t.Errorf("SubscriptionLost(%s) = %v, want %d", tt.reason, got, n)
+				}
+				// The ended subscription's closed channel is no message.
+				if got := e.m.get("malformed:result_channel"); got != 0 {
+					t.Errorf("MalformedMessage(result_channel) = %v after subscriptions ended, want 0", got)
+				}
+			})
+		})
+	}
+}
+
+// A job too large to queue is refused before any subscription.
+func TestGatewayRefusesJobTooLargeToQueue(t *testing.T) {
+	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 1)
-		sub := e.subscriber()
-		g := e.gateway(e.q, sub)
-		const n = 20
-		relays := make([]stream.Relay, n)
-		for i := range relays {
-			relays[i] = spill(t, g, fmt.Sprintf("gone-%d", i))
+		e := newEnv(t)
+		p := &producerFunc{enqueue: e.q.Enqueue}
+		g := e.gateway(p)
+		job := newJob("huge-1")
+		job.Payload.Messages[0].Content = string(make([]byte, protocol.MaxJobBytes))
+		ops := e.res.Ops()
+		r, err := g.Spill(context.Background(), job)
+		var prob *protocol.Problem
+		if r != nil || !errors.As(err, &prob) || prob.Slug() != protocol.ProblemBodyTooLarge || prob.Status != http.StatusRequestEntityTooLarge {
+			t.Fatalf("Spill = %v, %v; want body-too-large", r, err)
 		}
-		if err := sub.Close(); err != nil {
-			t.Fatalf("Subscriber.Close: %v", err)
+		if n := e.res.Ops() - ops; n != 0 || p.calls.Load() != 0 {
+			t.Errorf("a refused Spill made %d result-channel calls and %d enqueues, want none", n, p.calls.Load())
 		}
-		for i, r := range relays {
-			select {
-			case <-r.Done():
-			case <-time.After(time.Second):
-				t.Fatalf("relay %d did not give up when its subscription ended", i)
-			}
-			if p := r.Problem(); p == nil || p.Slug() != protocol.ProblemQueueUnavailable || p.RetryAfterSeconds < 1 {
-				t.Errorf("relay %d gave up with %+v, want queue-unavailable with retry_after", i, p)
-			}
-		}
-		if got := promtest.ToFloat64(e.m.SubscriptionsLost.WithLabelValues("connection_lost")); got != n {
-			t.Errorf("SubscriptionsLost{reason=connection_lost} = %v, want %d", got, n)
-		}
-		// The ended subscription's closed channel is no message.
-		if got := promtest.ToFloat64(e.m.MalformedMessages.WithLabelValues("result_channel")); got != 0 {
-			t.Errorf("MalformedMessages{source=result_channel} = %v after subscriptions ended, want 0", got)
+		if got := e.m.get("rejected:too_large"); got != 1 {
+			t.Errorf("QueueRejected(too_large) = %d, want 1", got)
 		}
 	})
 }

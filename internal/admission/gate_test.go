@@ -1,0 +1,96 @@
+package admission
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// backlog is a Backlog that can also tell the jobs no worker has taken.
+type backlog struct{ depth, waiting int64 }
+
+func (b backlog) Depth(context.Context) (int64, error)   { return b.depth, nil }
+func (b backlog) Waiting(context.Context) (int64, error) { return b.waiting, nil }
+
+type capacity int
+
+func (c capacity) Stats() pool.Stats { return pool.Stats{Capacity: int(c)} }
+
+func newGateOver(tb testing.TB, b Backlog) *Gate {
+	tb.Helper()
+	o, err := NewOverflow(OverflowConfig{Threshold: 10, Hysteresis: 2}, b, newMetrics(tb), testutil.DiscardLogger())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	o.refresh(context.Background(), time.Now())
+	svc, err := NewServiceTime(time.Second, time.Minute)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	g, err := NewGate(GateDeps{Overflow: o, Service: svc, Pool: capacity(4)})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return g
+}
+
+// QueueFirst follows the jobs no worker has taken when the backlog can
+// tell them apart, the whole backlog otherwise; MayQueue follows the
+// overflow threshold.
+func TestGateQueueFirstAndMayQueue(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name       string
+		b          Backlog
+		queueFirst bool
+		overflow   bool
+	}{
+		{"jobs all taken", backlog{depth: 5, waiting: 0}, false, false},
+		{"jobs waiting", backlog{depth: 5, waiting: 2}, true, false},
+		{"over threshold", backlog{depth: 10, waiting: 10}, true, true},
+		{"depth only", DepthFunc(func(context.Context) (int64, error) { return 3, nil }), true, false},
+		{"depth only, empty", DepthFunc(func(context.Context) (int64, error) { return 0, nil }), false, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGateOver(t, tt.b)
+			if got := g.QueueFirst(); got != tt.queueFirst {
+				t.Errorf("QueueFirst = %v, want %v", got, tt.queueFirst)
+			}
+			p := g.MayQueue()
+			if (p != nil) != tt.overflow || (p != nil && p.Slug() != protocol.ProblemQueueOverflow) {
+				t.Errorf("MayQueue = %+v, want refusal %v", p, tt.overflow)
+			}
+		})
+	}
+}
+
+// Without a queue, rate limit or breaker the gate admits everything and
+// advises the service-time estimate for a full pool.
+func TestGateWithoutQueue(t *testing.T) {
+	t.Parallel()
+	svc, err := NewServiceTime(2*time.Second, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGate(GateDeps{Service: svc, Pool: capacity(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := g.Admit(context.Background(), "u"); p != nil {
+		t.Errorf("Admit = %+v", p)
+	}
+	if g.MayQueue() != nil || g.QueueFirst() {
+		t.Error("a gate without a queue refuses or queues first")
+	}
+	if d := g.RetryAfter(); d <= 0 {
+		t.Errorf("RetryAfter = %v, want an estimate", d)
+	}
+	if _, err := NewGate(GateDeps{}); err == nil {
+		t.Error("NewGate without service time and pool succeeded")
+	}
+}

@@ -1,0 +1,246 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/spillway-dev/spillway/internal/admission"
+	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/gateway"
+	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/web"
+	"github.com/spillway-dev/spillway/internal/web/cors"
+)
+
+// HTTP server timeouts of the api. There is no WriteTimeout: it would cut
+// long streams; the SSE writer sets a deadline per write instead.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 120 * time.Second
+	// shutdownSlack is how long past the grace Shutdown may wait for the
+	// streams Drain ended to finish writing.
+	shutdownSlack = 10 * time.Second
+	// readyTimeout bounds one /readyz check of every dependency.
+	readyTimeout = 2 * time.Second
+	// notReadyRetryAfter is advised, in seconds, while a dependency is
+	// unreachable: readiness is checked again at once.
+	notReadyRetryAfter = 1
+)
+
+// API is a built api process: routes and everything behind them.
+type API struct {
+	*deps
+	handler *stream.Handler
+	engine  *gin.Engine
+	ready   []func(context.Context) error // readiness checks
+	// background runs for the life of Serve and stops after the HTTP
+	// drain (in-process workers, the overflow gate's depth refresh).
+	background []func(context.Context)
+	// own are what NewAPI built on deps, closed before them.
+	own []func()
+}
+
+// NewAPI builds the api for cfg. Close releases what it built.
+func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
+	d, err := newDeps(context.Background(), cfg, log, roleAPI, opts)
+	if err != nil {
+		return nil, err
+	}
+	a := &API{deps: d}
+	if err := a.build(); err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.engine = a.routes()
+	return a, nil
+}
+
+func (a *API) build() error {
+	cfg, log, m := a.cfg, a.log, a.obs.m
+	m.QueueThreshold.Set(float64(cfg.QueueOverflowThreshold))
+	rdb := a.rdb
+	a.ready = append(a.ready, func(ctx context.Context) error { return rdb.Ping(ctx).Err() })
+	limiter, err := admission.NewRateLimiter(RateLimitConfig(cfg), rdb, m, log)
+	if err != nil {
+		return err
+	}
+	service, err := admission.NewServiceTime(serviceTimeInitial, cfg.QueueRetryAfter())
+	if err != nil {
+		return err
+	}
+	gate := admission.GateDeps{Limiter: limiter, Breaker: a.breaker, Service: service, Pool: a.pool}
+	var spill failover.Spiller
+	if a.queue != nil {
+		if spill, gate.Overflow, err = a.buildQueued(); err != nil {
+			return err
+		}
+		a.obs.watch(a.pool, a.queue.Queue.DeadLetterDepth)
+	} else {
+		a.obs.watch(a.pool, nil)
+	}
+	g, err := admission.NewGate(gate)
+	if err != nil {
+		return err
+	}
+	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
+		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log,
+	})
+	return err
+}
+
+// buildQueued builds the queued path on the queue: result subscriber,
+// gateway, overflow gate, and the in-process workers when configured.
+func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
+	cfg, log, m, q := a.cfg, a.log, a.obs.m, a.queue
+	a.ready = append(a.ready, q.Queue.Ping)
+	sub, err := results.NewSubscriber(ResultsConfig(cfg), a.rdb, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.own = append(a.own, func() { _ = sub.Close() })
+	gw, err := gateway.New(GatewayConfig(cfg), gateway.Deps{
+		Producer: q.Queue, Results: sub, Canceller: sub, Metrics: m, Log: log,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	overflow, err := admission.NewOverflow(OverflowConfig(cfg), q.Queue, m, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.background = append(a.background, overflow.Run)
+	if cfg.WorkersInProcess() {
+		pub, err := results.NewPublisher(cfg.QueuePrefix, a.rdb)
+		if err != nil {
+			return nil, nil, err
+		}
+		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
+			Consumer: q.Consumer, Pool: a.pool, Provider: a.provider(), Results: pub, Cancels: pub,
+			Metrics: m, Log: log.With("component", "worker"),
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		a.background = append(a.background, func(ctx context.Context) { _ = w.Run(ctx) })
+	}
+	return gw, overflow, nil
+}
+
+// Handler returns the HTTP handler of every api route.
+func (a *API) Handler() http.Handler { return a.engine }
+
+// Close releases what NewAPI built, newest first, then the shared
+// dependencies and the clients.
+func (a *API) Close() {
+	for i := len(a.own) - 1; i >= 0; i-- {
+		a.own[i]()
+	}
+	a.own = nil
+	a.deps.close()
+}
+
+func (a *API) routes() *gin.Engine {
+	gin.SetMode(gin.ReleaseMode)
+	e := gin.New()
+	e.HandleMethodNotAllowed = true
+	// CORS first: refusals, 404/405 and panics must carry its headers too.
+	if p := cors.New(cors.Config{AllowedOrigins: a.cfg.CORSAllowedOrigins}); p.Enabled() {
+		e.Use(p.Gin())
+	}
+	// A panic in a handler is a bug; the client still gets a problem
+	// document, and the log gets the stack.
+	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, err any) {
+		a.log.Error("handler panicked", "path", c.Request.URL.Path, "panic", fmt.Sprint(err), "stack", string(debug.Stack()))
+		stream.WriteProblem(c.Writer, protocol.RequestFailed(), c.Request.URL.Path)
+		c.Abort()
+	}))
+	streamHandler := gin.WrapH(a.handler)
+	e.POST("/v1/stream", streamHandler)
+	e.POST("/stream", streamHandler)
+	e.GET("/healthz", gin.WrapF(healthz))
+	e.GET("/readyz", a.readyz)
+	e.GET("/metrics", gin.WrapH(a.obs.metricsHandler()))
+	if a.cfg.ChatPageEnabled {
+		e.GET("/", gin.WrapH(web.Handler()))
+	}
+	e.NoRoute(func(c *gin.Context) {
+		stream.WriteProblem(c.Writer, protocol.NotFound(), c.Request.URL.Path)
+	})
+	e.NoMethod(func(c *gin.Context) {
+		stream.WriteProblem(c.Writer, protocol.MethodNotAllowed(c.Request.Method), c.Request.URL.Path)
+	})
+	return e
+}
+
+func (a *API) readyz(c *gin.Context) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), readyTimeout)
+	defer cancel()
+	for _, check := range a.ready {
+		if err := check(ctx); err != nil {
+			a.log.Warn("not ready", "err", err)
+			stream.WriteProblem(c.Writer, protocol.NotReady(notReadyRetryAfter), c.Request.URL.Path)
+			return
+		}
+	}
+	c.JSON(http.StatusOK, gin.H{"status": "ready"})
+}
+
+// Serve answers on ln until ctx ends, then shuts down. Stop order, and
+// why: the listener closes and open streams get SHUTDOWN_GRACE_SECONDS to
+// finish; then Drain ends the rest with an `error` event (shutting-down);
+// only once every stream ended do the background components stop, since
+// queued streams still open need the in-process workers. Close, after
+// Serve, releases the clients.
+func (a *API) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout}
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	for _, run := range a.background {
+		background.Go(func() { run(bgCtx) })
+	}
+	err := a.serveHTTP(ctx, srv, ln)
+	stopBackground()
+	background.Wait()
+	return err
+}
+
+// serveHTTP serves until ctx ends and drains the open streams.
+func (a *API) serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("app: serve: %w", err)
+	case <-ctx.Done():
+	}
+	grace := a.cfg.ShutdownGrace()
+	a.log.Info("shutting down: draining open streams", "grace", grace.String())
+	drainTimer := time.AfterFunc(grace, a.handler.Drain)
+	defer drainTimer.Stop()
+	// Shutdown closes the listener at once and waits for streams to end;
+	// after the grace period Drain ends them, so this returns soon after.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+shutdownSlack)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	a.handler.Drain()
+	a.handler.Wait()
+	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("app: shutdown: %w", err)
+	}
+	<-errc
+	return nil
+}

@@ -1,0 +1,138 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/admission"
+	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/pool/redispool"
+)
+
+// deps is what both processes build the same way, once: observability,
+// the Redis client, the provider behind its circuit breaker, the pool and
+// the queue. close releases them newest first, after every component
+// built on them stopped.
+type deps struct {
+	cfg     *config.Config
+	log     *slog.Logger
+	obs     *observability
+	rdb     redis.UniversalClient
+	breaker *admission.Breaker // the provider every call goes through
+	pool    pool.Pool
+	queue   *OpenedQueue
+	name    string // this process in the consumer group
+	closers []func()
+}
+
+// newDeps builds the shared dependencies of a process of role. On error
+// it releases what it built.
+func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role string, opts Options) (d *deps, err error) {
+	d = &deps{cfg: cfg, log: log, obs: newObservability(), name: InstanceName(role)}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
+	provider := opts.Provider
+	if provider == nil {
+		if provider, err = NewProvider(cfg); err != nil {
+			return nil, err
+		}
+	}
+	// Every call to the provider, direct or from a worker, goes through
+	// the breaker, so an open circuit fails fast on both paths.
+	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
+		return nil, err
+	}
+	if d.rdb, err = d.connectRedis(role); err != nil {
+		return nil, err
+	}
+	if d.pool, err = d.newPool(role); err != nil {
+		return nil, err
+	}
+	if role == roleConsumer || cfg.QueueFailoverEnabled {
+		if d.queue, err = OpenQueue(ctx, cfg, d.rdb, log, d.name); err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, d.queue.Close)
+	}
+	return d, nil
+}
+
+// connectRedis creates the process's Redis client: REDIS_URL's, or in
+// embedded mode an in-process miniredis on a loopback port.
+func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
+	cfg := d.cfg
+	if cfg.Embedded() {
+		if role == roleConsumer {
+			return nil, fmt.Errorf("consumer: REDIS_URL is required (the consumer has no embedded mode)")
+		}
+		mr := miniredis.NewMiniRedis()
+		if err := mr.Start(); err != nil {
+			return nil, fmt.Errorf("app: start embedded miniredis: %w", err)
+		}
+		d.closers = append(d.closers, mr.Close)
+		d.log.Warn("embedded mode: in-process miniredis, workers and provider; for development, not for production",
+			"miniredis", mr.Addr())
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		d.closers = append(d.closers, func() { _ = rdb.Close() })
+		return rdb, nil
+	}
+	opts, err := redis.ParseURL(cfg.RedisURL)
+	if err != nil {
+		return nil, fmt.Errorf("%s: REDIS_URL: %w", role, err)
+	}
+	size := apiRedisPoolSize
+	if role == roleConsumer {
+		size = consumerRedisConnsPerJob*cfg.WorkerConcurrency + consumerRedisConnsBackground
+	}
+	opts.PoolSize = max(opts.PoolSize, size)
+	// Context deadlines bound every command, so a hung Redis cannot hang a
+	// request.
+	opts.ContextTimeoutEnabled = true
+	rdb := redis.NewClient(opts)
+	d.closers = append(d.closers, func() { _ = rdb.Close() })
+	return rdb, nil
+}
+
+// newPool builds the pool POOL_BACKEND names: a local one, or the Redis
+// pool shared by every api and consumer process, whose fallback state is
+// reported in spillway_pool_fallback.
+func (d *deps) newPool(role string) (pool.Pool, error) {
+	cfg := d.cfg
+	if cfg.PoolBackend != config.PoolBackendRedis {
+		return pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+	}
+	m := d.obs.m
+	p, err := redispool.New(RedisPoolConfig(cfg, InstanceName(role)), d.rdb, d.log.With("component", "pool"), func(on bool) {
+		if on {
+			m.PoolFallback.Set(1)
+		} else {
+			m.PoolFallback.Set(0)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The pool's leases go before the client closes.
+	d.closers = append(d.closers, p.Close)
+	return p, nil
+}
+
+// provider is the provider behind its breaker.
+func (d *deps) provider() llm.Provider { return d.breaker }
+
+// close releases what newDeps built, newest first.
+func (d *deps) close() {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		d.closers[i]()
+	}
+	d.closers = nil
+}

@@ -1,0 +1,129 @@
+package app
+
+import (
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/admission"
+	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/failover/gateway"
+	"github.com/spillway-dev/spillway/internal/failover/kafka"
+	"github.com/spillway-dev/spillway/internal/failover/redisstream"
+	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/pool/redispool"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/stream"
+)
+
+// The mapping from settings to each component's Config, in one place
+// (docs/OPERATIONS.md lists the settings). A field left out here takes the
+// component's documented default.
+
+// Redis client sizing. Waiting clients hold no connection each (Pub/Sub
+// is multiplexed), but enqueues and cancels need a few under load; a
+// consumer needs about two per running job (publish, touch) and a few for
+// fetching.
+const (
+	apiRedisPoolSize             = 64
+	consumerRedisConnsPerJob     = 2
+	consumerRedisConnsBackground = 8
+)
+
+// kafkaSetupTimeout bounds creating the Kafka topics at start.
+const kafkaSetupTimeout = 10 * time.Second
+
+// serviceTimeInitial is the first guess of how long a direct stream holds
+// its slot, before any finished.
+const serviceTimeInitial = time.Second
+
+// SimConfig is the simulator configuration the SIM_* settings give.
+func SimConfig(cfg *config.Config) llm.SimConfig {
+	return llm.SimConfig{
+		FirstToken: cfg.SimFirstToken(), TokenInterval: cfg.SimTokenInterval(), Tokens: cfg.SimTokens,
+		Seed: cfg.SimSeed, FailRate: cfg.SimFailRate, FailMidstreamRate: cfg.SimFailMidstreamRate,
+	}
+}
+
+// OpenAIConfig is the upstream configuration the LLM_* settings give.
+func OpenAIConfig(cfg *config.Config) llm.OpenAIConfig {
+	return llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Timeout: cfg.LLMTimeout(),
+		FirstTokenTimeout: cfg.LLMFirstTokenTimeout(), IdleTimeout: cfg.LLMIdleTimeout()}
+}
+
+// BreakerConfig is the circuit breaker the BREAKER_* settings give.
+func BreakerConfig(cfg *config.Config) admission.BreakerConfig {
+	return admission.BreakerConfig{
+		ConsecutiveFailures: uint32(cfg.BreakerFailures), Window: cfg.BreakerWindow(),
+		OpenTimeout: cfg.BreakerOpen(), HalfOpenMaxRequests: uint32(cfg.BreakerHalfOpenRequests),
+	}
+}
+
+// RateLimitConfig is the limiter the RATE_LIMIT_* settings give.
+func RateLimitConfig(cfg *config.Config) admission.RateLimitConfig {
+	return admission.RateLimitConfig{RPS: cfg.RateLimitRPS, Burst: cfg.RateLimitBurst, KeyPrefix: cfg.QueuePrefix}
+}
+
+// OverflowConfig is the overflow gate the QUEUE_OVERFLOW_* settings give.
+func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
+	return admission.OverflowConfig{
+		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
+		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
+	}
+}
+
+// RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
+// settings give; holder names this process.
+func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
+	return redispool.Config{
+		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
+		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
+	}
+}
+
+// RedisStreamConfig is the Redis Streams queue; member names this process
+// in the consumer group.
+func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
+	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle()}
+}
+
+// KafkaConfig is the Kafka queue the KAFKA_* settings give.
+func KafkaConfig(cfg *config.Config, claims kafka.Claims) kafka.Config {
+	return kafka.Config{
+		Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
+		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims,
+	}
+}
+
+// ResultsConfig is the api's half of the result channel.
+func ResultsConfig(cfg *config.Config) results.SubscriberConfig {
+	return results.SubscriberConfig{Prefix: cfg.QueuePrefix}
+}
+
+// GatewayConfig is the api's queued path.
+func GatewayConfig(cfg *config.Config) gateway.Config {
+	return gateway.Config{
+		QueueTimeout: cfg.QueueFailoverTimeout(), WorkerHeartbeat: cfg.WorkerHeartbeat(), ReclaimIdle: cfg.QueueReclaimIdle(),
+	}
+}
+
+// WorkerConfig is the worker configuration the settings give.
+func WorkerConfig(cfg *config.Config) worker.Config {
+	return worker.Config{
+		Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat(),
+		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
+		MaxRetries: cfg.QueueFailoverMaxRetries, BaseDelay: cfg.BaseDelay(), MaxDelay: cfg.MaxDelay(),
+		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+	}
+}
+
+// StreamConfig is the handler of POST /v1/stream.
+func StreamConfig(cfg *config.Config) stream.Config {
+	return stream.Config{
+		MaxBodyBytes:      cfg.MaxBodyBytes,
+		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit},
+		Heartbeat:         cfg.HeartbeatInterval(),
+		DirectPathEnabled: cfg.DirectPathEnabled,
+		APIKeys:           cfg.APIKeys,
+	}
+}

@@ -1,0 +1,151 @@
+package results_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// halves is one implementation's api half and worker half.
+type halves struct {
+	sub interface {
+		failover.ResultSubscriber
+		failover.Canceller
+	}
+	pub interface {
+		failover.ResultPublisher
+		failover.CancelWatcher
+	}
+}
+
+// checkChannel runs the behaviour both implementations share.
+func checkChannel(t *testing.T, h halves, id string) {
+	ctx := context.Background()
+	if heard, err := h.pub.PublishResult(ctx, id, []byte("early")); err != nil || heard {
+		t.Fatalf("publish before any subscription: heard %v, %v; want nobody", heard, err)
+	}
+	sub, err := h.sub.SubscribeResults(ctx, id)
+	if err != nil {
+		t.Fatalf("SubscribeResults: %v", err)
+	}
+	for _, msg := range []string{"one", "two"} {
+		if heard, err := h.pub.PublishResult(ctx, id, []byte(msg)); err != nil || !heard {
+			t.Fatalf("publish %q: heard %v, %v; want the subscription", msg, heard, err)
+		}
+	}
+	for _, want := range []string{"one", "two"} {
+		select {
+		case got := <-sub.C():
+			if string(got) != want {
+				t.Fatalf("received %q, want %q", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("no %q within 5s", want)
+		}
+	}
+	sub.Close()
+	sub.Close() // idempotent
+	if sub.Err() != nil {
+		t.Errorf("Err after Close = %v, want nil", sub.Err())
+	}
+
+	cancels, err := h.pub.WatchCancels(ctx)
+	if err != nil {
+		t.Fatalf("WatchCancels: %v", err)
+	}
+	defer cancels.Close()
+	if gone, err := h.pub.Cancelled(ctx, id); err != nil || gone {
+		t.Fatalf("Cancelled before Cancel = %v, %v", gone, err)
+	}
+	// The Redis watcher's SUBSCRIBE is not awaited: announce until heard.
+	deadline := time.After(5 * time.Second)
+	for heard := false; !heard; {
+		if err := h.sub.Cancel(ctx, id, time.Minute); err != nil {
+			t.Fatalf("Cancel: %v", err)
+		}
+		select {
+		case got := <-cancels.C():
+			if got != id {
+				t.Fatalf("cancel notice %q, want %q", got, id)
+			}
+			heard = true
+		case <-time.After(50 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("cancel notice not heard within 5s")
+		}
+	}
+	if gone, err := h.pub.Cancelled(ctx, id); err != nil || !gone {
+		t.Fatalf("Cancelled after Cancel = %v, %v; want true", gone, err)
+	}
+	cancels.Close()
+	for range cancels.C() { // C ends after Close
+	}
+}
+
+func TestRedis(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	prefix := redistest.Prefix(t)
+	sub, err := results.NewSubscriber(results.SubscriberConfig{Prefix: prefix}, rdb, testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkChannel(t, halves{sub: sub, pub: pub}, "req-1")
+	ttl, err := rdb.TTL(context.Background(), failover.CancelKey(prefix, "req-1")).Result()
+	if err != nil || ttl <= 0 || ttl > time.Minute {
+		t.Errorf("cancel key TTL %v, %v; want at most a minute", ttl, err)
+	}
+}
+
+func TestMemory(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		m, err := results.NewMemory(results.MemoryConfig{Buffer: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkChannel(t, halves{sub: m, pub: m}, "req-1")
+
+		// The mark expires with its TTL.
+		ctx := context.Background()
+		if err := m.Cancel(ctx, "req-2", time.Second); err != nil {
+			t.Fatal(err)
+		}
+		testutil.AdvanceFakeClock(time.Second) // the TTL under test
+		if gone, _ := m.Cancelled(ctx, "req-2"); gone {
+			t.Error("cancel mark outlived its TTL")
+		}
+
+		// A reader more than Buffer behind ends with ErrResultOverflow.
+		sub, err := m.SubscribeResults(ctx, "slow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.SubscribeResults(ctx, "slow"); !errors.Is(err, results.ErrMemoryDuplicate) {
+			t.Errorf("second subscription: %v, want ErrMemoryDuplicate", err)
+		}
+		for range 3 {
+			_, _ = m.PublishResult(ctx, "slow", []byte("x"))
+		}
+		<-sub.Done()
+		if !errors.Is(sub.Err(), failover.ErrResultOverflow) {
+			t.Errorf("Err = %v, want ErrResultOverflow", sub.Err())
+		}
+		if m.Subscribed("slow") {
+			t.Error("overflowed subscription still open")
+		}
+	})
+}

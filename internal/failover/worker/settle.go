@@ -1,0 +1,29 @@
+package worker
+
+import (
+	"context"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+)
+
+// settleTimeout bounds acknowledging or dead-lettering one job.
+const settleTimeout = 5 * time.Second
+
+// settle acknowledges d, or dead-letters it for reason when the outcome is
+// OutcomeDeadLetter, on a context of its own, so a cancelled job is still
+// settled (docs/QUEUE.md, "Dead letters").
+func (w *Worker) settle(ctx context.Context, d failover.Delivery, requestID, outcome, reason string) {
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), settleTimeout)
+	defer cancel()
+	var err error
+	if outcome == OutcomeDeadLetter {
+		err = w.deps.Consumer.DeadLetter(sctx, d, reason)
+	} else {
+		err = w.deps.Consumer.Ack(sctx, d)
+	}
+	if err != nil {
+		w.log.Error("could not settle job; it will be redelivered", "request_id", requestID, "outcome", outcome, "err", err)
+	}
+	w.m.JobSettled(outcome)
+}

@@ -1,0 +1,193 @@
+// Package worker owns the consumer worker (docs/ARCHITECTURE.md, "Queued
+// path"): it takes jobs from a failover.Consumer, waits for a pool slot,
+// streams the answer from the provider and publishes it on the job's
+// result channel, on the failover contracts alone. One file per background
+// component: fetch.go (fetch loop), slot.go (slot wait), retry.go (retry
+// policy), publish.go (publisher and batching), heartbeat.go (heartbeats
+// and claim refresh), cancel.go (cancel watch), settle.go (ack and dead
+// letter); job.go runs one job through them. Run states the stop order.
+package worker
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/pool"
+)
+
+// DefaultStopGrace is the default Config.StopGrace.
+const DefaultStopGrace = 20 * time.Second
+
+// Config configures a worker. Zero fields take the stated defaults; the
+// others are required.
+type Config struct {
+	// Concurrency is jobs at once (WORKER_CONCURRENCY).
+	Concurrency int
+	// Heartbeat is WORKER_HEARTBEAT_SECONDS: how often a running job tells
+	// its client and the queue that it is alive.
+	Heartbeat time.Duration
+	// BatchSize and BatchTimeout bound a published batch of chunks
+	// (QUEUE_FAILOVER_CHUNK_BATCH_SIZE, _BATCH_TIMEOUT_MS).
+	BatchSize    int
+	BatchTimeout time.Duration
+	// MaxRetries is provider retries before dead-letter
+	// (QUEUE_FAILOVER_MAX_RETRIES); 0 retries none.
+	MaxRetries int
+	// BaseDelay and MaxDelay bound the exponential backoff
+	// (QUEUE_FAILOVER_BASE_DELAY_MS, _MAX_DELAY_MS).
+	BaseDelay, MaxDelay time.Duration
+	// QueueTimeout bounds the wait for a slot of a job taken over from a
+	// dead worker, and the wait on an open circuit
+	// (QUEUE_FAILOVER_TIMEOUT_SECONDS).
+	QueueTimeout time.Duration
+	// StopGrace is how long running jobs may finish after Run's context
+	// ends; the rest stay pending for takeover. Default 20s.
+	StopGrace time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.StopGrace == 0 {
+		c.StopGrace = DefaultStopGrace
+	}
+	return c
+}
+
+// Validate reports bad values without changing c.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxRetries < 0 {
+		errs = append(errs, errors.New("worker: Concurrency and BatchSize must be positive, MaxRetries not negative"))
+	}
+	if c.Heartbeat <= 0 || c.BatchTimeout <= 0 || c.BaseDelay <= 0 || c.MaxDelay < c.BaseDelay || c.QueueTimeout <= 0 || c.StopGrace < 0 {
+		errs = append(errs, errors.New("worker: durations must be positive and MaxDelay at least BaseDelay"))
+	}
+	return errors.Join(errs...)
+}
+
+// Job outcomes, the label values of spillway_worker_jobs_total.
+const (
+	OutcomeDone       = "done"
+	OutcomeError      = "error"
+	OutcomeExpired    = "expired"
+	OutcomeCancelled  = "cancelled"
+	OutcomeDeadLetter = "dead_letter"
+)
+
+// Metrics is what the worker counts. *metrics.Metrics implements it.
+type Metrics interface {
+	// JobSettled counts a finished job by outcome.
+	JobSettled(outcome string)
+	// Retried counts a provider call retried.
+	Retried()
+	// QueueWaited observes enqueue to slot.
+	QueueWaited(time.Duration)
+	// MalformedMessage counts a message skipped, by source.
+	MalformedMessage(source string)
+}
+
+type nopMetrics struct{}
+
+func (nopMetrics) JobSettled(string)         {}
+func (nopMetrics) Retried()                  {}
+func (nopMetrics) QueueWaited(time.Duration) {}
+func (nopMetrics) MalformedMessage(string)   {}
+
+// Deps are what a Worker uses; it closes none of them.
+type Deps struct {
+	// Consumer hands out jobs. Required.
+	Consumer failover.Consumer
+	// Pool bounds provider calls. Required.
+	Pool pool.Pool
+	// Provider answers. Required.
+	Provider llm.Provider
+	// Results publishes answers. Required.
+	Results failover.ResultPublisher
+	// Cancels tells of clients that left. Required.
+	Cancels failover.CancelWatcher
+	// Metrics defaults to counting nothing.
+	Metrics Metrics
+	// Log is required.
+	Log *slog.Logger
+}
+
+// Worker takes jobs from a Consumer and answers them.
+type Worker struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+	m    Metrics
+
+	cancels *cancelWatch
+	fetcher *fetcher
+}
+
+// New returns a worker.
+func New(cfg Config, deps Deps) (*Worker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Consumer == nil || deps.Pool == nil || deps.Provider == nil || deps.Results == nil || deps.Cancels == nil || deps.Log == nil {
+		return nil, errors.New("worker: needs a consumer, pool, provider, result publisher, cancel watcher and logger")
+	}
+	if deps.Metrics == nil {
+		deps.Metrics = nopMetrics{}
+	}
+	w := &Worker{cfg: cfg.withDefaults(), deps: deps, log: deps.Log, m: deps.Metrics}
+	w.cancels = newCancelWatch(deps.Cancels, deps.Log)
+	w.fetcher = newFetcher(w.cfg, deps.Consumer, deps.Log)
+	return w, nil
+}
+
+// Causes a job's context is cancelled with.
+var (
+	// errClientGone: the client left; the job is settled as cancelled.
+	errClientGone = errors.New("client gone")
+	// errClaimLost: another worker took the job over; it is not settled.
+	errClaimLost = errors.New("claim lost")
+	// errStopping: the stop grace is over; the job is left unacknowledged
+	// for another worker to take over.
+	errStopping = errors.New("worker stopping")
+)
+
+// Run fetches and answers jobs until ctx ends, then stops. Stop order, and
+// why (like asynq's Server.Stop):
+//
+//  1. The fetch loop stops: ctx ended, so no new job starts.
+//  2. Running jobs finish within StopGrace; then they are cancelled with
+//     errStopping and left unacknowledged, so another worker takes them
+//     over (docs/QUEUE.md, "Takeover"). Jobs run on a context that
+//     outlives ctx for this.
+//  3. The cancel watch stops, last: until the last job ended, a client
+//     that leaves must still cancel it.
+func (w *Worker) Run(ctx context.Context) error {
+	jobsCtx, cancelJobs := context.WithCancelCause(context.WithoutCancel(ctx))
+	if err := w.cancels.start(jobsCtx); err != nil {
+		cancelJobs(nil)
+		return err
+	}
+	var jobs sync.WaitGroup
+	w.fetcher.run(ctx, &jobs, func(d failover.Delivery) { w.handle(jobsCtx, d) })
+
+	w.log.Info("worker stopping: waiting for running jobs", "grace", w.cfg.StopGrace.String())
+	finished := make(chan struct{})
+	go func() { jobs.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(w.cfg.StopGrace):
+		w.log.Warn("stop grace over: leaving running jobs for takeover")
+		cancelJobs(errStopping)
+		<-finished
+	}
+	w.cancels.terminate()
+	cancelJobs(errStopping)
+	return nil
+}
+
+// Running returns how many jobs the worker is answering now.
+func (w *Worker) Running() int { return w.cancels.running() }

@@ -1,0 +1,45 @@
+package metrics
+
+import "time"
+
+// The methods below let *Metrics stand for the small metrics interfaces
+// components declare where they use them.
+
+// QueueRejected counts a request refused instead of queued, by reason.
+func (m *Metrics) QueueRejected(reason string) { m.QueueRejections.WithLabelValues(reason).Inc() }
+
+// MalformedMessage counts a queue or result message skipped, by source.
+func (m *Metrics) MalformedMessage(source string) { m.MalformedMessages.WithLabelValues(source).Inc() }
+
+// SubscriptionLost counts a result subscription that ended on its own.
+func (m *Metrics) SubscriptionLost(reason string) { m.SubscriptionsLost.WithLabelValues(reason).Inc() }
+
+// JobSettled counts a job a worker finished, by outcome.
+func (m *Metrics) JobSettled(outcome string) { m.WorkerJobs.WithLabelValues(outcome).Inc() }
+
+// Retried counts a provider call a worker retried.
+func (m *Metrics) Retried() { m.WorkerRetries.Inc() }
+
+// QueueWaited observes how long a job waited from enqueue to a slot.
+func (m *Metrics) QueueWaited(d time.Duration) { m.QueueWait.Observe(d.Seconds()) }
+
+// PoolRefused counts a TryAcquire refusal by limit (global, user).
+func (m *Metrics) PoolRefused(limit string) { m.PoolRefusals.WithLabelValues(limit).Inc() }
+
+// StreamOpened counts an SSE stream open on path until the returned func
+// is called.
+func (m *Metrics) StreamOpened(path string) (closed func()) {
+	g := m.ActiveStreams.WithLabelValues(path)
+	g.Inc()
+	return g.Dec
+}
+
+// StreamEnded counts a finished or refused stream by path and outcome.
+func (m *Metrics) StreamEnded(path, outcome string) {
+	m.StreamsTotal.WithLabelValues(path, outcome).Inc()
+}
+
+// FirstChunk observes request arrival to first chunk written on path.
+func (m *Metrics) FirstChunk(path string, d time.Duration) {
+	m.TimeToFirstChunk.WithLabelValues(path).Observe(d.Seconds())
+}
