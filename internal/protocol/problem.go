@@ -25,6 +25,8 @@ const (
 	ProblemSlowClient          = "slow-client"
 	ProblemNotReady            = "not-ready"
 	ProblemInternal            = "internal"
+	ProblemStopped             = "stopped"
+	ProblemStreamExpired       = "stream-expired"
 )
 
 // Problem is an RFC 9457 problem document. It is what a refused request

@@ -42,6 +42,8 @@ var Problems = map[string]ProblemType{
 	ProblemSlowClient:          {ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable},
 	ProblemNotReady:            {ProblemNotReady, "Not Ready", http.StatusServiceUnavailable},
 	ProblemInternal:            {ProblemInternal, "Internal Error", http.StatusInternalServerError},
+	ProblemStopped:             {ProblemStopped, "Stopped", http.StatusOK},
+	ProblemStreamExpired:       {ProblemStreamExpired, "Stream Expired", http.StatusGone},
 }
 
 // problem returns an occurrence of the catalogued type slug advising a
@@ -159,4 +161,17 @@ func StreamFailed() *Problem {
 // RequestFailed answers a request whose handler panicked (a bug).
 func RequestFailed() *Problem {
 	return problem(ProblemInternal, "The request failed unexpectedly; retry it.", 0)
+}
+
+// Stopped ends a stream its owner stopped (DELETE /v1/streams/{id}), or
+// one nobody came back to within STREAM_RESUME_WINDOW_SECONDS. Its status
+// is 200: nothing failed, the answer was called off.
+func Stopped(detail string) *Problem {
+	return problem(ProblemStopped, detail, 0)
+}
+
+// StreamExpired ends a resumed stream whose log stopped growing or
+// expired before a terminal event: its producer is gone.
+func StreamExpired() *Problem {
+	return problem(ProblemStreamExpired, "The answer's producer is gone before it finished; send the request again.", 0)
 }

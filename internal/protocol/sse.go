@@ -12,6 +12,8 @@ const (
 	EventDone  = "done"
 	EventError = "error"
 	EventReset = "reset"
+	// EventQueued says where a waiting request stands (Queued).
+	EventQueued = "queued"
 )
 
 // ErrFieldInjection is returned when an SSE event name or id holds CR, LF or
@@ -70,4 +72,25 @@ func AppendJSONEvent(dst []byte, name string, v any) ([]byte, error) {
 		return dst, err
 	}
 	return AppendEvent(dst, name, "", string(b))
+}
+
+// Queued is the data of a `queued` event: the jobs ahead of this one and
+// the expected wait (docs/API.md, "Queued position").
+type Queued struct {
+	Position   int64 `json:"position"`
+	EtaSeconds int64 `json:"eta_seconds"`
+}
+
+// AppendIDEvent appends an event with id and name (empty for a chunk)
+// whose data is already-encoded JSON, as the stream log stores it.
+func AppendIDEvent(dst []byte, id int64, name string, data []byte) []byte {
+	dst = append(dst, "id: "...)
+	dst = strconv.AppendInt(dst, id, 10)
+	dst = append(dst, '\n')
+	if name != "" {
+		dst = append(append(append(dst, "event: "...), name...), '\n')
+	}
+	dst = append(dst, "data: "...)
+	dst = append(dst, data...)
+	return append(dst, "\n\n"...)
 }

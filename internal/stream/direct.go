@@ -14,16 +14,19 @@ import (
 
 // direct streams from the provider in this process while holding lease
 // (docs/ARCHITECTURE.md, "Direct path").
-func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID string, lease pool.Lease, start time.Time) {
+func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, lease pool.Lease, start time.Time) {
 	defer lease.Release()
-	ctx, cancel := context.WithCancel(r.Context())
+	// The provider call outlives the request when the client leaves
+	// within a resume window; the session cancels it when the stream ends.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
 	var producer sync.WaitGroup
 	producer.Go(func() { h.produceDirect(ctx, req, requestID, frames) })
 
 	began := time.Now()
-	s := &session{h: h, w: w, requestID: requestID, path: protocol.PathDirect, start: start, frames: frames}
-	outcome, _ := s.serve(ctx)
+	s := h.newSession(w, requestID, user, protocol.PathDirect, start)
+	s.frames = frames
+	outcome, _ := s.serve(r.Context())
 	held := time.Since(began)
 	// The provider call ends before the lease is released.
 	cancel()

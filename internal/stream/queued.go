@@ -33,7 +33,7 @@ func (h *Handler) queued(w http.ResponseWriter, r *http.Request, req protocol.Ch
 	// Close runs on every exit: a job whose client left is skipped or
 	// cancelled by the workers.
 	defer func() { relay.Close(finished) }()
-	s := &session{h: h, w: w, requestID: requestID, path: protocol.PathQueued, start: start,
-		frames: relay.Results(), relayDone: relay.Done(), relayProblem: relay.Problem}
+	s := h.newSession(w, requestID, user, protocol.PathQueued, start)
+	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
 	_, finished = s.serve(r.Context())
 }
