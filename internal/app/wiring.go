@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 )
 
 // The mapping from settings to each component's Config, in one place
@@ -125,5 +126,12 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
+		ResumeWindow:      cfg.StreamResumeWindow(),
+		LogTTL:            cfg.StreamLogTTL(),
 	}
+}
+
+// StreamLogConfig is the stream log's part of cfg.
+func StreamLogConfig(cfg *config.Config) streamlog.Config {
+	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL()}
 }

@@ -86,6 +86,12 @@ type Config struct {
 	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"32768"`
 	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
 	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
+	// StreamLogTTLSeconds is how long a stream's event log (for resume)
+	// lives after its last event. Default 300.
+	StreamLogTTLSeconds int `env:"STREAM_LOG_TTL_SECONDS" envDefault:"300"`
+	// StreamResumeWindowSeconds is how long a stream whose client left
+	// keeps generating for a resume; 0 cancels at once. Default 10.
+	StreamResumeWindowSeconds int `env:"STREAM_RESUME_WINDOW_SECONDS" envDefault:"10"`
 
 	// RateLimitRPS is requests per second per identity; 0 is off. Default 0.
 	RateLimitRPS float64 `env:"RATE_LIMIT_RPS" envDefault:"0"`
@@ -197,6 +203,12 @@ func (c *Config) QueueReclaimIdle() time.Duration { return seconds(c.QueueReclai
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).
 func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
+
+// StreamLogTTL is STREAM_LOG_TTL_SECONDS.
+func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSeconds) }
+
+// StreamResumeWindow is STREAM_RESUME_WINDOW_SECONDS.
+func (c *Config) StreamResumeWindow() time.Duration { return seconds(c.StreamResumeWindowSeconds) }
 
 // ShutdownGrace is the drain time for open streams (SHUTDOWN_GRACE_SECONDS).
 func (c *Config) ShutdownGrace() time.Duration { return seconds(c.ShutdownGraceSeconds) }

@@ -131,6 +131,12 @@ func (c *Config) Validate() error {
 	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
 	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
 	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
+	v.atLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindowSeconds, 0)
+	if v.atLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTLSeconds, 1) &&
+		c.StreamLogTTLSeconds <= c.StreamResumeWindowSeconds {
+		v.fail("STREAM_LOG_TTL_SECONDS", "(%d) must exceed STREAM_RESUME_WINDOW_SECONDS (%d): a resume needs the log",
+			c.StreamLogTTLSeconds, c.StreamResumeWindowSeconds)
+	}
 
 	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
 		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)
