@@ -115,9 +115,10 @@ const (
 // does (fields id, event and data; data lines joined with "\n"; comments;
 // dispatch on a blank line; LF, CRLF or CR line ends; an event cut off by
 // the end of the stream is not dispatched) and checks it against the
-// Spillway contract: chunk ids contiguous from 1, a reset restarting them
-// at 1 and voiding the content so far, exactly one terminal event and
-// nothing after it.
+// Spillway contract: every event (chunks, reset, queued, retrying and the
+// terminal one) carries an id, the ids count 1, 2, 3, … over the whole
+// stream and never restart, a reset voids the content so far, exactly one
+// terminal event and nothing after it.
 type StreamCheck struct {
 	// Want is the expected answer, one string per chunk; nil skips the
 	// content check. The content after the last reset must equal
@@ -225,7 +226,7 @@ type parser struct {
 	check StreamCheck
 	start time.Time
 	rep   Report
-	next  int // the chunk id expected next
+	next  int // the event id expected next
 
 	// the event being read
 	event   string
@@ -322,8 +323,21 @@ func (p *parser) dispatch() bool {
 		return p.openAI(event, data)
 	}
 	switch event {
+	case "", "message", protocol.EventReset, protocol.EventDone, protocol.EventError, protocol.EventQueued, eventRetrying:
+		if !p.sequence(event, id, hasID) {
+			return true
+		}
+	}
+	switch event {
 	case "", "message":
-		return p.chunk(id, hasID, data)
+		return p.chunk(data)
+	case protocol.EventQueued, eventRetrying:
+		var v map[string]any
+		if err := strictJSON(data, &v); err != nil {
+			p.lose(ReasonMalformed, "%s data: %v", event, err)
+			return true
+		}
+		return false
 	case protocol.EventReset:
 		var r protocol.Reset
 		if err := strictJSON(data, &r); err != nil {
@@ -332,7 +346,6 @@ func (p *parser) dispatch() bool {
 		}
 		p.rep.Resets++
 		p.rep.Content = ""
-		p.next = 1
 		return false
 	case protocol.EventDone:
 		var d protocol.Done
@@ -450,16 +463,31 @@ func (p *parser) openAI(event string, data []byte) bool {
 	return false
 }
 
-func (p *parser) chunk(id string, hasID bool, data []byte) bool {
+// eventRetrying is the event a worker's upstream backoff sends; the
+// checker only checks its id and that its data is an object.
+const eventRetrying = "retrying"
+
+// sequence checks an event's id against the next one expected and
+// reports whether it is right.
+func (p *parser) sequence(event, id string, hasID bool) bool {
+	if event == "" || event == "message" {
+		event = "chunk"
+	}
 	if !hasID {
-		p.lose(ReasonSequence, "chunk without id, want %d", p.next)
-		return true
+		p.lose(ReasonSequence, "%s without id, want %d", event, p.next)
+		return false
 	}
 	seq, err := strconv.Atoi(id)
 	if err != nil || seq != p.next {
-		p.lose(ReasonSequence, "chunk id %q, want %d", truncate(id, 32), p.next)
-		return true
+		p.lose(ReasonSequence, "%s id %q, want %d", event, truncate(id, 32), p.next)
+		return false
 	}
+	p.next++
+	return true
+}
+
+func (p *parser) chunk(data []byte) bool {
+	seq := p.next - 1
 	var c struct {
 		Content *string `json:"content"`
 	}
@@ -476,7 +504,6 @@ func (p *parser) chunk(id string, hasID bool, data []byte) bool {
 	}
 	p.rep.Chunks++
 	p.rep.Content += *c.Content
-	p.next++
 	if p.check.StopAfter > 0 && p.rep.Chunks >= p.check.StopAfter {
 		p.rep.Stopped = true
 		return true
