@@ -75,6 +75,9 @@ type Report struct {
 	// the start of reading, each ping and each dispatched event, up to
 	// the terminal event. 0 when nothing arrived.
 	MaxGap time.Duration
+	// LastID is the id of the last event read: what a resume sends as
+	// Last-Event-ID.
+	LastID int
 	// Resets counts reset events.
 	Resets int
 	// Content is the concatenated content since the last reset.
@@ -130,6 +133,11 @@ type StreamCheck struct {
 	// StopAfter, when positive, makes Check return with Stopped set once
 	// that many chunk events have arrived and no terminal event yet.
 	StopAfter int
+	// AfterID, for a resumed stream (GET /v1/streams/{id} with
+	// Last-Event-ID), is the id the stream continues after: its first
+	// event must have id AfterID+1. Want then is the part of the answer
+	// after that point.
+	AfterID int
 	// Format is the wire format; the zero value is FormatSpillway. With
 	// FormatOpenAI a chunk is an event with non-empty delta content, the
 	// `[DONE]` event is the done terminal (Done.Path "upstream"), and
@@ -150,7 +158,7 @@ func (c StreamCheck) Check(r io.Reader) Report {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	p := parser{check: c, start: start, next: 1, last: time.Now()}
+	p := parser{check: c, start: start, next: c.AfterID + 1, last: time.Now()}
 	var partial bool // the last token had no line end
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
@@ -482,6 +490,7 @@ func (p *parser) sequence(event, id string, hasID bool) bool {
 		p.lose(ReasonSequence, "%s id %q, want %d", event, truncate(id, 32), p.next)
 		return false
 	}
+	p.rep.LastID = seq
 	p.next++
 	return true
 }

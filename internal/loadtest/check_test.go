@@ -259,3 +259,20 @@ func TestCheckStreamReadErrors(t *testing.T) {
 		})
 	}
 }
+
+// A resumed stream continues the ids after AfterID; one that starts
+// anywhere else is broken.
+func TestCheckResumedStream(t *testing.T) {
+	t.Parallel()
+	done := event(t, 4, protocol.EventDone, protocol.Done{FinishReason: "stop"})
+	rep := StreamCheck{AfterID: 2, Want: testWant[2:]}.Check(strings.NewReader(chunks(3, testWant[2]) + done))
+	if rep.Lost || rep.Terminal != protocol.EventDone || rep.Content != testWant[2] {
+		t.Fatalf("resumed after 2: %+v", rep)
+	}
+	for _, first := range []int{1, 2, 4} {
+		rep := StreamCheck{AfterID: 2}.Check(strings.NewReader(chunks(first, testWant[2]) + done))
+		if rep.Reason != ReasonSequence {
+			t.Errorf("resumed after 2 starting at %d: %+v, want sequence", first, rep)
+		}
+	}
+}

@@ -41,6 +41,7 @@ type session struct {
 	stop <-chan struct{}
 
 	lastID     int64
+	terminated bool // a done or error event was emitted
 	attached   bool
 	firstChunk bool
 	window     *time.Timer // runs while detached
@@ -69,6 +70,12 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 		s.h.logw.Open(s.requestID, s.owner)
 	}
 	outcome, finished := s.pump(ctx)
+	if !s.terminated {
+		// The client left with no window to come back in: the log still
+		// gets an end, so a late resume does not wait for one.
+		s.attached = false
+		_ = s.emit(Event{Name: protocol.EventError, Problem: protocol.Stopped("The client left before the answer was complete.")})
+	}
 	if s.window != nil {
 		s.window.Stop()
 	}
@@ -200,6 +207,9 @@ func (s *session) emit(ev Event) error {
 	ev.ID = s.lastID
 	ev = ev.encoded()
 	data := ev.Data
+	if ev.Terminal() {
+		s.terminated = true
+	}
 	if s.h.logw != nil {
 		s.h.logw.Append(s.requestID, streamlog.Event{ID: ev.ID, Name: ev.Name, Data: data})
 	}
