@@ -143,6 +143,9 @@ func (a *Appender) put(it item) bool {
 	}
 }
 
+// Pending is how many entries wait for a flush.
+func (a *Appender) Pending() int { return len(a.in) }
+
 // Dropped is how many entries were dropped since the start.
 func (a *Appender) Dropped() int64 { return a.dropped.Load() }
 
