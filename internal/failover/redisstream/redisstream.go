@@ -140,9 +140,10 @@ type Queue struct {
 }
 
 var (
-	_ failover.Producer = (*Queue)(nil)
-	_ failover.Depther  = (*Queue)(nil)
-	_ failover.Consumer = (*Queue)(nil)
+	_ failover.Producer   = (*Queue)(nil)
+	_ failover.Depther    = (*Queue)(nil)
+	_ failover.Positioner = (*Queue)(nil)
+	_ failover.Consumer   = (*Queue)(nil)
 )
 
 // New returns a Queue using client. It does no I/O: the consumer group is
@@ -180,6 +181,31 @@ func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) erro
 		return fmt.Errorf("redisstream: xadd %s: %w: %w", q.stream, failover.ErrQueueUnavailable, err)
 	}
 	return nil
+}
+
+// ErrNoProgress is returned by Progress when Redis cannot count the
+// group's progress (a server before 7.0, or a group whose entries-read is
+// unknown after an XSETID).
+var ErrNoProgress = errors.New("redisstream: group progress unknown")
+
+// Progress returns the group's entries-read and lag (XINFO GROUPS, Redis
+// 7): entries ever delivered to the group and entries not delivered yet.
+// Both are exact while only acknowledged (so already delivered) entries
+// are deleted, which is how this queue trims.
+func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error) {
+	groups, err := q.client.XInfoGroups(ctx, q.stream).Result()
+	if err != nil {
+		return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w", q.stream, err)
+	}
+	for _, g := range groups {
+		if g.Name == q.cfg.Group {
+			if g.Lag < 0 || g.EntriesRead < 0 {
+				return 0, 0, ErrNoProgress
+			}
+			return g.EntriesRead, g.Lag, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("redisstream: group %s of %s: %w", q.cfg.Group, q.stream, ErrNoProgress)
 }
 
 // Depth returns the backlog: XLEN of the stream, exact because
