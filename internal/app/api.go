@@ -105,7 +105,7 @@ func (a *API) build() error {
 	}
 	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
 		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log,
-		LogWriter: logw, LogReader: logr, Canceller: a.canceller,
+		LogWriter: logw, LogReader: logr, Canceller: a.canceller, Positions: a.positions(),
 	})
 	if err != nil {
 		return err
@@ -127,6 +127,16 @@ func (a *API) build() error {
 		a.handler.WatchStops(cancels)
 	})
 	return nil
+}
+
+// positions is the queue's Positioner, or nil when there is no queue or
+// it cannot tell positions (Kafka).
+func (a *API) positions() failover.Positioner {
+	if a.queue == nil {
+		return nil
+	}
+	p, _ := a.queue.Queue.(failover.Positioner)
+	return p
 }
 
 // buildStreamLog builds the per-request stream log (docs/API.md, "Resume

@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -257,4 +259,63 @@ func TestResumeWindowExpiryCancels(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A request waiting behind others gets `event: queued` with its position
+// from the queue itself, positions that only go down, then its answer;
+// the ids count over the queued events too.
+func TestQueuedPositionEvents(t *testing.T) {
+	t.Parallel()
+	sc := llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 30 * time.Millisecond, Tokens: 20, Seed: 21}
+	c := newCluster(t, sc, map[string]string{"DIRECT_PATH_ENABLED": "false", "WORKER_CONCURRENCY": "1"})
+	_, url := c.api(nil)
+	c.consumer(nil)
+	// The first request is running (so the group exists) before the rest queue.
+	first := postStream(t, t.Context(), url, prompt("first"), nil)
+	defer first.Body.Close()
+	if rep := (loadtest.StreamCheck{StopAfter: 1}).Check(first.Body); !rep.Stopped {
+		t.Fatalf("first: %+v", rep)
+	}
+	var ahead []*http.Response
+	for i := range 3 {
+		r := postStream(t, t.Context(), url, prompt("ahead "+strconv.Itoa(i)), nil)
+		defer r.Body.Close()
+		ahead = append(ahead, r)
+	}
+	const q = "where am I"
+	resp := postStream(t, t.Context(), url, prompt(q), nil)
+	defer resp.Body.Close()
+	for _, r := range append(ahead, first) {
+		go func() { _, _ = io.Copy(io.Discard, r.Body) }()
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := loadtest.CheckStream(strings.NewReader(string(body)), c.want(q))
+	if rep.Lost || rep.Terminal != protocol.EventDone {
+		t.Fatalf("stream: %+v", rep)
+	}
+	var positions []int64
+	for _, ev := range strings.Split(string(body), "\n\n") {
+		if data, ok := strings.CutPrefix(ev[strings.Index(ev, "\n")+1:], "event: queued\ndata: "); ok {
+			var d protocol.Queued
+			if err := json.Unmarshal([]byte(data), &d); err != nil {
+				t.Fatalf("queued data %q: %v", data, err)
+			}
+			positions = append(positions, d.Position)
+		}
+	}
+	if len(positions) == 0 || !strings.HasPrefix(string(body), "id: 1\nevent: queued\n") {
+		t.Fatalf("no queued event first:\n%s", body)
+	}
+	if positions[0] < 1 || positions[0] > 3 {
+		t.Errorf("first position %d, want 1 to 3 (3 jobs queued ahead, one maybe taken)", positions[0])
+	}
+	for i := 1; i < len(positions); i++ {
+		if positions[i] >= positions[i-1] {
+			t.Errorf("positions %v do not go down", positions)
+		}
+	}
+	t.Logf("positions %v", positions)
 }

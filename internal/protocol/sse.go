@@ -74,11 +74,12 @@ func AppendJSONEvent(dst []byte, name string, v any) ([]byte, error) {
 	return AppendEvent(dst, name, "", string(b))
 }
 
-// Queued is the data of a `queued` event: the jobs ahead of this one and
-// the expected wait (docs/API.md, "Queued position").
+// Queued is the data of a `queued` event: the jobs waiting ahead of this
+// one and the expected wait, absent until a drain rate was observed
+// (docs/API.md, "queued").
 type Queued struct {
-	Position   int64 `json:"position"`
-	EtaSeconds int64 `json:"eta_seconds"`
+	Position   int64  `json:"position"`
+	EtaSeconds *int64 `json:"eta_seconds,omitempty"`
 }
 
 // AppendIDEvent appends an event with id and name (empty for a chunk)

@@ -116,6 +116,9 @@ type Deps struct {
 	// GET and DELETE /v1/streams/{id}.
 	LogWriter LogWriter
 	LogReader LogReader
+	// Positions, when the queue has one (failover.Positioner), tells
+	// waiting requests where they stand; nil sends no queued events.
+	Positions failover.Positioner
 	// Canceller tells whichever process runs a stream (and the workers)
 	// that its owner stopped it; nil stops only streams of this process.
 	Canceller failover.Canceller
@@ -154,6 +157,7 @@ type Handler struct {
 	logw      LogWriter
 	logr      LogReader
 	canceller failover.Canceller
+	progress  *progress // nil without Deps.Positions
 	// sinkFor, when set, makes a session write another wire format.
 	sinkFor func(http.ResponseWriter) Sink
 
@@ -182,7 +186,8 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
 		m: deps.Metrics, log: deps.Log, keys: newAPIKeys(cfg.APIKeys), draining: make(chan struct{}),
-		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, live: make(map[string]chan struct{})}, nil
+		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, live: make(map[string]chan struct{}),
+		progress: newProgress(deps.Positions)}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -256,4 +261,11 @@ func (h *Handler) refuse(w http.ResponseWriter, p *protocol.Problem, instance, p
 		h.m.StreamEnded(path, OutcomeRefused)
 	}
 	WriteProblem(w, p, instance)
+}
+
+func newProgress(q failover.Positioner) *progress {
+	if q == nil {
+		return nil
+	}
+	return &progress{q: q}
 }

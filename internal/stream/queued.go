@@ -35,5 +35,6 @@ func (h *Handler) queued(w http.ResponseWriter, r *http.Request, req protocol.Ch
 	defer func() { relay.Close(finished) }()
 	s := h.newSession(w, requestID, user, protocol.PathQueued, start)
 	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
+	s.position = h.newPosition()
 	_, finished = s.serve(r.Context())
 }

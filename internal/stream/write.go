@@ -39,6 +39,8 @@ type session struct {
 	relayProblem func() *protocol.Problem
 	// stop closes when the owner asked to stop the stream (DELETE).
 	stop <-chan struct{}
+	// position, on the queued path, follows the job until a worker speaks.
+	position *position
 
 	lastID     int64
 	terminated bool // a done or error event was emitted
@@ -94,6 +96,15 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 	defer heartbeat.Stop()
 	s.firstChunk = true
 	var window <-chan time.Time
+	var positions <-chan time.Time
+	if s.position != nil {
+		if _, err := s.sendPosition(); err != nil && !s.lose() {
+			return OutcomeCancelled, false
+		}
+		t := time.NewTicker(positionEvery)
+		defer t.Stop()
+		positions = t.C
+	}
 	for {
 		var err error
 		if s.window != nil {
@@ -105,12 +116,19 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 				h.log.Error("stream source ended without a terminal event", "request_id", s.requestID, "path", s.path)
 				return s.end(protocol.StreamFailed()), false
 			}
+			// A worker has the job: no more positions.
+			positions = nil
 			if res.Kind == protocol.KindHeartbeat {
 				continue // worker liveness only; the relay tracks it
 			}
 			var end bool
 			if outcome, end, err = s.write(res); end {
 				return outcome, true
+			}
+		case <-positions:
+			var sent bool
+			if sent, err = s.sendPosition(); !sent {
+				continue // nothing written: the heartbeat timer runs on
 			}
 		case <-heartbeat.C:
 			if s.attached {
@@ -152,6 +170,16 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 		// Heartbeat on a timer reset after each write.
 		heartbeat.Reset(h.cfg.Heartbeat)
 	}
+}
+
+// sendPosition sends a queued event when the position is worth one; sent
+// reports whether it did.
+func (s *session) sendPosition() (sent bool, err error) {
+	q, ok := s.position.next(time.Now())
+	if !ok {
+		return false, nil
+	}
+	return true, s.emit(Event{Name: protocol.EventQueued, Queued: q})
 }
 
 // lose notes a failed write to the client; it reports whether the stream
