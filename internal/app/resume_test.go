@@ -319,3 +319,29 @@ func TestQueuedPositionEvents(t *testing.T) {
 	}
 	t.Logf("positions %v", positions)
 }
+
+// A resume across a takeover: the client leaves after 5 chunks, the
+// consumer running the job is killed, another takes it over, and the
+// resume on another api sees the rest of the first attempt, the `reset`
+// (taking the next id: ids never restart) and the whole answer after it.
+func TestResumeQueuedAcrossTakeover(t *testing.T) {
+	t.Parallel()
+	sc := llm.SimConfig{FirstToken: 5 * time.Millisecond, TokenInterval: 100 * time.Millisecond, Tokens: 30, Seed: 13}
+	c := newCluster(t, sc, nil)
+	_, urlA := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	_, urlB := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	first := c.consumer(nil)
+	const q = "resume across a crash"
+	before, id, _ := firstChunks(t, urlA, q, "alice", 5)
+	c.consumer(nil)
+	first.Kill()
+	resp := streamReq(t, t.Context(), http.MethodGet, urlB, id, "alice", before.LastID)
+	defer resp.Body.Close()
+	after := loadtest.StreamCheck{AfterID: before.LastID, Want: c.want(q)}.Check(resp.Body)
+	if after.Lost || after.Terminal != protocol.EventDone {
+		t.Fatalf("resumed stream: %+v", after)
+	}
+	if after.Resets != 1 {
+		t.Fatalf("%d resets in the resumed stream, want 1", after.Resets)
+	}
+}
