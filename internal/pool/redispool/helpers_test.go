@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/redistest"
 )
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -52,6 +54,50 @@ func newTestPool(tb testing.TB, addr string, cfg Config, log *slog.Logger, onFal
 	}
 	// Cleanups run last-in first-out: the pool closes before its client.
 	tb.Cleanup(func() { _ = c.Close() })
+	tb.Cleanup(p.Close)
+	return p
+}
+
+// target is a real Redis deployment a test runs against: one
+// redis-server, or a 3-node Redis Cluster on which every script of the
+// pool must find its keys in one slot.
+type target struct {
+	name   string
+	client func(testing.TB) redis.UniversalClient
+}
+
+// forTargets runs fn as a parallel subtest against a redis-server and
+// against a Redis Cluster, each started for it.
+func forTargets(t *testing.T, fn func(*testing.T, target)) {
+	t.Helper()
+	for _, name := range []string{"single", "cluster"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var tg target
+			if name == "single" {
+				s := redistest.Start(t)
+				tg = target{name, func(tb testing.TB) redis.UniversalClient { return s.Client(tb) }}
+			} else {
+				c := redistest.StartCluster(t, 3)
+				tg = target{name, func(tb testing.TB) redis.UniversalClient { return c.Client(tb) }}
+			}
+			fn(t, tg)
+		})
+	}
+}
+
+// newTestPoolOn returns a Pool on its own client of tg, as a separate
+// process would have, closed when the test ends.
+func newTestPoolOn(tb testing.TB, tg target, cfg Config, log *slog.Logger, onFallback func(bool)) *Pool {
+	tb.Helper()
+	c := tg.client(tb) // closed by its own cleanup, after the pool's
+	if log == nil {
+		log = discardLogger()
+	}
+	p, err := New(cfg, c, log, onFallback)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	tb.Cleanup(p.Close)
 	return p
 }
