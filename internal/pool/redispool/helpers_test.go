@@ -2,11 +2,13 @@ package redispool
 
 import (
 	"bytes"
+	"context"
 	"io"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -92,6 +94,16 @@ func forTargets(t *testing.T, fn func(*testing.T, target)) {
 func newTestPoolOn(tb testing.TB, tg target, cfg Config, log *slog.Logger, onFallback func(bool)) *Pool {
 	tb.Helper()
 	c := tg.client(tb) // closed by its own cleanup, after the pool's
+	// A new cluster client loads the slot map and dials every node on its
+	// first commands; done here, so the pool's short call timeouts are not
+	// spent on it.
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := cc.ForEachMaster(ctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() }); err != nil {
+			tb.Fatalf("warm up cluster client: %v", err)
+		}
+	}
 	if log == nil {
 		log = discardLogger()
 	}
