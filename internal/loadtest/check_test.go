@@ -43,7 +43,7 @@ func TestCheckStream(t *testing.T) {
 	errAt := func(id int) string { return event(t, id, protocol.EventError, problem) }
 	resetAt := func(id int) string { return event(t, id, protocol.EventReset, protocol.Reset{Attempt: 2}) }
 	done := doneAt(4) // after good
-	queued := event(t, 1, protocol.EventQueued, protocol.Queued{Position: 3, EtaSeconds: 2})
+	queued := event(t, 1, protocol.EventQueued, protocol.Queued{Position: 3})
 	good := chunks(1, testWant...)
 	ping := string(protocol.PingFrame)
 
