@@ -310,10 +310,15 @@ func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error)
 	for i, sh := range q.shards {
 		cmds[i] = pipe.XInfoGroups(ctx, sh.stream)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return 0, 0, fmt.Errorf("redisstream: xinfo groups: %w", err)
-	}
+	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			var re redis.Error
+			if errors.As(err, &re) { // a reply such as "no such key": nothing to count yet
+				return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w: %w", q.shards[i].stream, ErrNoProgress, err)
+			}
+			return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w", q.shards[i].stream, err)
+		}
 		found := false
 		for _, g := range cmd.Val() {
 			if g.Name != q.cfg.Group {
