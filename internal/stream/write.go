@@ -121,6 +121,8 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 		return "", false, err
 	case protocol.KindReset:
 		return "", false, s.sw.Reset(*res.Reset)
+	case protocol.KindRetrying:
+		return "", false, s.sw.Retrying(*res.Retrying)
 	case protocol.KindDone:
 		d := protocol.Done{RequestID: s.requestID, Path: s.path, FinishReason: "stop"}
 		if res.Done != nil {
