@@ -80,6 +80,9 @@ type Report struct {
 	LastID int
 	// Resets counts reset events.
 	Resets int
+	// Retryings counts retrying events (a backoff before another provider
+	// call; docs/API.md).
+	Retryings int
 	// Content is the concatenated content since the last reset.
 	Content string
 	// FirstChunk is the time from StreamCheck.Start to the first chunk
@@ -331,7 +334,7 @@ func (p *parser) dispatch() bool {
 		return p.openAI(event, data)
 	}
 	switch event {
-	case "", "message", protocol.EventReset, protocol.EventDone, protocol.EventError, protocol.EventQueued, eventRetrying:
+	case "", "message", protocol.EventReset, protocol.EventDone, protocol.EventError, protocol.EventQueued, protocol.EventRetrying:
 		if !p.sequence(event, id, hasID) {
 			return true
 		}
@@ -339,7 +342,7 @@ func (p *parser) dispatch() bool {
 	switch event {
 	case "", "message":
 		return p.chunk(data)
-	case protocol.EventQueued, eventRetrying:
+	case protocol.EventQueued:
 		var v map[string]any
 		if err := strictJSON(data, &v); err != nil {
 			p.lose(ReasonMalformed, "%s data: %v", event, err)
@@ -354,6 +357,14 @@ func (p *parser) dispatch() bool {
 		}
 		p.rep.Resets++
 		p.rep.Content = ""
+		return false
+	case protocol.EventRetrying:
+		var r protocol.Retrying
+		if err := strictJSON(data, &r); err != nil || r.Attempt < 1 || r.RetryInSeconds < 0 || r.Reason == "" {
+			p.lose(ReasonMalformed, "retrying data %q: want attempt ≥ 1, retry_in_seconds ≥ 0 and a reason", truncate(string(data), 64))
+			return true
+		}
+		p.rep.Retryings++
 		return false
 	case protocol.EventDone:
 		var d protocol.Done
@@ -470,10 +481,6 @@ func (p *parser) openAI(event string, data []byte) bool {
 	}
 	return false
 }
-
-// eventRetrying is the event a worker's upstream backoff sends; the
-// checker only checks its id and that its data is an object.
-const eventRetrying = "retrying"
 
 // sequence checks an event's id against the next one expected and
 // reports whether it is right.

@@ -14,6 +14,8 @@ const (
 	EventReset = "reset"
 	// EventQueued says where a waiting request stands (Queued).
 	EventQueued = "queued"
+	// EventRetrying: a worker waits out a backoff (Retrying).
+	EventRetrying = "retrying"
 )
 
 // ErrFieldInjection is returned when an SSE event name or id holds CR, LF or

@@ -3,6 +3,7 @@ package stream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -63,6 +64,11 @@ type Config struct {
 	// LogTTL is STREAM_LOG_TTL_SECONDS: how long a stop mark outlives the
 	// request, like its log.
 	LogTTL time.Duration
+	// Retry is the delay before a direct request that failed before its
+	// first chunk is handed to the queue, and the Retry-After advised when
+	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
+	// defaults.
+	Retry llm.RetryPolicy
 }
 
 func (c Config) withDefaults() Config {
@@ -93,6 +99,9 @@ func (c Config) Validate() error {
 	}
 	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
 		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter and FrameBuffer not negative"))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("stream: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -14,16 +14,17 @@ type Event struct {
 	// event take the next id too (docs/API.md).
 	ID int64
 	// Name is empty for a chunk, else protocol.EventReset, EventQueued,
-	// EventDone or EventError.
+	// EventRetrying, EventDone or EventError.
 	Name string
 	// Data is the event's JSON data, on one line.
 	Data []byte
 
-	Content string // a chunk's content
-	Reset   *protocol.Reset
-	Queued  *protocol.Queued
-	Done    *protocol.Done
-	Problem *protocol.Problem
+	Content  string // a chunk's content
+	Reset    *protocol.Reset
+	Queued   *protocol.Queued
+	Retrying *protocol.Retrying
+	Done     *protocol.Done
+	Problem  *protocol.Problem
 }
 
 // Terminal reports whether e ends the stream.
@@ -45,6 +46,8 @@ func (e Event) encoded() Event {
 		v = e.Reset
 	case e.Queued != nil:
 		v = e.Queued
+	case e.Retrying != nil:
+		v = e.Retrying
 	case e.Done != nil:
 		v = e.Done
 	default:

@@ -273,9 +273,16 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 			r = &protocol.Reset{}
 		}
 		return "", false, s.emit(Event{Name: protocol.EventReset, Reset: r})
+	case protocol.KindRetrying:
+		return "", false, s.emit(Event{Name: protocol.EventRetrying, Retrying: res.Retrying})
 	case protocol.KindDone:
 		d := protocol.Done{RequestID: s.requestID, Path: s.path, FinishReason: "stop"}
 		if res.Done != nil {
+			// A direct request handed to the queue is answered by a worker:
+			// its done says queued (docs/API.md, "Hand-off to the queue").
+			if res.Done.Path == protocol.PathQueued {
+				d.Path = protocol.PathQueued
+			}
 			d.FinishReason = cmp.Or(res.Done.FinishReason, "stop")
 			d.Usage = res.Done.Usage
 		}

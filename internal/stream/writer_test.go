@@ -27,9 +27,12 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 		func() error {
 			return sw.Event(Event{ID: 2, Name: protocol.EventReset, Reset: &protocol.Reset{Attempt: 2}}.encoded())
 		},
-		func() error { return sw.Event(Event{ID: 3, Content: "line\nbreak\r\x00"}.encoded()) },
 		func() error {
-			return sw.Event(Event{ID: 4, Name: protocol.EventDone, Done: &protocol.Done{RequestID: "req-1", FinishReason: "stop", Path: "queued",
+			return sw.Event(Event{ID: 3, Name: protocol.EventRetrying, Retrying: &protocol.Retrying{Attempt: 2, RetryInSeconds: 20, Reason: "throttled"}}.encoded())
+		},
+		func() error { return sw.Event(Event{ID: 4, Content: "line\nbreak\r\x00"}.encoded()) },
+		func() error {
+			return sw.Event(Event{ID: 5, Name: protocol.EventDone, Done: &protocol.Done{RequestID: "req-1", FinishReason: "stop", Path: "queued",
 				Usage: &protocol.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}}}.encoded())
 		},
 	}
@@ -44,8 +47,9 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 	want := "id: 1\ndata: {\"content\":\"Hel\"}\n\n" +
 		": ping\n\n" +
 		"id: 2\nevent: reset\ndata: {\"attempt\":2}\n\n" +
-		"id: 3\ndata: {\"content\":\"line\\nbreak\\r\\u0000\"}\n\n" +
-		"id: 4\nevent: done\ndata: {\"request_id\":\"req-1\",\"finish_reason\":\"stop\",\"path\":\"queued\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
+		"id: 3\nevent: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":20,\"reason\":\"throttled\"}\n\n" +
+		"id: 4\ndata: {\"content\":\"line\\nbreak\\r\\u0000\"}\n\n" +
+		"id: 5\nevent: done\ndata: {\"request_id\":\"req-1\",\"finish_reason\":\"stop\",\"path\":\"queued\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
 	if got := rec.Body.String(); got != want {
 		t.Fatalf("wire:\n%q\nwant\n%q", got, want)
 	}
