@@ -76,6 +76,9 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false
 	}
+	if errors.Is(err, ErrNoCapacity) {
+		return true
+	}
 	var e *Error
 	return errors.As(err, &e) && e.Retryable
 }

@@ -21,7 +21,7 @@ var (
 	// ErrNoUpstream means no upstream serving the model may take a call
 	// now: each is full, sitting out or out of quota. The caller treats it
 	// like a full pool: the request goes to the queue, a worker waits.
-	ErrNoUpstream = errors.New("upstream: no upstream can take the call now")
+	ErrNoUpstream = fmt.Errorf("upstream: no upstream can take the call now: %w", llm.ErrNoCapacity)
 	// ErrUnknownModel means no configured upstream serves the requested
 	// model; the request is a client error (400).
 	ErrUnknownModel = errors.New("upstream: no upstream serves the model")
