@@ -196,8 +196,9 @@ type Pool struct {
 }
 
 var (
-	_ pool.Pool   = (*Pool)(nil)
-	_ pool.Queued = (*Pool)(nil)
+	_ pool.Pool     = (*Pool)(nil)
+	_ pool.Queued   = (*Pool)(nil)
+	_ pool.Deferrer = (*Pool)(nil)
 )
 
 // New returns a Pool on client. It does no I/O and starts no goroutine;
@@ -273,6 +274,19 @@ func (p *Pool) Acquire(ctx context.Context, user string) (pool.Lease, error) {
 // AcquireSince is Acquire with the waiter placed in line, cluster-wide, by
 // since (when its work was queued) instead of by when it called.
 func (p *Pool) AcquireSince(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	return p.acquire(ctx, user, since, false)
+}
+
+// AcquireOrDefer is AcquireSince that waits only for a global slot: while
+// user is at its per-user limit, at the call or later while it waits, it
+// returns an error wrapping pool.ErrUserLimit and leaves the line, so a
+// job that cannot start holds neither a worker nor a place that counts
+// (docs/QUEUE.md, "Fairness").
+func (p *Pool) AcquireOrDefer(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	return p.acquire(ctx, user, since, true)
+}
+
+func (p *Pool) acquire(ctx context.Context, user string, since time.Time, deferring bool) (pool.Lease, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, err)
@@ -284,9 +298,9 @@ func (p *Pool) AcquireSince(ctx context.Context, user string, since time.Time) (
 		var l pool.Lease
 		var err error
 		if fb {
-			l, err = p.acquireLocal(ctx, user, changed)
+			l, err = p.acquireLocal(ctx, user, since, deferring, changed)
 		} else {
-			l, err = p.acquireRedis(ctx, user, since.UnixMicro(), changed)
+			l, err = p.acquireRedis(ctx, user, since.UnixMicro(), deferring, changed)
 		}
 		if !errors.Is(err, errModeChanged) {
 			return l, err
