@@ -748,3 +748,67 @@ func TestWaiterLeftInOutageWithdrawnOnReturn(t *testing.T) {
 	}
 	dl.Release()
 }
+
+// AcquireOrDefer turns a waiter away at once while its user is at the
+// per-user limit, and also when the limit is reached while it waits for a
+// global slot, and leaves no waiter entry behind that would hold free
+// slots back from others.
+func TestAcquireOrDeferTurnsAwayAtUserLimit(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 1, LeaseTTL: 5 * time.Second}
+	ctx := context.Background()
+	elsewhere := newTestPool(t, s.Addr, cfg, nil, nil)
+	wp := newTestPool(t, s.Addr, cfg, nil, nil)
+
+	la, err := elsewhere.TryAcquire(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := wp.AcquireOrDefer(wctx, "a", time.Now()); !errors.Is(err, pool.ErrUserLimit) {
+		t.Fatalf("a at its limit: err %v, want ErrUserLimit", err)
+	}
+	// Pool full: b waits for a global slot.
+	lh, err := elsewhere.TryAcquire(ctx, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	la.Release()
+	lb, err := elsewhere.TryAcquire(ctx, "b") // takes a's slot: full again
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := wp.AcquireOrDefer(wctx, "b", time.Now())
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return zcard(t, admin, WaitersKey(cfg.Prefix)) == 1
+	}, "b waits for a global slot")
+	lh.Release() // a slot frees, but b is at its limit now: turned away
+	select {
+	case err := <-got:
+		if !errors.Is(err, pool.ErrUserLimit) {
+			t.Fatalf("b: err %v, want ErrUserLimit", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b kept waiting at its per-user limit")
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return zcard(t, admin, WaitersKey(cfg.Prefix)) == 0
+	}, "b's waiter entry removed")
+	// The freed slot is anyone's: c takes it directly.
+	lc, err := elsewhere.TryAcquire(ctx, "c")
+	if err != nil {
+		t.Fatalf("c after b was turned away: %v", err)
+	}
+	lc.Release()
+	lb.Release()
+}
