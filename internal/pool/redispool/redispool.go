@@ -23,7 +23,10 @@
 //     older than it (and its own user has room).
 //
 // So a waiter held back only by its own per-user limit never blocks
-// anybody. Within a process, waiters are tried oldest first by one
+// anybody. Workers wait with AcquireOrDefer, which goes further: such a
+// waiter is turned away with pool.ErrUserLimit and withdrawn, so the
+// worker can give its slot to another identity's job (docs/QUEUE.md,
+// "Fairness"). Within a process, waiters are tried oldest first by one
 // dispatcher goroutine, which runs on every release anywhere in the
 // cluster (release.lua publishes on NotifyChannel), and at the latest every
 // second for what Pub/Sub cannot report (leases that expired, messages
