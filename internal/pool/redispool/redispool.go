@@ -19,8 +19,11 @@
 // count). With free = Size - live leases:
 //   - a direct request (TryAcquire) is refused with ErrPoolExhausted while
 //     the eligible waiters are at least as many as the free slots;
-//   - a waiter is granted only when fewer than free eligible waiters are
-//     older than it (and its own user has room).
+//   - a waiter is granted only when fewer than free eligible waiters come
+//     before it (and its own user has room), in round-robin order between
+//     users, FIFO within one: a waiter's turn is its user's live leases
+//     plus its user's older waiters, so the user holding fewest slots goes
+//     first, ties to the oldest (docs/QUEUE.md, "Fairness").
 //
 // So a waiter held back only by its own per-user limit never blocks
 // anybody. Workers wait with AcquireOrDefer, which goes further: such a

@@ -275,10 +275,10 @@ func (p *Pool) subscribe() (*redis.PubSub, <-chan any) {
 	return ps, ps.ChannelWithSubscriptions()
 }
 
-// pass tries this process's waiters oldest first. A refusal for lack of
-// slots ends it: every younger waiter would be refused too. A per-user
-// refusal does not. Waiters not yet registered are still tried, which
-// registers them.
+// pass tries each of this process's waiters, oldest first. A refusal for
+// lack of slots does not end it: in round-robin order (acquire.lua) a
+// younger waiter of a user holding fewer slots may come first. Waiters not
+// yet registered are tried too, which registers them.
 func (p *Pool) pass() {
 	if fb, _ := p.mode(); fb {
 		return
@@ -302,7 +302,6 @@ func (p *Pool) pass() {
 	})
 	p.mu.Unlock()
 
-	blocked := false
 	for _, w := range ws {
 		select {
 		case <-p.closing:
@@ -310,7 +309,7 @@ func (p *Pool) pass() {
 		default:
 		}
 		p.mu.Lock()
-		if w.gone || (blocked && w.registered) {
+		if w.gone {
 			p.mu.Unlock()
 			continue
 		}
@@ -347,9 +346,6 @@ func (p *Pool) pass() {
 		default:
 			w.registered, w.enqueued = true, rep.enqueued
 			p.startRenewalLocked() // keeps the registration alive
-			if rep.code != codeUserLimit {
-				blocked = true
-			}
 		}
 		if res != nil && !gone {
 			p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
