@@ -11,7 +11,9 @@
 # NOISY_SECONDS (15). Run 2 ("flood"): the same, while identity "noisy"
 # keeps 10 × 2 = 20 streams open at once with no pause (10× its share).
 # Reports the others' first-chunk p50/p99 in both runs, the flood's
-# outcomes, and that nothing was lost.
+# outcomes, and that nothing was lost. NOISY_DIRECT_PATH=false runs the api
+# with DIRECT_PATH_ENABLED=false, so every request goes through the queue
+# and the consumers' scheduling alone keeps the others' wait short.
 #
 # Writes $RESULTS/noisy/{baseline,others,flood}.json and $RESULTS/noisy.json.
 source "$(dirname "$0")/lib.sh"
@@ -23,13 +25,14 @@ NOISY_WORKERS=${NOISY_WORKERS:-4}
 NOISY_OTHERS=${NOISY_OTHERS:-6}
 NOISY_THINK=${NOISY_THINK:-200ms}
 NOISY_SECONDS=${NOISY_SECONDS:-15}
+NOISY_DIRECT_PATH=${NOISY_DIRECT_PATH:-true}
 FT=${SIM_FIRST_TOKEN_MS:-50} TI=${SIM_TOKEN_MS:-20} TOK=${SIM_TOKENS:-16}
 
 start_redis
 start_simllm simllm "$FT" "$TI" "$TOK"
 common=(POOL_BACKEND=redis CONNECTION_POOL_SIZE="$NOISY_POOL" CONNECTION_POOL_PER_USER=2
 	QUEUE_DEPTH_CACHE_TTL_MS=100)
-start_api api "${common[@]}"
+start_api api "${common[@]}" DIRECT_PATH_ENABLED="$NOISY_DIRECT_PATH"
 CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID [api]=$API_PID)
 for i in 1 2; do
 	start_consumer "consumer-$i" "${common[@]}" WORKER_CONCURRENCY="$NOISY_WORKERS"
@@ -54,11 +57,11 @@ load_finish flood
 d=$RESULTS/noisy
 jq -n --slurpfile b "$d/baseline.json" --slurpfile o "$d/others.json" --slurpfile f "$d/flood.json" \
 	--argjson pool "$NOISY_POOL" --argjson workers "$NOISY_WORKERS" --argjson others "$NOISY_OTHERS" \
-	--arg think "$NOISY_THINK" --argjson secs "$NOISY_SECONDS" --argjson ft "$FT" --argjson ti "$TI" --argjson tok "$TOK" '
+	--arg think "$NOISY_THINK" --argjson direct "$NOISY_DIRECT_PATH" --argjson secs "$NOISY_SECONDS" --argjson ft "$FT" --argjson ti "$TI" --argjson tok "$TOK" '
 	def fc(r): r.result.latency.all.first_chunk;
 	{scenario: "noisy",
 	 settings: {pool: $pool, per_user: 2, consumers: 2, worker_concurrency: $workers, others: $others,
-		others_think: $think, flood_concurrency: 20, seconds: $secs,
+		others_think: $think, flood_concurrency: 20, direct_path: $direct, seconds: $secs,
 		sim_first_token_ms: $ft, sim_token_ms: $ti, sim_tokens: $tok},
 	 others_baseline: {done: $b[0].result.done, errors: $b[0].result.errors, lost: $b[0].result.lost, paths: $b[0].result.paths,
 		first_chunk_p50_ms: fc($b[0]).p50_ms, first_chunk_p99_ms: fc($b[0]).p99_ms},
