@@ -127,3 +127,13 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		APIKeys:           cfg.APIKeys,
 	}
 }
+
+// OpenAIModels are the models GET /v1/models lists: the simulator's name
+// with LLM_PROVIDER=sim; none with an upstream, which takes any model it
+// knows (docs/API.md, "OpenAI-compatible API").
+func OpenAIModels(cfg *config.Config) []string {
+	if cfg.LLMProvider == "sim" {
+		return []string{"sim"}
+	}
+	return nil
+}

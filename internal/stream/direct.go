@@ -3,7 +3,6 @@ package stream
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"time"
 
@@ -14,15 +13,15 @@ import (
 
 // direct streams from the provider in this process while holding lease
 // (docs/ARCHITECTURE.md, "Direct path").
-func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID string, lease pool.Lease, start time.Time) {
+func (h *Handler) direct(x *exchange, lease pool.Lease) {
 	defer lease.Release()
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(x.r.Context())
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
 	var producer sync.WaitGroup
-	producer.Go(func() { h.produceDirect(ctx, req, requestID, frames) })
+	producer.Go(func() { h.produceDirect(ctx, x.req, x.requestID, frames) })
 
 	began := time.Now()
-	s := &session{h: h, w: w, requestID: requestID, path: protocol.PathDirect, start: start, frames: frames}
+	s := &session{h: h, w: x.w, open: x.open, requestID: x.requestID, path: protocol.PathDirect, start: x.start, frames: frames}
 	outcome, _ := s.serve(ctx)
 	held := time.Since(began)
 	// The provider call ends before the lease is released.
