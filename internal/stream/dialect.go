@@ -33,6 +33,9 @@ type eventWriter interface {
 	Chunk(seq int, content string) error
 	// Reset voids the chunks so far: another attempt starts.
 	Reset(protocol.Reset) error
+	// Retrying says the provider call failed before any chunk and is
+	// tried again after a delay.
+	Retrying(protocol.Retrying) error
 	// Done ends the answer successfully.
 	Done(protocol.Done) error
 	// Error ends the answer with p.

@@ -164,7 +164,16 @@ func (c *openaiChunks) Reset(protocol.Reset) error {
 	return errAnswerEnded
 }
 
+// Retrying sends nothing: OpenAI's format has no such event, and the
+// retry's answer follows on the same stream as if it were the first.
+func (c *openaiChunks) Retrying(protocol.Retrying) error { return nil }
+
 func (c *openaiChunks) Done(d protocol.Done) error {
+	if !c.started {
+		// A direct request handed to the queue was answered by a worker
+		// (docs/API.md, "Hand-off to the queue").
+		c.path = d.Path
+	}
 	b := c.buf[:0]
 	if !c.sentContent {
 		// The first delta carries the role, even of an empty answer.
@@ -228,6 +237,9 @@ func (c *openaiCompletion) Reset(protocol.Reset) error {
 	return nil
 }
 
+// Retrying sends nothing: the retry's answer is collected as the first.
+func (c *openaiCompletion) Retrying(protocol.Retrying) error { return nil }
+
 // Ping sends nothing: a byte sent would commit the status before the
 // answer is known.
 func (c *openaiCompletion) Ping() error { return nil }
@@ -242,6 +254,9 @@ func (c *openaiCompletion) Done(d protocol.Done) error {
 		return fmt.Errorf("stream: encode completion: %w", err)
 	}
 	c.w.Header().Set("Content-Type", "application/json")
+	// A direct request handed to the queue was answered by a worker
+	// (docs/API.md, "Hand-off to the queue").
+	c.w.Header().Set("X-Stream-Path", d.Path)
 	if c.writeTimeout > 0 {
 		// As Writer: not every ResponseWriter supports deadlines.
 		_ = c.rc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
