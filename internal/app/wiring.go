@@ -1,6 +1,7 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/admission"
@@ -152,4 +153,23 @@ func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
 func BalancerConfig(cfg *config.Config) upstream.Config {
 	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
 		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
+}
+
+// OpenAIModels are the models GET /v1/models lists: the simulator's name
+// with LLM_PROVIDER=sim; with upstreams, the union of the models they list
+// (none when every upstream takes any model it knows; docs/API.md,
+// "OpenAI-compatible API").
+func OpenAIModels(cfg *config.Config) []string {
+	if cfg.LLMProvider == "sim" {
+		return []string{"sim"}
+	}
+	var models []string
+	for _, s := range cfg.Upstreams {
+		for _, m := range s.Models {
+			if !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+	}
+	return models
 }
