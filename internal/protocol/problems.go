@@ -42,6 +42,10 @@ var Problems = map[string]ProblemType{
 	ProblemSlowClient:          {ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable},
 	ProblemNotReady:            {ProblemNotReady, "Not Ready", http.StatusServiceUnavailable},
 	ProblemInternal:            {ProblemInternal, "Internal Error", http.StatusInternalServerError},
+	ProblemTooManyQueued:       {ProblemTooManyQueued, "Too Many Queued Requests", http.StatusTooManyRequests},
+	ProblemRequestTimeout:      {ProblemRequestTimeout, "Request Timeout", http.StatusRequestTimeout},
+	ProblemHeadersTooLarge:     {ProblemHeadersTooLarge, "Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge},
+	ProblemTooManyConnections:  {ProblemTooManyConnections, "Too Many Connections", http.StatusServiceUnavailable},
 }
 
 // problem returns an occurrence of the catalogued type slug advising a
@@ -159,4 +163,39 @@ func StreamFailed() *Problem {
 // RequestFailed answers a request whose handler panicked (a bug).
 func RequestFailed() *Problem {
 	return problem(ProblemInternal, "The request failed unexpectedly; retry it.", 0)
+}
+
+// TooManyQueued refuses a request whose identity already has
+// QUEUE_MAX_PER_IDENTITY jobs waiting.
+func TooManyQueued(retryAfterSeconds int) *Problem {
+	return problem(ProblemTooManyQueued, "This client already has the most requests allowed waiting in the queue; retry after the advised delay.",
+		retryAfterSeconds)
+}
+
+// RequestTimeout refuses a request whose body did not arrive within
+// BODY_READ_TIMEOUT_SECONDS.
+func RequestTimeout() *Problem {
+	return problem(ProblemRequestTimeout, "The request body did not arrive in time.", 0)
+}
+
+// HeadersTooLarge refuses a request whose header block is over the limit.
+func HeadersTooLarge(limit int) *Problem {
+	return problem(ProblemHeadersTooLarge, fmt.Sprintf("The request headers must be at most %d bytes.", limit), 0)
+}
+
+// TooManyConnections refuses a connection over MAX_CONNECTIONS.
+func TooManyConnections(retryAfterSeconds int) *Problem {
+	return problem(ProblemTooManyConnections, "The server has too many open connections; retry shortly.", retryAfterSeconds)
+}
+
+// ModelNotAllowed refuses a model outside LLM_MODELS.
+func ModelNotAllowed() *Problem {
+	return problem(ProblemBadRequest, "This model is not offered here; ask for one of the configured models.", 0)
+}
+
+// ClientRequestRejected ends a direct stream the provider refused because
+// of the request itself (an upstream 400, 404 or 422): retrying it as is
+// cannot succeed.
+func ClientRequestRejected() *Problem {
+	return problem(ProblemBadRequest, "The model provider rejected the request; check the model and parameters.", 0)
 }

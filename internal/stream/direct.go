@@ -57,7 +57,12 @@ func (h *Handler) produceDirect(ctx context.Context, req protocol.ChatRequest, r
 		// has no backoff of its own.
 		p := protocol.ProviderFailed(0)
 		var le *llm.Error
-		if errors.As(err, &le) && le.Retryable {
+		switch {
+		case llm.IsClientError(err):
+			// The upstream refused this request's content (400, 404, 422):
+			// the client's fault, and a retry as is cannot succeed.
+			p = protocol.ClientRequestRejected()
+		case errors.As(err, &le) && le.Retryable:
 			p.RetryAfterSeconds = max(1, int(le.RetryAfter/time.Second))
 		}
 		_ = send(protocol.Result{Kind: protocol.KindError, Problem: p})

@@ -2,6 +2,7 @@ package stream
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -23,6 +25,9 @@ const (
 	// DefaultPoolRetryAfter is advised when the pool is full and no queue
 	// takes the request, unless a Gate advises otherwise.
 	DefaultPoolRetryAfter = time.Second
+	// DefaultBodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS).
+	DefaultBodyReadTimeout = 10 * time.Second
 	// DefaultFrameBuffer is how many frames a producer may be ahead of
 	// the client; with the gateway's buffer (gateway.DefaultBuffer) and
 	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
@@ -48,12 +53,25 @@ type Config struct {
 	// PoolRetryAfter is the Retry-After advised when the pool is full and
 	// no queue takes the request, when there is no Gate. Default 1s.
 	PoolRetryAfter time.Duration
-	// APIKeys are the accepted bearer keys, or sha256 hex digests of them;
-	// empty means no authentication (API_KEYS).
+	// APIKeys are the accepted bearer keys, or `sha256:<hex>` digests of
+	// them, each optionally ending in =high|normal|low; empty means no
+	// authentication (API_KEYS).
 	APIKeys []string
+	// IgnoreUserIDHeader makes X-User-ID count for nothing
+	// (TRUST_USER_ID_HEADER=false). Zero: the header names the user.
+	IgnoreUserIDHeader bool
+	// TrustedProxies are CIDRs whose X-Forwarded-For and X-Real-IP are
+	// believed (TRUSTED_PROXIES). Empty: the peer is the client.
+	TrustedProxies []string
+	// Models, when not empty, are the only `model` values accepted
+	// (LLM_MODELS); empty passes any through.
+	Models []string
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
+	// BodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
+	BodyReadTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -65,6 +83,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FrameBuffer == 0 {
 		c.FrameBuffer = DefaultFrameBuffer
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
 	}
 	return c
 }
@@ -79,8 +100,11 @@ func (c Config) Validate() error {
 	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
 		errs = append(errs, errors.New("stream: limits must be positive"))
 	}
-	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
-		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter and FrameBuffer not negative"))
+	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 || c.BodyReadTimeout < 0 {
+		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter, FrameBuffer and BodyReadTimeout not negative"))
+	}
+	if _, err := newResolver(c); err != nil {
+		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -113,7 +137,8 @@ type Handler struct {
 	gate     Gate
 	m        Metrics
 	log      *slog.Logger
-	keys     apiKeys
+	ids      *identity.Resolver
+	models   map[string]bool // nil: any model
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -135,8 +160,19 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	if deps.Metrics == nil {
 		deps.Metrics = nopMetrics{}
 	}
+	ids, err := newResolver(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("stream: identity settings: %w", err)
+	}
+	var models map[string]bool
+	for _, m := range cfg.Models {
+		if models == nil {
+			models = make(map[string]bool)
+		}
+		models[m] = true
+	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, keys: newAPIKeys(cfg.APIKeys), draining: make(chan struct{})}, nil
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, draining: make(chan struct{})}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -159,7 +195,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	instance := instanceOf(requestID)
 	setRequestID(w.Header(), requestID)
 
-	req, user, prob := h.parseRequest(w, r)
+	req, id, prob := h.parseRequest(w, r)
+	user := id.Name
 	if prob == nil {
 		prob = h.gate.Admit(r.Context(), user)
 	}
