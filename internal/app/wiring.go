@@ -72,6 +72,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
+// QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
+func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
+	return admission.QuotaConfig{Prefix: cfg.QueuePrefix, MaxPerIdentity: cfg.QueueMaxPerIdentity, MaxBytes: cfg.QueueMaxBytes}
+}
+
 // RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
 // settings give; holder names this process.
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
@@ -125,5 +130,10 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
+		// Zero trusts the header, matching TRUST_USER_ID_HEADER's default.
+		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
+		TrustedProxies:     cfg.TrustedProxies,
+		Models:             cfg.LLMModels,
+		BodyReadTimeout:    cfg.BodyReadTimeout(),
 	}
 }
