@@ -42,7 +42,7 @@ var buildErr error
 func binary(tb testing.TB, name string) string {
 	tb.Helper()
 	buildOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-o", binDir+string(os.PathSeparator), "../../cmd/consumer")
+		cmd := exec.Command("go", "build", "-o", binDir+string(os.PathSeparator), "../../cmd/consumer", "../../cmd/api")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)

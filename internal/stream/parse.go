@@ -52,11 +52,11 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *pro
 	// A writer without deadlines (a test recorder) reads without one.
 	deadlineSet := rc.SetReadDeadline(time.Now().Add(h.cfg.BodyReadTimeout)) == nil
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
-	if deadlineSet {
-		// The stream that follows may last far longer than the body took.
-		_ = rc.SetReadDeadline(time.Time{})
-	}
 	if err != nil {
+		// The deadline stays: the server must not wait for the rest of a
+		// body that did not come, and the connection closes after the
+		// answer.
+		w.Header().Set("Connection", "close")
 		var mbe *http.MaxBytesError
 		switch {
 		case errors.As(err, &mbe):
@@ -65,6 +65,10 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *pro
 			return nil, protocol.RequestTimeout()
 		}
 		return nil, protocol.BadRequest("The request body could not be read.")
+	}
+	if deadlineSet {
+		// The stream that follows may last far longer than the body took.
+		_ = rc.SetReadDeadline(time.Time{})
 	}
 	return body, nil
 }
