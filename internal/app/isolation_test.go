@@ -503,3 +503,83 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 
 // exitSecondSignalCode is cmd/api's exit status after a second signal.
 const exitSecondSignalCode = 3
+
+var heapAllocRe = regexp.MustCompile(`# HeapAlloc = (\d+)`)
+
+// heapAfterGC reads the process's live heap after a forced GC.
+func (p *apiProc) heapAfterGC() int64 {
+	p.tb.Helper()
+	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		p.tb.Fatalf("pprof: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	m := heapAllocRe.FindSubmatch(b)
+	if m == nil {
+		p.tb.Fatal("no HeapAlloc in the heap profile")
+	}
+	n, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	return n
+}
+
+// rss reads the process's resident set size.
+func (p *apiProc) rss() int64 {
+	p.tb.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		p.tb.Fatal(err)
+	}
+	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		p.tb.Fatal("no VmRSS")
+	}
+	n, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	return n << 10
+}
+
+// A stream waiting in the queue costs the api its connection and relay,
+// not its job's payload: 100 waiting streams with 100 KiB bodies, on the
+// built cmd/api against real Redis. The figures go to docs/BENCHMARKS.md.
+func TestWaitingStreamMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server and the api binary")
+	}
+	t.Parallel()
+	const streams, bodyKiB = 100, 100
+	c := newCluster(t, fastSim(), map[string]string{"DIRECT_PATH_ENABLED": "false", "QUEUE_FAILOVER_TIMEOUT_SECONDS": "120"})
+	p := startAPIProc(t, c.env)
+	url := "http://" + p.addr
+	// Warm up: one stream through every step, so first-use allocations
+	// are in the baseline.
+	r, cancel := openQueued(t, url, "warmup")
+	if r.StatusCode != http.StatusOK {
+		t.Fatalf("warm-up: HTTP %d", r.StatusCode)
+	}
+	cancel()
+	testutil.Eventually(t, 5*time.Second, func() bool { return c.quotaCount("user:warmup") == 0 }, "warm-up released")
+	heap0, rss0 := p.heapAfterGC(), p.rss()
+
+	text := strings.Repeat("y", bodyKiB<<10)
+	for i := range streams {
+		ctx, cancel := context.WithCancel(t.Context())
+		resp := postStream(t, ctx, url, prompt(text), map[string]string{"X-User-ID": fmt.Sprint("u", i)})
+		t.Cleanup(func() { cancel(); resp.Body.Close() })
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %d: HTTP %d", i, resp.StatusCode)
+		}
+	}
+	if n := c.backlog(); n != streams+1 {
+		t.Fatalf("backlog %d, want %d waiting", n, streams+1)
+	}
+	heap1, rss1 := p.heapAfterGC(), p.rss()
+	perHeap, perRSS := (heap1-heap0)/streams, (rss1-rss0)/streams
+	t.Logf("%d waiting streams with %d KiB bodies: heap %+d KiB per stream, RSS %+d KiB per stream (heap %d -> %d KiB, RSS %d -> %d KiB)",
+		streams, bodyKiB, perHeap>>10, perRSS>>10, heap0>>10, heap1>>10, rss0>>10, rss1>>10)
+	// Holding the payload would cost more than the body (its decoded
+	// strings); the relay keeps names and a deadline, and what remains is
+	// the connection's and the result channels' buffers (about 32 KiB).
+	if perHeap > (bodyKiB<<10)/2 {
+		t.Fatalf("heap grows %d KiB per waiting stream: a waiting stream keeps its payload", perHeap>>10)
+	}
+}
