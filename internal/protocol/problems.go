@@ -12,48 +12,66 @@ type ProblemType struct {
 	Slug   string
 	Title  string
 	Status int
+	// Type is ProblemTypeBase + Slug, built once by the catalogue so an
+	// occurrence costs one allocation.
+	Type string
 }
 
 // New returns an occurrence of t with detail, written for the client.
 func (t ProblemType) New(detail string) *Problem {
-	return &Problem{Type: ProblemTypeBase + t.Slug, Title: t.Title, Status: t.Status, Detail: detail}
+	return &Problem{Type: t.Type, Title: t.Title, Status: t.Status, Detail: detail}
+}
+
+// pt is one catalogue entry.
+func pt(slug, title string, status int) ProblemType {
+	return ProblemType{Slug: slug, Title: title, Status: status}
+}
+
+// catalogue indexes types by slug and fills in their Type.
+func catalogue(types ...ProblemType) map[string]ProblemType {
+	m := make(map[string]ProblemType, len(types))
+	for _, t := range types {
+		t.Type = ProblemTypeBase + t.Slug
+		m[t.Slug] = t
+	}
+	return m
 }
 
 // Problems is the catalogue: every problem type Spillway writes, on a
 // refusal (application/problem+json) or in an `error` event. No component
 // builds a problem of a type missing here; TestProblemCatalogue holds that
 // every slug constant has an entry. docs/API.md lists them for clients.
-var Problems = map[string]ProblemType{
-	ProblemBadRequest:          {ProblemBadRequest, "Bad Request", http.StatusBadRequest},
-	ProblemUnauthorized:        {ProblemUnauthorized, "Unauthorized", http.StatusUnauthorized},
-	ProblemNotFound:            {ProblemNotFound, "Not Found", http.StatusNotFound},
-	ProblemMethodNotAllowed:    {ProblemMethodNotAllowed, "Method Not Allowed", http.StatusMethodNotAllowed},
-	ProblemBodyTooLarge:        {ProblemBodyTooLarge, "Request Body Too Large", http.StatusRequestEntityTooLarge},
-	ProblemUnsupportedMedia:    {ProblemUnsupportedMedia, "Unsupported Media Type", http.StatusUnsupportedMediaType},
-	ProblemRateLimited:         {ProblemRateLimited, "Too Many Requests", http.StatusTooManyRequests},
-	ProblemPoolExhausted:       {ProblemPoolExhausted, "Capacity Exhausted", http.StatusServiceUnavailable},
-	ProblemQueueOverflow:       {ProblemQueueOverflow, "Queue Over Capacity", http.StatusServiceUnavailable},
-	ProblemQueueTimeout:        {ProblemQueueTimeout, "Queue Timeout", http.StatusServiceUnavailable},
-	ProblemQueueUnavailable:    {ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable},
-	ProblemProviderError:       {ProblemProviderError, "Provider Error", http.StatusBadGateway},
-	ProblemProviderUnavailable: {ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable},
-	ProblemWorkerLost:          {ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable},
-	ProblemShuttingDown:        {ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable},
-	ProblemSlowClient:          {ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable},
-	ProblemNotReady:            {ProblemNotReady, "Not Ready", http.StatusServiceUnavailable},
-	ProblemInternal:            {ProblemInternal, "Internal Error", http.StatusInternalServerError},
-	ProblemTooManyQueued:       {ProblemTooManyQueued, "Too Many Queued Requests", http.StatusTooManyRequests},
-	ProblemRequestTimeout:      {ProblemRequestTimeout, "Request Timeout", http.StatusRequestTimeout},
-	ProblemHeadersTooLarge:     {ProblemHeadersTooLarge, "Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge},
-	ProblemTooManyConnections:  {ProblemTooManyConnections, "Too Many Connections", http.StatusServiceUnavailable},
-}
+var Problems = catalogue(
+	pt(ProblemBadRequest, "Bad Request", http.StatusBadRequest),
+	pt(ProblemUnauthorized, "Unauthorized", http.StatusUnauthorized),
+	pt(ProblemNotFound, "Not Found", http.StatusNotFound),
+	pt(ProblemMethodNotAllowed, "Method Not Allowed", http.StatusMethodNotAllowed),
+	pt(ProblemBodyTooLarge, "Request Body Too Large", http.StatusRequestEntityTooLarge),
+	pt(ProblemUnsupportedMedia, "Unsupported Media Type", http.StatusUnsupportedMediaType),
+	pt(ProblemRateLimited, "Too Many Requests", http.StatusTooManyRequests),
+	pt(ProblemPoolExhausted, "Capacity Exhausted", http.StatusServiceUnavailable),
+	pt(ProblemQueueOverflow, "Queue Over Capacity", http.StatusServiceUnavailable),
+	pt(ProblemQueueTimeout, "Queue Timeout", http.StatusServiceUnavailable),
+	pt(ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable),
+	pt(ProblemProviderError, "Provider Error", http.StatusBadGateway),
+	pt(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable),
+	pt(ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable),
+	pt(ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable),
+	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
+	pt(ProblemNotReady, "Not Ready", http.StatusServiceUnavailable),
+	pt(ProblemInternal, "Internal Error", http.StatusInternalServerError),
+	pt(ProblemTooManyQueued, "Too Many Queued Requests", http.StatusTooManyRequests),
+	pt(ProblemRequestTimeout, "Request Timeout", http.StatusRequestTimeout),
+	pt(ProblemHeadersTooLarge, "Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge),
+	pt(ProblemTooManyConnections, "Too Many Connections", http.StatusServiceUnavailable),
+)
 
 // problem returns an occurrence of the catalogued type slug advising a
 // retry after retryAfterSeconds, in one allocation (refusals are a hot
 // path under overload).
 func problem(slug, detail string, retryAfterSeconds int) *Problem {
 	t := Problems[slug]
-	return &Problem{Type: ProblemTypeBase + t.Slug, Title: t.Title, Status: t.Status, Detail: detail,
+	return &Problem{Type: t.Type, Title: t.Title, Status: t.Status, Detail: detail,
 		RetryAfterSeconds: retryAfterSeconds}
 }
 
