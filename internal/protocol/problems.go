@@ -55,6 +55,7 @@ var Problems = catalogue(
 	pt(ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable),
 	pt(ProblemProviderError, "Provider Error", http.StatusBadGateway),
 	pt(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable),
+	pt(ProblemProviderRejected, "Provider Rejected the Request", http.StatusUnprocessableEntity),
 	pt(ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable),
 	pt(ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable),
 	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
@@ -151,6 +152,17 @@ func ProviderUnavailable(retryAfterSeconds int) *Problem {
 		retryAfterSeconds)
 }
 
+// ProviderRejected ends a stream whose provider refused this request's
+// content (upstream 400, 404, 413, 415 or 422; llm.IsClientError): sending
+// it again would meet the same answer, so it advises no retry and is never
+// retried or dead-lettered. upstreamStatus is the provider's HTTP status,
+// which helps the caller (404 usually names an unknown model).
+func ProviderRejected(upstreamStatus int) *Problem {
+	return problem(ProblemProviderRejected, fmt.Sprintf(
+		"The model provider refused this request (HTTP %d): check the model name, the messages and max_tokens; sending it again unchanged will not help.",
+		upstreamStatus), 0)
+}
+
 // WorkerLost ends a queued request whose worker went silent and no other
 // took over.
 func WorkerLost(retryAfterSeconds int) *Problem {
@@ -209,11 +221,4 @@ func TooManyConnections(retryAfterSeconds int) *Problem {
 // ModelNotAllowed refuses a model outside LLM_MODELS.
 func ModelNotAllowed() *Problem {
 	return problem(ProblemBadRequest, "This model is not offered here; ask for one of the configured models.", 0)
-}
-
-// ClientRequestRejected ends a direct stream the provider refused because
-// of the request itself (an upstream 400, 404 or 422): retrying it as is
-// cannot succeed.
-func ClientRequestRejected() *Problem {
-	return problem(ProblemBadRequest, "The model provider rejected the request; check the model and parameters.", 0)
 }

@@ -72,6 +72,11 @@ type Config struct {
 	// BodyReadTimeout bounds reading the request body
 	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
 	BodyReadTimeout time.Duration
+	// Retry is the delay before a direct request that failed before its
+	// first chunk is handed to the queue, and the Retry-After advised when
+	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
+	// defaults.
+	Retry llm.RetryPolicy
 }
 
 func (c Config) withDefaults() Config {
@@ -105,6 +110,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := newResolver(c); err != nil {
 		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("stream: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -208,7 +216,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
 		lease, err := h.pool.TryAcquire(r.Context(), user)
 		if err == nil {
-			h.direct(w, r, req, requestID, lease, start)
+			h.direct(w, r, req, requestID, user, lease, start)
 			return
 		}
 		limit := "global"

@@ -358,18 +358,6 @@ func TestHandlerModelAllowlist(t *testing.T) {
 	}
 }
 
-// An upstream 404 caused by the request ends the direct stream with a
-// 400 bad-request problem, not a provider-error.
-func TestHandlerDirectClientError(t *testing.T) {
-	t.Parallel()
-	h := newHandler(t, deps{pool: &fakePool{free: 1}, gate: &fakeGate{},
-		provider: &fakeProvider{err: &llm.Error{Status: http.StatusNotFound, Err: io.ErrUnexpectedEOF}}})
-	w := post(h, validBody, nil)
-	if !strings.Contains(w.Body.String(), "event: error") || !strings.Contains(w.Body.String(), `bad-request","title":"Bad Request","status":400`) {
-		t.Fatalf("body %q, want an error event of type bad-request", w.Body.String())
-	}
-}
-
 // Jobs waiting for a worker send a new request to the queue even with a
 // free slot, so it does not overtake them.
 func TestHandlerQueuesBehindBacklog(t *testing.T) {
