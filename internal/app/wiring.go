@@ -84,6 +84,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
+// QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
+func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
+	return admission.QuotaConfig{Prefix: cfg.QueuePrefix, MaxPerIdentity: cfg.QueueMaxPerIdentity, MaxBytes: cfg.QueueMaxBytes}
+}
+
 // RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
 // settings give; holder names this process.
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
@@ -137,7 +142,12 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
-		Retry:             RetryPolicy(cfg),
+		// Zero trusts the header, matching TRUST_USER_ID_HEADER's default.
+		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
+		TrustedProxies:     cfg.TrustedProxies,
+		Models:             cfg.LLMModels,
+		BodyReadTimeout:    cfg.BodyReadTimeout(),
+		Retry:              RetryPolicy(cfg),
 	}
 }
 

@@ -26,6 +26,10 @@ const (
 	ProblemSlowClient          = "slow-client"
 	ProblemNotReady            = "not-ready"
 	ProblemInternal            = "internal"
+	ProblemTooManyQueued       = "too-many-queued"
+	ProblemRequestTimeout      = "request-timeout"
+	ProblemHeadersTooLarge     = "headers-too-large"
+	ProblemTooManyConnections  = "too-many-connections"
 )
 
 // Problem is an RFC 9457 problem document. It is what a refused request

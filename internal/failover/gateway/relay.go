@@ -12,9 +12,12 @@ import (
 
 // relay turns one subscription into decoded results and watches the
 // worker's liveness. Its goroutine is owned by Close, which waits for it.
+// It keeps only the job's names and deadline, never its payload: a
+// waiting stream must cost little (docs/BENCHMARKS.md).
 type relay struct {
 	g       *Gateway
-	job     protocol.Job
+	job     waitingJob
+	left    sync.Once // the job left the queue: its quota is released
 	sub     failover.ResultSubscription
 	results chan protocol.Result
 	done    chan struct{} // closed when the relay gave up; problem says why
@@ -24,8 +27,14 @@ type relay struct {
 	once    sync.Once
 }
 
+// waitingJob is what the relay needs of a job.
+type waitingJob struct {
+	RequestID, UserID string
+	Deadline          time.Time
+}
+
 func startRelay(g *Gateway, job protocol.Job, sub failover.ResultSubscription) *relay {
-	r := &relay{g: g, job: job, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
+	r := &relay{g: g, job: waitingJob{RequestID: job.RequestID, UserID: job.UserID, Deadline: job.Deadline}, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
 		done: make(chan struct{}), stop: make(chan struct{})}
 	r.wg.Go(r.run)
 	return r
@@ -41,6 +50,12 @@ func (r *relay) Problem() *protocol.Problem { return r.problem }
 func (r *relay) giveUp(p *protocol.Problem) {
 	r.problem = p
 	close(r.done)
+}
+
+// leftQueue releases the job's quota once: it started, expired or its
+// client left.
+func (r *relay) leftQueue() {
+	r.left.Do(func() { r.g.release(protocol.Job{RequestID: r.job.RequestID, UserID: r.job.UserID}) })
 }
 
 // silence is how long a started job's worker may stay quiet before the
@@ -74,6 +89,9 @@ func (r *relay) run() {
 			}
 			// Any message means a worker has the job: from now on only
 			// its silence counts. (Workers observe spillway_queue_wait_seconds.)
+			if !started {
+				r.leftQueue()
+			}
 			started = true
 			watchdog.Reset(silence)
 			select {
@@ -117,6 +135,7 @@ func (r *relay) Close(completed bool) {
 		close(r.stop)
 		r.wg.Wait()
 		r.sub.Close()
+		r.leftQueue()
 		if completed {
 			return
 		}
