@@ -21,6 +21,7 @@ const (
 	ProblemProviderError       = "provider-error"
 	ProblemProviderUnavailable = "provider-unavailable"
 	ProblemWorkerLost          = "worker-lost"
+	ProblemStreamGap           = "stream-gap"
 	ProblemShuttingDown        = "shutting-down"
 	ProblemSlowClient          = "slow-client"
 	ProblemNotReady            = "not-ready"

@@ -38,6 +38,7 @@ var Problems = map[string]ProblemType{
 	ProblemProviderError:       {ProblemProviderError, "Provider Error", http.StatusBadGateway},
 	ProblemProviderUnavailable: {ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable},
 	ProblemWorkerLost:          {ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable},
+	ProblemStreamGap:           {ProblemStreamGap, "Stream Gap", http.StatusServiceUnavailable},
 	ProblemShuttingDown:        {ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable},
 	ProblemSlowClient:          {ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable},
 	ProblemNotReady:            {ProblemNotReady, "Not Ready", http.StatusServiceUnavailable},
@@ -133,6 +134,13 @@ func ProviderUnavailable(retryAfterSeconds int) *Problem {
 // took over.
 func WorkerLost(retryAfterSeconds int) *Problem {
 	return problem(ProblemWorkerLost, "The worker answering the request stopped and no other took over; retry the request.",
+		retryAfterSeconds)
+}
+
+// StreamGap ends a queued stream in which chunks went missing and were not
+// made good in time: the client has part of an answer, never a `done`.
+func StreamGap(retryAfterSeconds int) *Problem {
+	return problem(ProblemStreamGap, "Part of the answer was lost on the way from the worker; retry the request.",
 		retryAfterSeconds)
 }
 

@@ -65,8 +65,41 @@ func TestEncodeResultGolden(t *testing.T) {
 		},
 		{
 			name: "reset",
-			in:   Result{Kind: KindReset, Reset: &Reset{Attempt: 2}},
+			in:   Result{Kind: KindReset, Attempt: 2, Reset: &Reset{Attempt: 2}},
 			want: `SIGNAL:RESET:{"attempt":2}`,
+		},
+		{
+			name: "fenced batch",
+			in:   Result{Kind: KindBatch, Attempt: 3, Chunks: []Chunk{{Seq: 4, Content: "lo"}, {Seq: 5, Content: ","}}},
+			want: `BATCH:3:[{"seq":4,"content":"lo"},{"seq":5,"content":","}]`,
+		},
+		{
+			name: "fenced done without payload",
+			in:   Result{Kind: KindDone, Attempt: 1, Count: 60},
+			want: `SIGNAL:DONE:1:60`,
+		},
+		{
+			name: "fenced done of an empty answer",
+			in:   Result{Kind: KindDone, Attempt: 2, Count: 0, Done: &Done{FinishReason: "stop"}},
+			want: `SIGNAL:DONE:2:0:{"finish_reason":"stop"}`,
+		},
+		{
+			name: "fenced done with payload",
+			in: Result{Kind: KindDone, Attempt: 12, Count: 7, Done: &Done{
+				RequestID: "req-1", FinishReason: "stop", Path: "queued",
+				Usage: &Usage{PromptTokens: 3, CompletionTokens: 7, TotalTokens: 10},
+			}},
+			want: `SIGNAL:DONE:12:7:{"request_id":"req-1","finish_reason":"stop","path":"queued","usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}`,
+		},
+		{
+			name: "fenced error",
+			in:   Result{Kind: KindError, Attempt: 2, Problem: &Problem{Type: ProblemTypeBase + ProblemStreamGap, Title: "Stream Gap", Status: 503}},
+			want: `SIGNAL:ERROR:2:{"type":"https://spillway.dev/errors/stream-gap","title":"Stream Gap","status":503}`,
+		},
+		{
+			name: "fenced heartbeat",
+			in:   Result{Kind: KindHeartbeat, Attempt: 999999999},
+			want: `SIGNAL:HEARTBEAT:999999999`,
 		},
 	}
 	for _, tt := range tests {
@@ -106,8 +139,13 @@ func TestResultRoundTrip(t *testing.T) {
 			Detail: "l'upstream a répondu «non»\nligne 2", Instance: "/v1/stream/req-9", RetryAfterSeconds: 30,
 		}},
 		{Kind: KindHeartbeat},
-		{Kind: KindReset, Reset: &Reset{Attempt: 1}},
-		{Kind: KindReset, Reset: &Reset{Attempt: 99}},
+		{Kind: KindReset, Attempt: 1, Reset: &Reset{Attempt: 1}},
+		{Kind: KindReset, Attempt: 99, Reset: &Reset{Attempt: 99}},
+		{Kind: KindBatch, Attempt: 1, Chunks: []Chunk{{Seq: 1, Content: "SIGNAL:DONE:1:1"}}},
+		{Kind: KindDone, Attempt: 5, Count: 1},
+		{Kind: KindDone, Attempt: 5, Count: 3, Done: &Done{Usage: &Usage{}}},
+		{Kind: KindError, Attempt: 7, Problem: &Problem{Type: "t", Status: 503}},
+		{Kind: KindHeartbeat, Attempt: 1},
 	}
 	for _, in := range tests {
 		t.Run(in.Kind.String(), func(t *testing.T) {
@@ -179,6 +217,28 @@ func TestDecodeResultRejects(t *testing.T) {
 		{"reset attempt negative", `SIGNAL:RESET:{"attempt":-2}`},
 		{"reset trailing", `SIGNAL:RESET:{"attempt":2}}`},
 		{"oversized", huge},
+		{"fenced batch attempt 0", `BATCH:0:[{"seq":1,"content":"a"}]`},
+		{"fenced batch leading zero", `BATCH:01:[{"seq":1,"content":"a"}]`},
+		{"fenced batch ten digits", `BATCH:1000000000:[{"seq":1,"content":"a"}]`},
+		{"fenced batch no colon", `BATCH:2[{"seq":1,"content":"a"}]`},
+		{"fenced batch no payload", `BATCH:2:`},
+		{"fenced batch negative", `BATCH:-2:[{"seq":1,"content":"a"}]`},
+		{"fenced batch double header", `BATCH:2:3:[{"seq":1,"content":"a"}]`},
+		{"fenced done no count", `SIGNAL:DONE:2`},
+		{"fenced done colon no count", `SIGNAL:DONE:2:`},
+		{"fenced done count negative", `SIGNAL:DONE:2:-1`},
+		{"fenced done count leading zero", `SIGNAL:DONE:2:01`},
+		{"fenced done attempt 0", `SIGNAL:DONE:0:5`},
+		{"fenced done trailing colon", `SIGNAL:DONE:2:5:`},
+		{"fenced done garbage after count", `SIGNAL:DONE:2:5x`},
+		{"fenced done bad json", `SIGNAL:DONE:2:5:{`},
+		{"fenced error attempt 0", `SIGNAL:ERROR:0:{"type":"t","status":503}`},
+		{"fenced error no payload", `SIGNAL:ERROR:3:`},
+		{"fenced heartbeat 0", `SIGNAL:HEARTBEAT:0`},
+		{"fenced heartbeat empty", `SIGNAL:HEARTBEAT:`},
+		{"fenced heartbeat trailing", `SIGNAL:HEARTBEAT:2:`},
+		{"fenced heartbeat leading zero", `SIGNAL:HEARTBEAT:02`},
+		{"reset attempt too large", `SIGNAL:RESET:{"attempt":1000000000}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -230,6 +290,11 @@ func TestEncodeResultRejects(t *testing.T) {
 		{"error status 0", Result{Kind: KindError, Problem: &Problem{Type: "t"}}},
 		{"reset nil", Result{Kind: KindReset}},
 		{"reset attempt 0", Result{Kind: KindReset, Reset: &Reset{}}},
+		{"reset attempt differs", Result{Kind: KindReset, Attempt: 3, Reset: &Reset{Attempt: 2}}},
+		{"attempt negative", Result{Kind: KindHeartbeat, Attempt: -1}},
+		{"attempt too large", Result{Kind: KindHeartbeat, Attempt: MaxAttempt + 1}},
+		{"count without attempt", Result{Kind: KindDone, Count: 3}},
+		{"count negative", Result{Kind: KindDone, Attempt: 1, Count: -1}},
 		{"batch too large", Result{Kind: KindBatch, Chunks: []Chunk{{Seq: 1, Content: strings.Repeat("x", MaxResultBytes)}}}},
 	}
 	for _, tt := range tests {
