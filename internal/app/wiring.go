@@ -114,6 +114,7 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
 		MaxRetries: cfg.QueueFailoverMaxRetries, BaseDelay: cfg.BaseDelay(), MaxDelay: cfg.MaxDelay(),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
 }
 
