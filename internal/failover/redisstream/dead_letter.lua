@@ -11,11 +11,16 @@
 -- ARGV[2]  entry id
 -- ARGV[3]  reason
 -- ARGV[4]  attempt
+-- ARGV[5]  consumer name
 --
--- Returns 1 when recorded, 0 when the entry was not pending.
+-- Returns 1 when recorded, 0 when the entry was not pending, -1 when
+-- another consumer holds it (fenced off, like ack.lua).
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #p == 0 then
   return 0
+end
+if p[1][2] ~= ARGV[5] then
+  return -1
 end
 local request_id, body = '', ''
 local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])

@@ -113,6 +113,10 @@ var (
 	touchSource string
 	touchScript = redis.NewScript(touchSource)
 
+	//go:embed ack.lua
+	ackSource string
+	ackScript = redis.NewScript(ackSource)
+
 	//go:embed dead_letter.lua
 	deadLetterSource string
 	deadLetterScript = redis.NewScript(deadLetterSource)
@@ -384,18 +388,19 @@ func bodyOf(m redis.XMessage) []byte {
 	return []byte(s)
 }
 
-// Ack acknowledges and deletes the entry in one transaction, so the stream
-// holds only the backlog. Acknowledging an entry that is no longer pending
-// does nothing.
+// Ack acknowledges and deletes the entry atomically (ack.lua), so the
+// stream holds only the backlog, and only while this member holds it: it
+// returns an error wrapping ErrClaimLost when another member took the
+// entry over.
+// Acknowledging an entry that is no longer pending does nothing.
 func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
-	_, err := q.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAck(ctx, q.stream, q.cfg.Group, d.ID)
-		p.XDel(ctx, q.stream, d.ID)
-		return nil
-	})
+	res, err := ackScript.Run(ctx, q.client, []string{q.stream}, q.cfg.Group, q.cfg.Consumer, d.ID).Int()
 	if err != nil {
 		q.noteGroupLost(err)
 		return fmt.Errorf("redisstream: ack %s %s: %w", q.stream, d.ID, err)
+	}
+	if res < 0 {
+		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", q.stream, d.ID, ErrClaimLost)
 	}
 	return nil
 }
@@ -425,14 +430,18 @@ func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
 // DeadLetter atomically records the job in the dead-letter stream (fields
 // request_id, body, reason, attempt, source_id, failed_at_ms, copied from
 // the stored entry and stamped with Redis time) and acknowledges and
-// deletes it. An entry no longer pending is not recorded again, so a retry
-// after a lost reply is harmless.
+// deletes it, only while this member holds it (else an error wrapping
+// ErrClaimLost). An entry no longer pending is not recorded
+// again, so a retry after a lost reply is harmless.
 func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
-	err := deadLetterScript.Run(ctx, q.client, []string{q.stream, q.deadLetter},
-		q.cfg.Group, d.ID, reason, strconv.Itoa(d.Attempt)).Err()
+	res, err := deadLetterScript.Run(ctx, q.client, []string{q.stream, q.deadLetter},
+		q.cfg.Group, d.ID, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer).Int()
 	if err != nil {
 		q.noteGroupLost(err)
 		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", q.stream, d.ID, q.deadLetter, err)
+	}
+	if res < 0 {
+		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", q.stream, d.ID, ErrClaimLost)
 	}
 	return nil
 }
