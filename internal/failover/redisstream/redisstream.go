@@ -65,12 +65,31 @@ type Config struct {
 	// ReclaimInterval is how often Fetch looks for idle jobs with
 	// XAUTOCLAIM. Default ReclaimIdle/3, between 50ms and 1s.
 	ReclaimInterval time.Duration
+	// DeadLetterMaxLen bounds the dead-letter stream, approximately
+	// (DEAD_LETTER_MAX_LEN). Default 10000.
+	DeadLetterMaxLen int64
+	// DeadLetterTTL is how long the dead-letter stream lives after its
+	// last record (DEAD_LETTER_TTL_HOURS), whole seconds. Default 168h.
+	DeadLetterTTL time.Duration
+	// KeepPayload stores the job's body in a dead letter
+	// (DEAD_LETTER_KEEP_PAYLOAD); false stores its SHA-1 and size only,
+	// so prompts do not pile up in Redis.
+	KeepPayload bool
 }
+
+// Dead-letter bounds by default.
+const (
+	DefaultDeadLetterMaxLen = 10000
+	DefaultDeadLetterTTL    = 168 * time.Hour
+)
 
 // Validate reports whether cfg is usable. It does not change cfg.
 func (cfg Config) Validate() error {
 	c := cfg.withDefaults()
 	var errs []error
+	if cfg.DeadLetterMaxLen < 0 || cfg.DeadLetterTTL < 0 || c.DeadLetterTTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("DeadLetterMaxLen %d must not be negative, DeadLetterTTL %s whole seconds", cfg.DeadLetterMaxLen, cfg.DeadLetterTTL))
+	}
 	if c.Consumer == "" {
 		errs = append(errs, errors.New("Consumer is required"))
 	}
@@ -104,6 +123,12 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = min(max(cfg.ReclaimIdle/3, 50*time.Millisecond), time.Second)
+	}
+	if cfg.DeadLetterMaxLen == 0 {
+		cfg.DeadLetterMaxLen = DefaultDeadLetterMaxLen
+	}
+	if cfg.DeadLetterTTL == 0 {
+		cfg.DeadLetterTTL = DefaultDeadLetterTTL
 	}
 	return cfg
 }
@@ -434,8 +459,13 @@ func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
 // ErrClaimLost). An entry no longer pending is not recorded
 // again, so a retry after a lost reply is harmless.
 func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
+	keep := "0"
+	if q.cfg.KeepPayload {
+		keep = "1"
+	}
 	res, err := deadLetterScript.Run(ctx, q.client, []string{q.stream, q.deadLetter},
-		q.cfg.Group, d.ID, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer).Int()
+		q.cfg.Group, d.ID, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer,
+		q.cfg.DeadLetterMaxLen, int64(q.cfg.DeadLetterTTL/time.Second), keep).Int()
 	if err != nil {
 		q.noteGroupLost(err)
 		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", q.stream, d.ID, q.deadLetter, err)
