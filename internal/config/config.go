@@ -17,8 +17,25 @@ type Config struct {
 	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
 	// ConsumerHTTPAddr serves the consumer's /metrics and /healthz. Default ":9090".
 	ConsumerHTTPAddr string `env:"CONSUMER_HTTP_ADDR" envDefault:":9090"`
-	// RedisURL is a redis:// or rediss:// URL; empty means embedded mode.
+	// RedisURL is a redis:// or rediss:// URL of one Redis. Embedded mode
+	// when it, RedisClusterAddrs and RedisSentinelAddrs are all empty.
 	RedisURL string `env:"REDIS_URL"`
+	// RedisClusterAddrs are host:port seed nodes of a Redis Cluster
+	// (instead of RedisURL).
+	RedisClusterAddrs []string `env:"REDIS_CLUSTER_ADDRS" envSeparator:","`
+	// RedisSentinelAddrs are host:port Sentinels that name the primary
+	// (instead of RedisURL); RedisSentinelMaster is required with them.
+	RedisSentinelAddrs []string `env:"REDIS_SENTINEL_ADDRS" envSeparator:","`
+	// RedisSentinelMaster is the master name the Sentinels monitor.
+	RedisSentinelMaster string `env:"REDIS_SENTINEL_MASTER"`
+	// RedisSentinelPassword authenticates to the Sentinels themselves.
+	RedisSentinelPassword string `env:"REDIS_SENTINEL_PASSWORD"`
+	// RedisPassword authenticates to the data nodes in Cluster and
+	// Sentinel mode (a REDIS_URL carries its own).
+	RedisPassword string `env:"REDIS_PASSWORD"`
+	// QueueShards splits the Redis Streams queue over this many streams,
+	// 1 to 64. Default 1.
+	QueueShards int `env:"QUEUE_SHARDS" envDefault:"1"`
 
 	// QueueType is "redis" or "kafka". Default "redis".
 	QueueType string `env:"QUEUE_TYPE" envDefault:"redis"`
@@ -156,8 +173,36 @@ type Config struct {
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
 }
 
-// Embedded reports whether the process runs without Redis (embedded mode).
-func (c *Config) Embedded() bool { return c.RedisURL == "" }
+// Redis deployment modes, as RedisMode reports them.
+const (
+	// RedisModeEmbedded is no Redis: an in-process miniredis.
+	RedisModeEmbedded = "embedded"
+	// RedisModeSingle is one Redis at REDIS_URL.
+	RedisModeSingle = "single"
+	// RedisModeCluster is a Redis Cluster seeded by REDIS_CLUSTER_ADDRS.
+	RedisModeCluster = "cluster"
+	// RedisModeSentinel is the primary named by REDIS_SENTINEL_ADDRS.
+	RedisModeSentinel = "sentinel"
+)
+
+// RedisMode says which Redis the process uses. Validate refuses more than
+// one of REDIS_URL, REDIS_CLUSTER_ADDRS and REDIS_SENTINEL_ADDRS; should
+// several be set anyway, the first of that order wins.
+func (c *Config) RedisMode() string {
+	switch {
+	case c.RedisURL != "":
+		return RedisModeSingle
+	case len(c.RedisClusterAddrs) > 0:
+		return RedisModeCluster
+	case len(c.RedisSentinelAddrs) > 0:
+		return RedisModeSentinel
+	}
+	return RedisModeEmbedded
+}
+
+// Embedded reports whether the process runs without Redis (embedded mode):
+// none of REDIS_URL, REDIS_CLUSTER_ADDRS and REDIS_SENTINEL_ADDRS is set.
+func (c *Config) Embedded() bool { return c.RedisMode() == RedisModeEmbedded }
 
 // WorkersInProcess reports whether the api should run queue workers itself.
 func (c *Config) WorkersInProcess() bool {

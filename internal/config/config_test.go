@@ -77,6 +77,12 @@ func TestDefaults(t *testing.T) {
 		{"HTTP_ADDR", c.HTTPAddr, ":8080"},
 		{"CONSUMER_HTTP_ADDR", c.ConsumerHTTPAddr, ":9090"},
 		{"REDIS_URL", c.RedisURL, ""},
+		{"REDIS_CLUSTER_ADDRS", c.RedisClusterAddrs, []string(nil)},
+		{"REDIS_SENTINEL_ADDRS", c.RedisSentinelAddrs, []string(nil)},
+		{"REDIS_SENTINEL_MASTER", c.RedisSentinelMaster, ""},
+		{"REDIS_SENTINEL_PASSWORD", c.RedisSentinelPassword, ""},
+		{"REDIS_PASSWORD", c.RedisPassword, ""},
+		{"QUEUE_SHARDS", c.QueueShards, 1},
 		{"QUEUE_TYPE", c.QueueType, "redis"},
 		{"KAFKA_BROKERS", c.KafkaBrokers, []string(nil)},
 		{"KAFKA_PARTITIONS", c.KafkaPartitions, 4},
@@ -146,7 +152,7 @@ func TestDefaults(t *testing.T) {
 	if !slices.Equal(covered, allVars()) {
 		t.Errorf("default rows cover %v,\nsettings are %v", covered, allVars())
 	}
-	if !c.Embedded() || !c.WorkersInProcess() {
+	if !c.Embedded() || !c.WorkersInProcess() || c.RedisMode() != RedisModeEmbedded {
 		t.Errorf("no REDIS_URL: Embedded() = %v, WorkersInProcess() = %v, want true, true", c.Embedded(), c.WorkersInProcess())
 	}
 	if c.SlogLevel() != slog.LevelInfo {
@@ -228,6 +234,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		HTTPAddr:                         "127.0.0.1:9000",
 		ConsumerHTTPAddr:                 ":9191",
 		RedisURL:                         "rediss://user:pw@redis.example:6380/2",
+		QueueShards:                      1, // its own load below: shards exclude Kafka
 		QueueType:                        "kafka",
 		KafkaBrokers:                     []string{"k1:9092", "k2:9092"},
 		KafkaPartitions:                  8,
@@ -296,10 +303,25 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		t.Errorf("DIRECT_PATH_ENABLED=false: DirectPathEnabled = %v, QueueFailoverEnabled = %v", c.DirectPathEnabled, c.QueueFailoverEnabled)
 	}
 
+	// Cluster and Sentinel exclude REDIS_URL and each other (and shards
+	// exclude Kafka), so their settings are overridden in loads of their own.
+	cluster := map[string]string{"REDIS_CLUSTER_ADDRS": "n1:7000, n2:7001", "REDIS_PASSWORD": "pw", "QUEUE_SHARDS": "8"}
+	if c := mustLoad(t, "", cluster); !slices.Equal(c.RedisClusterAddrs, []string{"n1:7000", "n2:7001"}) ||
+		c.RedisPassword != "pw" || c.QueueShards != 8 || c.RedisMode() != RedisModeCluster || c.Embedded() {
+		t.Errorf("cluster settings: addrs %q, password %q, shards %d, mode %s", c.RedisClusterAddrs, c.RedisPassword, c.QueueShards, c.RedisMode())
+	}
+	sentinel := map[string]string{"REDIS_SENTINEL_ADDRS": "s1:26379,s2:26379", "REDIS_SENTINEL_MASTER": "mymaster", "REDIS_SENTINEL_PASSWORD": "spw"}
+	if c := mustLoad(t, "", sentinel); !slices.Equal(c.RedisSentinelAddrs, []string{"s1:26379", "s2:26379"}) ||
+		c.RedisSentinelMaster != "mymaster" || c.RedisSentinelPassword != "spw" || c.RedisMode() != RedisModeSentinel || c.Embedded() {
+		t.Errorf("sentinel settings: addrs %q, master %q, password %q, mode %s", c.RedisSentinelAddrs, c.RedisSentinelMaster, c.RedisSentinelPassword, c.RedisMode())
+	}
+
 	var names []string
-	for k := range environ {
-		if k != "UNRELATED_VAR" {
-			names = append(names, k)
+	for _, m := range []map[string]string{environ, cluster, sentinel} {
+		for k := range m {
+			if k != "UNRELATED_VAR" && !slices.Contains(names, k) {
+				names = append(names, k)
+			}
 		}
 	}
 	slices.Sort(names)
@@ -407,6 +429,8 @@ func TestDerivedDefaults(t *testing.T) {
 		{"redis, explicit pool kept", map[string]string{"REDIS_URL": redisURL, "CONNECTION_POOL_SIZE": "2"}, 2, "redis", false},
 		{"redis, explicit local backend kept", map[string]string{"REDIS_URL": redisURL, "POOL_BACKEND": "local"}, 100, "local", false},
 		{"redis, embedded workers on", map[string]string{"REDIS_URL": redisURL, "EMBEDDED_WORKERS": "true"}, 100, "redis", true},
+		{"cluster", map[string]string{"REDIS_CLUSTER_ADDRS": "n1:7000"}, 100, "redis", false},
+		{"sentinel", map[string]string{"REDIS_SENTINEL_ADDRS": "s:26379", "REDIS_SENTINEL_MASTER": "m"}, 100, "redis", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -742,6 +766,39 @@ func TestValidateRules(t *testing.T) {
 		{"midstream rate", func(c *Config) { c.SimFailMidstreamRate = 2 }, []string{"SIM_FAIL_MIDSTREAM_RATE"}, "SIM_FAIL_MIDSTREAM_RATE (2) must be between 0 and 1"},
 		{"log level", func(c *Config) { c.LogLevel = "verbose" }, []string{"LOG_LEVEL"}, `LOG_LEVEL ("verbose") must be debug, info, warn or error`},
 		{"log level empty", func(c *Config) { c.LogLevel = "" }, []string{"LOG_LEVEL"}, `LOG_LEVEL ("") must be`},
+		{"url and cluster", func(c *Config) { c.RedisURL = redisURL; c.RedisClusterAddrs = []string{"n:7000"} }, []string{"REDIS_CLUSTER_ADDRS"},
+			"REDIS_CLUSTER_ADDRS cannot be combined with REDIS_URL: set exactly one of REDIS_URL (one Redis), REDIS_CLUSTER_ADDRS (Redis Cluster) or REDIS_SENTINEL_ADDRS (Sentinel), or none for embedded mode"},
+		{"url and sentinel", func(c *Config) {
+			c.RedisURL = redisURL
+			c.RedisSentinelAddrs, c.RedisSentinelMaster = []string{"s:26379"}, "m"
+		}, []string{"REDIS_SENTINEL_ADDRS"}, "REDIS_SENTINEL_ADDRS cannot be combined with REDIS_URL: set exactly one"},
+		{"cluster and sentinel", func(c *Config) {
+			c.RedisClusterAddrs = []string{"n:7000"}
+			c.RedisSentinelAddrs, c.RedisSentinelMaster = []string{"s:26379"}, "m"
+		}, []string{"REDIS_SENTINEL_ADDRS"}, "REDIS_SENTINEL_ADDRS cannot be combined with REDIS_CLUSTER_ADDRS: set exactly one"},
+		{"all three modes: one message", func(c *Config) {
+			c.RedisURL, c.RedisClusterAddrs = redisURL, []string{"n:7000"}
+			c.RedisSentinelAddrs, c.RedisSentinelMaster = []string{"s:26379"}, "m"
+		}, []string{"REDIS_SENTINEL_ADDRS"}, "REDIS_SENTINEL_ADDRS cannot be combined with REDIS_URL and REDIS_CLUSTER_ADDRS"},
+		{"sentinel without master", func(c *Config) { c.RedisSentinelAddrs = []string{"s:26379"} }, []string{"REDIS_SENTINEL_MASTER"},
+			"REDIS_SENTINEL_MASTER is required with REDIS_SENTINEL_ADDRS"},
+		{"master without sentinels", func(c *Config) { c.RedisURL = redisURL; c.RedisSentinelMaster = "m" }, []string{"REDIS_SENTINEL_MASTER"},
+			"REDIS_SENTINEL_MASTER is set without REDIS_SENTINEL_ADDRS"},
+		{"sentinel password without sentinels", func(c *Config) { c.RedisClusterAddrs = []string{"n:7000"}; c.RedisSentinelPassword = "s3cret" },
+			[]string{"REDIS_SENTINEL_PASSWORD"}, "REDIS_SENTINEL_PASSWORD is set without REDIS_SENTINEL_ADDRS"},
+		{"password with url", func(c *Config) { c.RedisURL = redisURL; c.RedisPassword = "s3cret" }, []string{"REDIS_PASSWORD"},
+			"REDIS_PASSWORD is for REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS only"},
+		{"password in embedded mode", func(c *Config) { c.RedisPassword = "s3cret" }, []string{"REDIS_PASSWORD"}, "REDIS_PASSWORD is for"},
+		{"cluster addr without port", func(c *Config) { c.RedisClusterAddrs = []string{"n:7000", "n2"} }, []string{"REDIS_CLUSTER_ADDRS"},
+			`REDIS_CLUSTER_ADDRS item "n2" must be host:port`},
+		{"sentinel addr without host", func(c *Config) { c.RedisSentinelAddrs, c.RedisSentinelMaster = []string{":26379"}, "m" },
+			[]string{"REDIS_SENTINEL_ADDRS"}, `REDIS_SENTINEL_ADDRS item ":26379" must be host:port`},
+		{"shards zero", func(c *Config) { c.QueueShards = 0 }, []string{"QUEUE_SHARDS"}, "QUEUE_SHARDS (0) must be at least 1"},
+		{"shards above 64", func(c *Config) { c.QueueShards = 65 }, []string{"QUEUE_SHARDS"}, "QUEUE_SHARDS (65) must be at most 64"},
+		{"shards with kafka", func(c *Config) {
+			c.RedisClusterAddrs = []string{"n:7000"}
+			c.QueueType, c.KafkaBrokers, c.QueueShards = "kafka", []string{"k:9092"}, 2
+		}, []string{"QUEUE_SHARDS"}, "QUEUE_SHARDS (2) applies to QUEUE_TYPE=redis only: Kafka scales by KAFKA_PARTITIONS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -805,6 +862,17 @@ func TestValidateAcceptsEdges(t *testing.T) {
 		}},
 		{"openai", func(c *Config) { c.LLMProvider, c.LLMBaseURL = "openai", "https://api.example.com/v1" }},
 		{"queue only", func(c *Config) { c.DirectPathEnabled = false }},
+		{"cluster, 64 shards", func(c *Config) {
+			c.RedisClusterAddrs, c.RedisPassword, c.QueueShards, c.PoolBackend = []string{"n1:7000", "[::1]:7001"}, "pw", 64, "redis"
+		}},
+		{"sentinel with passwords", func(c *Config) {
+			c.RedisSentinelAddrs, c.RedisSentinelMaster = []string{"s1:26379", "s2:26379"}, "m"
+			c.RedisSentinelPassword, c.RedisPassword, c.PoolBackend = "spw", "pw", "redis"
+		}},
+		{"kafka on a cluster, one shard", func(c *Config) {
+			c.RedisClusterAddrs, c.QueueType, c.KafkaBrokers = []string{"n:7000"}, "kafka", []string{"k:9092"}
+		}},
+		{"embedded, several shards", func(c *Config) { c.QueueShards = 4 }},
 		{"no failover", func(c *Config) { c.QueueFailoverEnabled = false }},
 		{"cors origins", func(c *Config) {
 			c.CORSAllowedOrigins = []string{"https://chat.example.com", "http://127.0.0.1:5173", "capacitor://localhost"}
@@ -858,6 +926,8 @@ func TestExampleFileMatchesDefaults(t *testing.T) {
 	for _, environ := range []map[string]string{
 		nil,
 		{"REDIS_URL": "redis://localhost:6379/0"},
+		{"REDIS_CLUSTER_ADDRS": "n1:7000,n2:7001"},
+		{"REDIS_SENTINEL_ADDRS": "s:26379", "REDIS_SENTINEL_MASTER": "m"},
 	} {
 		got := mustLoad(t, exampleFile, environ)
 		want := mustLoad(t, "", environ)

@@ -76,6 +76,8 @@ func Load(path string, environ map[string]string) (*Config, error) {
 		return nil, fmt.Errorf("config: %w", nameParseErrors(err, source))
 	}
 	c.KafkaBrokers = cleanList(c.KafkaBrokers)
+	c.RedisClusterAddrs = cleanList(c.RedisClusterAddrs)
+	c.RedisSentinelAddrs = cleanList(c.RedisSentinelAddrs)
 	c.APIKeys = cleanList(c.APIKeys)
 	c.CORSAllowedOrigins = cleanList(c.CORSAllowedOrigins)
 	if c.CORSAllowedOrigins == nil && c.Embedded() {

@@ -35,6 +35,7 @@ const (
 	minMaxBodyBytes        = 1024
 	minDepthCacheTTLMS     = 10
 	minPoolLeaseTTLSeconds = 2
+	maxQueueShards         = 64
 )
 
 // Validate reports every bad value at once, joined with errors.Join, each a
@@ -51,6 +52,7 @@ func (c *Config) Validate() error {
 			v.fail("REDIS_URL", "is not a valid redis:// or rediss:// URL: %v", err)
 		}
 	}
+	v.redisModes(c)
 
 	switch c.QueueType {
 	case QueueTypeRedis:
@@ -97,6 +99,13 @@ func (c *Config) Validate() error {
 	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
 	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
 	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
+	if v.atLeast("QUEUE_SHARDS", c.QueueShards, 1) {
+		if c.QueueShards > maxQueueShards {
+			v.fail("QUEUE_SHARDS", "(%d) must be at most %d", c.QueueShards, maxQueueShards)
+		} else if c.QueueShards > 1 && c.QueueType == QueueTypeKafka {
+			v.fail("QUEUE_SHARDS", "(%d) applies to QUEUE_TYPE=redis only: Kafka scales by KAFKA_PARTITIONS", c.QueueShards)
+		}
+	}
 	v.atLeast("KAFKA_PARTITIONS", c.KafkaPartitions, 1)
 	v.atLeast("KAFKA_REPLICATION_FACTOR", c.KafkaReplicationFactor, 1)
 
@@ -192,6 +201,51 @@ func (c *Config) Validate() error {
 	}
 
 	return errors.Join(v.errs...)
+}
+
+// redisModes checks that at most one Redis mode is chosen, and that each
+// mode's settings are complete and used only with it.
+func (v *validator) redisModes(c *Config) {
+	var set []string
+	for _, m := range []struct {
+		name string
+		on   bool
+	}{
+		{"REDIS_URL", c.RedisURL != ""},
+		{"REDIS_CLUSTER_ADDRS", len(c.RedisClusterAddrs) > 0},
+		{"REDIS_SENTINEL_ADDRS", len(c.RedisSentinelAddrs) > 0},
+	} {
+		if m.on {
+			set = append(set, m.name)
+		}
+	}
+	if len(set) > 1 {
+		v.fail(set[len(set)-1], "cannot be combined with %s: set exactly one of REDIS_URL (one Redis), REDIS_CLUSTER_ADDRS (Redis Cluster) or REDIS_SENTINEL_ADDRS (Sentinel), or none for embedded mode",
+			strings.Join(set[:len(set)-1], " and "))
+	}
+	for _, l := range []struct {
+		name  string
+		addrs []string
+	}{{"REDIS_CLUSTER_ADDRS", c.RedisClusterAddrs}, {"REDIS_SENTINEL_ADDRS", c.RedisSentinelAddrs}} {
+		for _, a := range l.addrs {
+			if host, port, err := net.SplitHostPort(a); err != nil || host == "" || port == "" {
+				v.fail(l.name, "item %q must be host:port", a)
+			}
+		}
+	}
+	sentinel := len(c.RedisSentinelAddrs) > 0
+	switch {
+	case sentinel && c.RedisSentinelMaster == "":
+		v.fail("REDIS_SENTINEL_MASTER", "is required with REDIS_SENTINEL_ADDRS: it names the primary the Sentinels monitor")
+	case !sentinel && c.RedisSentinelMaster != "":
+		v.fail("REDIS_SENTINEL_MASTER", "is set without REDIS_SENTINEL_ADDRS: Sentinel mode needs both")
+	}
+	if !sentinel && c.RedisSentinelPassword != "" {
+		v.fail("REDIS_SENTINEL_PASSWORD", "is set without REDIS_SENTINEL_ADDRS")
+	}
+	if c.RedisPassword != "" && len(c.RedisClusterAddrs) == 0 && !sentinel {
+		v.fail("REDIS_PASSWORD", "is for REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS only: with REDIS_URL put the password in the URL")
+	}
 }
 
 // validator collects FieldErrors.

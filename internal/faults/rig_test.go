@@ -110,7 +110,7 @@ func (r *rig) startWorker(member, addr string) {
 	}
 	w, err := worker.New(worker.Config{
 		Concurrency: 16, Heartbeat: heartbeat, BatchSize: 4, BatchTimeout: 50 * time.Millisecond,
-		MaxRetries: 1, BaseDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond,
+		MaxRetries: 1, Retry: llm.RetryPolicy{BaseDelay: 50 * time.Millisecond, MaxDelay: 100 * time.Millisecond},
 		QueueTimeout: queueTimeout, StopGrace: time.Second, ReclaimIdle: reclaimIdle, PublishBudget: publishBudget,
 	}, worker.Deps{Consumer: r.queue(rdb, member), Pool: p, Provider: sim, Results: pub, Cancels: pub,
 		Log: testutil.DiscardLogger()})

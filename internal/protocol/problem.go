@@ -20,6 +20,7 @@ const (
 	ProblemQueueUnavailable    = "queue-unavailable"
 	ProblemProviderError       = "provider-error"
 	ProblemProviderUnavailable = "provider-unavailable"
+	ProblemProviderRejected    = "provider-rejected"
 	ProblemWorkerLost          = "worker-lost"
 	ProblemStreamGap           = "stream-gap"
 	ProblemShuttingDown        = "shutting-down"

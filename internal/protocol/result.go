@@ -22,6 +22,9 @@ const (
 	KindError
 	KindHeartbeat
 	KindReset
+	// KindRetrying says the worker waits out a backoff before trying the
+	// provider again (SIGNAL:RETRYING:{json}, the SSE `retrying` event).
+	KindRetrying
 )
 
 // String names the kind for logs and metrics.
@@ -37,18 +40,20 @@ func (k ResultKind) String() string {
 		return "heartbeat"
 	case KindReset:
 		return "reset"
+	case KindRetrying:
+		return "retrying"
 	}
 	return "unknown"
 }
 
 // Result is one message on a request's result channel, as a worker publishes
-// it (docs/QUEUE.md, "Result channel"). Fenced forms carry the attempt that
-// wrote them: `BATCH:{attempt}:[…]`, `SIGNAL:DONE:{attempt}:{chunks}[:{json}]`,
+// it (docs/QUEUE.md, "Result messages"). Fenced forms carry the attempt
+// that wrote them: `BATCH:{attempt}:[…]`, `SIGNAL:DONE:{attempt}:{chunks}[:{json}]`,
 // `SIGNAL:ERROR:{attempt}:{problem}`, `SIGNAL:HEARTBEAT:{attempt}` and
 // `SIGNAL:RESET:{json}` (whose JSON holds the attempt). The unfenced forms
 // of earlier workers, `BATCH:[…]`, `SIGNAL:DONE[:{json}]`,
 // `SIGNAL:ERROR:{problem}` and `SIGNAL:HEARTBEAT`, still decode, with
-// Attempt 0.
+// Attempt 0; so does `SIGNAL:RETRYING:{json}`, which is never fenced.
 type Result struct {
 	Kind ResultKind
 	// Attempt is the fencing token of the delivery that wrote the message
@@ -58,11 +63,12 @@ type Result struct {
 	// Count is, for a fenced KindDone, how many chunks the attempt's
 	// answer has since its last reset: the relay checks it received them
 	// all before it lets `done` through.
-	Count   int
-	Chunks  []Chunk  // KindBatch
-	Done    *Done    // KindDone, may be nil
-	Problem *Problem // KindError
-	Reset   *Reset   // KindReset
+	Count    int
+	Chunks   []Chunk   // KindBatch
+	Done     *Done     // KindDone, may be nil
+	Problem  *Problem  // KindError
+	Reset    *Reset    // KindReset
+	Retrying *Retrying // KindRetrying
 }
 
 // MaxAttempt bounds the attempt of a fenced message; nine digits keep the
@@ -81,6 +87,7 @@ var (
 	prefixError     = []byte("SIGNAL:ERROR:")
 	prefixHeartbeat = []byte("SIGNAL:HEARTBEAT")
 	prefixReset     = []byte("SIGNAL:RESET:")
+	prefixRetrying  = []byte("SIGNAL:RETRYING:")
 )
 
 // EncodeResult returns the wire form of r. It refuses a result that
@@ -138,6 +145,10 @@ func EncodeResult(r Result) ([]byte, error) {
 		if err == nil {
 			out, err = appendJSON(prefixReset, r.Reset)
 		}
+	case KindRetrying:
+		if err = checkRetrying(r.Retrying); err == nil {
+			out, err = appendJSON(prefixRetrying, r.Retrying)
+		}
 	default:
 		return nil, fmt.Errorf("protocol: encode result: unknown kind %d", r.Kind)
 	}
@@ -175,6 +186,27 @@ func checkProblem(p *Problem) error {
 func checkReset(r *Reset) error {
 	if r == nil || r.Attempt < 1 {
 		return errors.New("reset needs an attempt of at least 1")
+	}
+	return nil
+}
+
+// MaxRetryingReason bounds the reason of a retrying message: reasons are
+// short labels (llm.Reason's set), never error text.
+const MaxRetryingReason = 64
+
+func checkRetrying(r *Retrying) error {
+	switch {
+	case r == nil || r.Attempt < 1:
+		return errors.New("retrying needs an attempt of at least 1")
+	case r.RetryInSeconds < 0 || r.RetryInSeconds > MaxRetryInSeconds:
+		return fmt.Errorf("retrying delay %v is outside [0, %d] seconds", r.RetryInSeconds, MaxRetryInSeconds)
+	case r.Reason == "" || len(r.Reason) > MaxRetryingReason:
+		return fmt.Errorf("retrying reason must have 1 to %d bytes", MaxRetryingReason)
+	}
+	for _, c := range []byte(r.Reason) {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return errors.New("retrying reason must be lower-case letters and underscores")
+		}
 	}
 	return nil
 }
@@ -271,6 +303,15 @@ func decodeResult(msg []byte) (Result, error) {
 			return Result{}, fmt.Errorf("reset attempt %d exceeds %d", r.Attempt, MaxAttempt)
 		}
 		return Result{Kind: KindReset, Attempt: r.Attempt, Reset: &r}, nil
+	case bytes.HasPrefix(msg, prefixRetrying):
+		var r Retrying
+		if err := strictUnmarshal(msg[len(prefixRetrying):], &r); err != nil {
+			return Result{}, fmt.Errorf("retrying: %v", err)
+		}
+		if err := checkRetrying(&r); err != nil {
+			return Result{}, err
+		}
+		return Result{Kind: KindRetrying, Retrying: &r}, nil
 	}
 	return Result{}, errors.New("unknown prefix")
 }

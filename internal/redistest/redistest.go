@@ -1,6 +1,8 @@
 // Package redistest starts real redis-server processes for integration
-// tests: one per call, on a free loopback port, with no persistence, ended
-// when the test finishes.
+// tests, on free loopback ports, with no persistence, ended by PID when the
+// test finishes: one server (Start), a 3-primary Redis Cluster
+// (StartCluster) or a Sentinel-managed primary with one replica
+// (StartSentinel).
 package redistest
 
 import (
@@ -49,18 +51,32 @@ func Start(tb testing.TB) *Server {
 	if err != nil {
 		tb.Fatalf("redistest: redis-server not found (make test installs it): %v", err)
 	}
+	return startServer(tb, bin, serverArgs)
+}
+
+// serverArgs are the settings of every test redis-server.
+func serverArgs(dir string, port int) []string {
+	return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir, "--maxclients", "20000"}
+}
+
+// startServer runs bin with args(dir, port) on a free port and waits until
+// it answers PING, retrying on another port when the chosen one was taken
+// meanwhile. The process is killed when the test ends.
+func startServer(tb testing.TB, bin string, args func(dir string, port int) []string) *Server {
+	tb.Helper()
 	s := &Server{dir: tb.TempDir()}
+	var err error
 	for try := 0; try < 5; try++ {
 		s.Port = freePort(tb)
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.Port))
-		s.args = []string{"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-			"--save", "", "--appendonly", "no", "--dir", s.dir, "--maxclients", "20000"}
+		s.args = args(s.dir, s.Port)
 		if err = s.launch(bin); err == nil {
 			tb.Cleanup(s.Stop)
 			return s
 		}
 	}
-	tb.Fatalf("redistest: start redis-server: %v", err)
+	tb.Fatalf("redistest: start %s: %v", bin, err)
 	return nil
 }
 

@@ -60,7 +60,7 @@ func (s *sequencer) accept(r protocol.Result) verdict {
 		}
 	}
 	switch r.Kind {
-	case protocol.KindHeartbeat:
+	case protocol.KindHeartbeat, protocol.KindRetrying:
 		out = append(out, r)
 	case protocol.KindReset:
 		// The same attempt restarts its answer after a publish it could

@@ -150,6 +150,14 @@ func TestRedisClaims(t *testing.T) {
 	}
 }
 
+// TestRedisClaimsCluster: each claim is one hash whose scripts touch only
+// it, so the contract holds on a Redis Cluster, with claims on every node.
+func TestRedisClaimsCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	testClaimsContract(t, newRedisClaims(t, cluster.Client(t), redistest.Prefix(t)))
+}
+
 func TestRedisClaimsMiniredis(t *testing.T) {
 	t.Parallel()
 	m := miniredis.RunT(t)

@@ -3,6 +3,7 @@ package redisstream
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -32,31 +33,50 @@ type DeadLetter struct {
 	FailedAt time.Time
 }
 
-// DeadLetterDepth returns the number of records in the dead-letter stream.
+// DeadLetterDepth returns the number of records in the dead-letter
+// streams of every shard.
 func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
-	n, err := q.client.XLen(ctx, q.deadLetter).Result()
-	if err != nil {
-		return 0, fmt.Errorf("redisstream: xlen %s: %w", q.deadLetter, err)
+	pipe := q.client.Pipeline()
+	lens := make([]*redis.IntCmd, len(q.shards))
+	for i, sh := range q.shards {
+		lens[i] = pipe.XLen(ctx, sh.deadLetter)
 	}
-	return n, nil
+	_, _ = pipe.Exec(ctx)
+	var total int64
+	for i, c := range lens {
+		n, err := c.Result()
+		if err != nil {
+			return 0, fmt.Errorf("redisstream: xlen %s: %w", q.shards[i].deadLetter, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
-// DeadLetters returns up to count records of the dead-letter stream,
-// oldest first. Fields that do not parse are left zero rather than hiding
-// the record.
+// DeadLetters returns up to count records of the dead-letter streams,
+// oldest first (by the Redis time they failed at, then shard). Fields that
+// do not parse are left zero rather than hiding the record. With several
+// shards a record's ID is "<shard>:<entry id>".
 func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error) {
 	if count < 1 {
 		return nil, fmt.Errorf("redisstream: dead letters: count %d < 1", count)
 	}
-	msgs, err := q.client.XRangeN(ctx, q.deadLetter, "-", "+", int64(count)).Result()
-	if err != nil {
-		return nil, fmt.Errorf("redisstream: xrange %s: %w", q.deadLetter, err)
+	var out []DeadLetter
+	for i, sh := range q.shards {
+		msgs, err := q.client.XRangeN(ctx, sh.deadLetter, "-", "+", int64(count)).Result()
+		if err != nil {
+			return nil, fmt.Errorf("redisstream: xrange %s: %w", sh.deadLetter, err)
+		}
+		for _, m := range msgs {
+			d := parseDeadLetter(m)
+			d.ID = q.deliveryID(i, m.ID)
+			out = append(out, d)
+		}
 	}
-	out := make([]DeadLetter, 0, len(msgs))
-	for _, m := range msgs {
-		out = append(out, parseDeadLetter(m))
-	}
-	return out, nil
+	// Each shard's records are in order already; a stable sort by time
+	// interleaves them and keeps each shard's own order on ties.
+	slices.SortStableFunc(out, func(a, b DeadLetter) int { return a.FailedAt.Compare(b.FailedAt) })
+	return out[:min(count, len(out))], nil
 }
 
 func parseDeadLetter(m redis.XMessage) DeadLetter {

@@ -7,6 +7,14 @@
 // consumer group Config.Group; dead letters in DeadLetterKey(prefix).
 // Acknowledged entries are deleted at once and nothing is ever trimmed, so
 // the stream holds exactly the backlog and XLEN is the queue depth.
+//
+// Split over Config.Shards streams (QUEUE_SHARDS), or on a Redis Cluster,
+// shard i keeps its jobs in ShardStreamKey(prefix, i) and its dead letters
+// in ShardDeadLetterKey(prefix, i): both carry the hash tag {s<i>}, so the
+// dead-letter move, one script over the two, stays in one Cluster slot,
+// while the shards spread over the Cluster's nodes. A job goes to the
+// shard its request id hashes to; every consumer reads every shard; the
+// depth is the sum (docs/QUEUE.md).
 package redisstream
 
 import (
@@ -14,7 +22,9 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,12 +54,45 @@ func StreamKey(prefix string) string { return prefix + "streaming_requests_failo
 // DeadLetterKey returns the dead-letter stream's key.
 func DeadLetterKey(prefix string) string { return prefix + "dead_letter" }
 
+// ShardStreamKey returns the job stream of shard i of a queue split over
+// several streams or kept on a Redis Cluster:
+// queue:streaming_requests_failover:{s<i>}.
+func ShardStreamKey(prefix string, i int) string {
+	return StreamKey(prefix) + ":" + shardTag(i)
+}
+
+// ShardDeadLetterKey returns the dead-letter stream of shard i, in the
+// same Cluster slot as ShardStreamKey(prefix, i): queue:dead_letter:{s<i>}.
+func ShardDeadLetterKey(prefix string, i int) string {
+	return DeadLetterKey(prefix) + ":" + shardTag(i)
+}
+
+func shardTag(i int) string { return "{s" + strconv.Itoa(i) + "}" }
+
+// MaxShards bounds Config.Shards (QUEUE_SHARDS).
+const MaxShards = 64
+
+// DefaultShardBlock bounds each blocking read of one shard while several
+// shards are empty: a job arriving on another shard waits at most this
+// long for an idle consumer.
+const DefaultShardBlock = 50 * time.Millisecond
+
 // Config configures a Queue. Zero fields take the stated defaults.
 type Config struct {
-	// Prefix starts every key. Default "queue:". On Redis Cluster use a
-	// hash-tagged prefix such as "{queue}:": DeadLetter writes the job
-	// stream and the dead-letter stream in one script.
+	// Prefix starts every key. Default "queue:". A prefix holding a hash
+	// tag of its own (e.g. "{queue}:") puts every shard in one Cluster
+	// slot: correct, but no longer spread over the nodes.
 	Prefix string
+	// Shards is how many streams the queue is split over (QUEUE_SHARDS),
+	// 1 to MaxShards. With 1 on a single Redis the keys are the unsharded
+	// StreamKey and DeadLetterKey; with more, or when the client is a
+	// *redis.ClusterClient, the hash-tagged ShardStreamKey and
+	// ShardDeadLetterKey. Default 1.
+	Shards int
+	// ShardBlock bounds the blocking read of one shard when several
+	// shards are read (Shards > 1). At least 1ms. Default
+	// DefaultShardBlock, at most Block.
+	ShardBlock time.Duration
 	// Group is the consumer group. Default "streaming_failover_consumers".
 	Group string
 	// Consumer is this member's name in the group, unique per process
@@ -99,6 +142,12 @@ func (cfg Config) Validate() error {
 	if cfg.ReclaimIdle < 0 || c.ReclaimIdle < time.Millisecond {
 		errs = append(errs, fmt.Errorf("ReclaimIdle %s is below 1ms (0 means the default)", cfg.ReclaimIdle))
 	}
+	if cfg.Shards < 0 || c.Shards > MaxShards {
+		errs = append(errs, fmt.Errorf("Shards %d is not between 1 and %d (0 means 1)", cfg.Shards, MaxShards))
+	}
+	if cfg.ShardBlock < 0 || c.ShardBlock < time.Millisecond {
+		errs = append(errs, fmt.Errorf("ShardBlock %s is below 1ms (0 means the default)", cfg.ShardBlock))
+	}
 	if cfg.ReclaimInterval < 0 || c.ReclaimInterval < time.Millisecond {
 		errs = append(errs, fmt.Errorf("ReclaimInterval %s is below 1ms (0 means the default)", cfg.ReclaimInterval))
 	}
@@ -120,6 +169,12 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.ReclaimIdle == 0 {
 		cfg.ReclaimIdle = DefaultReclaimIdle
+	}
+	if cfg.Shards == 0 {
+		cfg.Shards = 1
+	}
+	if cfg.ShardBlock == 0 {
+		cfg.ShardBlock = min(DefaultShardBlock, cfg.Block)
 	}
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = min(max(cfg.ReclaimIdle/3, 50*time.Millisecond), time.Second)
@@ -151,21 +206,31 @@ var (
 // producer side, and the consumer-group member named Config.Consumer. Safe
 // for concurrent use. It never closes the client it was given.
 type Queue struct {
-	cfg        Config
-	client     redis.UniversalClient
-	stream     string
-	deadLetter string
+	cfg    Config
+	client redis.UniversalClient
+	shards []*shard
+	// multi: there are several shards, so delivery ids name theirs
+	// ("<i>:<entry id>").
+	multi bool
 
-	// The group is created (idempotently) before the first read and again
-	// after a NOGROUP error, e.g. when Redis restarted without its data.
+	// The groups are created (idempotently) before the first read and
+	// again after a NOGROUP error, e.g. when Redis restarted without its
+	// data.
 	groupMu    sync.Mutex
 	groupReady atomic.Bool
 
 	mu          sync.Mutex
 	nextReclaim time.Time // when some Fetch runs XAUTOCLAIM next
+	nextRead    int       // shard read first by the next Fetch round
 
-	reclaimMu sync.Mutex // one XAUTOCLAIM round at a time
-	cursor    string     // XAUTOCLAIM start id, guarded by reclaimMu
+	reclaimMu    sync.Mutex // one XAUTOCLAIM round at a time
+	nextReclaimS int        // shard scanned first by the next reclaim round, guarded by reclaimMu
+}
+
+// shard is one job stream with its dead-letter stream.
+type shard struct {
+	stream, deadLetter string
+	cursor             string // XAUTOCLAIM start id, guarded by Queue.reclaimMu
 }
 
 var (
@@ -174,8 +239,8 @@ var (
 	_ failover.Consumer = (*Queue)(nil)
 )
 
-// New returns a Queue using client. It does no I/O: the consumer group is
-// created on first use.
+// New returns a Queue using client. It does no I/O: the consumer groups
+// are created on first use.
 func New(cfg Config, client redis.UniversalClient) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -184,69 +249,141 @@ func New(cfg Config, client redis.UniversalClient) (*Queue, error) {
 		return nil, errors.New("redisstream: nil client")
 	}
 	cfg = cfg.withDefaults()
-	return &Queue{
-		cfg:        cfg,
-		client:     client,
-		stream:     StreamKey(cfg.Prefix),
-		deadLetter: DeadLetterKey(cfg.Prefix),
-		cursor:     "0-0",
-	}, nil
+	q := &Queue{cfg: cfg, client: client, multi: cfg.Shards > 1}
+	_, cluster := client.(*redis.ClusterClient)
+	for i := range cfg.Shards {
+		sh := &shard{stream: StreamKey(cfg.Prefix), deadLetter: DeadLetterKey(cfg.Prefix), cursor: "0-0"}
+		if cfg.Shards > 1 || cluster {
+			sh.stream, sh.deadLetter = ShardStreamKey(cfg.Prefix, i), ShardDeadLetterKey(cfg.Prefix, i)
+		}
+		q.shards = append(q.shards, sh)
+	}
+	return q, nil
 }
 
-// Enqueue appends the job to the stream (never trimming it). Any failure
-// wraps failover.ErrQueueUnavailable, and ctx's error when ctx ended. The
-// call is bounded by ctx as far as the client honours it (set
+// Streams returns the job stream keys, shard 0 first.
+func (q *Queue) Streams() []string {
+	out := make([]string, len(q.shards))
+	for i, sh := range q.shards {
+		out[i] = sh.stream
+	}
+	return out
+}
+
+// shardFor picks the shard of a request: a hash of its id, so the
+// producers of every process agree and the load spreads evenly.
+func (q *Queue) shardFor(requestID string) *shard {
+	if len(q.shards) == 1 {
+		return q.shards[0]
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(requestID))
+	return q.shards[h.Sum32()%uint32(len(q.shards))]
+}
+
+// deliveryID names entry id of shard i for Ack, Touch and DeadLetter.
+func (q *Queue) deliveryID(i int, id string) string {
+	if !q.multi {
+		return id
+	}
+	return strconv.Itoa(i) + ":" + id
+}
+
+// locate returns the shard and entry id a delivery id names.
+func (q *Queue) locate(deliveryID string) (*shard, string, error) {
+	if !q.multi {
+		return q.shards[0], deliveryID, nil
+	}
+	is, id, ok := strings.Cut(deliveryID, ":")
+	i, err := strconv.Atoi(is)
+	if !ok || err != nil || i < 0 || i >= len(q.shards) || id == "" {
+		return nil, "", fmt.Errorf("redisstream: delivery id %q does not name one of %d shards", deliveryID, len(q.shards))
+	}
+	return q.shards[i], id, nil
+}
+
+// Enqueue appends the job to its shard's stream (never trimming it). Any
+// failure wraps failover.ErrQueueUnavailable, and ctx's error when ctx
+// ended. The call is bounded by ctx as far as the client honours it (set
 // ContextTimeoutEnabled on the client for hard bounds on a hung server).
 func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) error {
+	sh := q.shardFor(requestID)
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("redisstream: xadd %s: %w: %w", q.stream, failover.ErrQueueUnavailable, err)
+		return fmt.Errorf("redisstream: xadd %s: %w: %w", sh.stream, failover.ErrQueueUnavailable, err)
 	}
 	err := q.client.XAdd(ctx, &redis.XAddArgs{
-		Stream: q.stream,
+		Stream: sh.stream,
 		Values: []any{"request_id", requestID, "body", body},
 	}).Err()
 	if err != nil {
-		return fmt.Errorf("redisstream: xadd %s: %w: %w", q.stream, failover.ErrQueueUnavailable, err)
+		return fmt.Errorf("redisstream: xadd %s: %w: %w", sh.stream, failover.ErrQueueUnavailable, err)
 	}
 	return nil
 }
 
-// Depth returns the backlog: XLEN of the stream, exact because
-// acknowledged entries are deleted.
+// Depth returns the backlog: the sum of XLEN over the shards, exact
+// because acknowledged entries are deleted.
 func (q *Queue) Depth(ctx context.Context) (int64, error) {
-	n, err := q.client.XLen(ctx, q.stream).Result()
-	if err != nil {
-		return 0, fmt.Errorf("redisstream: xlen %s: %w", q.stream, err)
+	if len(q.shards) == 1 {
+		n, err := q.client.XLen(ctx, q.shards[0].stream).Result()
+		if err != nil {
+			return 0, fmt.Errorf("redisstream: xlen %s: %w", q.shards[0].stream, err)
+		}
+		return n, nil
 	}
-	return n, nil
+	pipe := q.client.Pipeline()
+	lens := make([]*redis.IntCmd, len(q.shards))
+	for i, sh := range q.shards {
+		lens[i] = pipe.XLen(ctx, sh.stream)
+	}
+	_, _ = pipe.Exec(ctx)
+	var total int64
+	for i, c := range lens {
+		n, err := c.Result()
+		if err != nil {
+			return 0, fmt.Errorf("redisstream: xlen %s: %w", q.shards[i].stream, err)
+		}
+		total += n
+	}
+	return total, nil
 }
 
 // Waiting returns the jobs no worker has taken yet: the backlog less the
-// group's pending (delivered, unacknowledged) entries. XLEN and XPENDING
-// are read in one pipeline. A missing group means nothing was taken.
+// group's pending (delivered, unacknowledged) entries, over every shard.
+// XLEN and XPENDING are read in one pipeline. A missing group means
+// nothing was taken.
 func (q *Queue) Waiting(ctx context.Context) (int64, error) {
 	pipe := q.client.Pipeline()
-	xlen := pipe.XLen(ctx, q.stream)
-	pending := pipe.XPending(ctx, q.stream, q.cfg.Group)
+	xlens := make([]*redis.IntCmd, len(q.shards))
+	pendings := make([]*redis.XPendingCmd, len(q.shards))
+	for i, sh := range q.shards {
+		xlens[i] = pipe.XLen(ctx, sh.stream)
+		pendings[i] = pipe.XPending(ctx, sh.stream, q.cfg.Group)
+	}
 	_, _ = pipe.Exec(ctx)
-	n, err := xlen.Result()
-	if err != nil {
-		return 0, fmt.Errorf("redisstream: xlen %s: %w", q.stream, err)
+	var total int64
+	for i, sh := range q.shards {
+		n, err := xlens[i].Result()
+		if err != nil {
+			return 0, fmt.Errorf("redisstream: xlen %s: %w", sh.stream, err)
+		}
+		p, err := pendings[i].Result()
+		switch {
+		case err != nil && redis.HasErrorPrefix(err, "NOGROUP"):
+		case err != nil:
+			return 0, fmt.Errorf("redisstream: xpending %s: %w", sh.stream, err)
+		default:
+			n -= p.Count
+		}
+		total += max(0, n)
 	}
-	p, err := pending.Result()
-	switch {
-	case err != nil && redis.HasErrorPrefix(err, "NOGROUP"):
-		return n, nil
-	case err != nil:
-		return 0, fmt.Errorf("redisstream: xpending %s: %w", q.stream, err)
-	}
-	return max(0, n-p.Count), nil
+	return total, nil
 }
 
-// ensureGroup creates the consumer group at id 0 unless this Queue knows it
-// exists. Id 0 is right because acknowledged entries are deleted: whatever
-// is in the stream is backlog, including jobs enqueued before any consumer
-// ran.
+// ensureGroup creates the consumer group of every shard at id 0 unless
+// this Queue knows they exist. Id 0 is right because acknowledged entries
+// are deleted: whatever is in a stream is backlog, including jobs enqueued
+// before any consumer ran.
 func (q *Queue) ensureGroup(ctx context.Context) error {
 	if q.groupReady.Load() {
 		return nil
@@ -256,16 +393,18 @@ func (q *Queue) ensureGroup(ctx context.Context) error {
 	if q.groupReady.Load() {
 		return nil
 	}
-	err := q.client.XGroupCreateMkStream(ctx, q.stream, q.cfg.Group, "0").Err()
-	if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-		return fmt.Errorf("redisstream: xgroup create %s %s: %w", q.stream, q.cfg.Group, err)
+	for _, sh := range q.shards {
+		err := q.client.XGroupCreateMkStream(ctx, sh.stream, q.cfg.Group, "0").Err()
+		if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
+			return fmt.Errorf("redisstream: xgroup create %s %s: %w", sh.stream, q.cfg.Group, err)
+		}
 	}
 	q.groupReady.Store(true)
 	return nil
 }
 
-// noteGroupLost reports whether err says the group (or the whole stream)
-// is gone, and if so makes the next call recreate it.
+// noteGroupLost reports whether err says a group (or a whole stream) is
+// gone, and if so makes the next call recreate them.
 func (q *Queue) noteGroupLost(err error) bool {
 	if redis.HasErrorPrefix(err, "NOGROUP") {
 		q.groupReady.Store(false)
@@ -277,9 +416,10 @@ func (q *Queue) noteGroupLost(err error) bool {
 // Fetch returns up to limit deliveries, blocking until there is one or ctx
 // ends. Every ReclaimInterval one Fetch of this Queue first takes over
 // jobs idle for ReclaimIdle (their Attempt is the entry's delivery count);
-// otherwise it reads new jobs (Attempt 1). An entry without a body field
-// is delivered with an empty Body for the worker to dead-letter. Redis
-// errors other than a lost group are returned; the caller backs off.
+// otherwise it reads new jobs (Attempt 1). With several shards each round
+// starts at the next shard, so none is starved. An entry without a body
+// field is delivered with an empty Body for the worker to dead-letter.
+// Redis errors other than a lost group are returned; the caller backs off.
 func (q *Queue) Fetch(ctx context.Context, limit int) ([]failover.Delivery, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("redisstream: fetch: max %d < 1", limit)
@@ -340,56 +480,119 @@ func (q *Queue) reclaimTurn(now time.Time) (bool, time.Duration) {
 	return true, q.cfg.ReclaimInterval
 }
 
-// reclaim takes over up to limit entries idle for ReclaimIdle. If Redis
-// fails between XAUTOCLAIM and XPENDING the claimed entries are not lost:
-// they stay pending and are taken over again after ReclaimIdle.
+// readTurn returns the shard the next read round starts at, and moves the
+// start on for the round after.
+func (q *Queue) readTurn() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	i := q.nextRead
+	q.nextRead = (i + 1) % len(q.shards)
+	return i
+}
+
+// reclaim takes over up to limit entries idle for ReclaimIdle, scanning
+// the shards from a start that moves on each round.
 func (q *Queue) reclaim(ctx context.Context, limit int) ([]failover.Delivery, error) {
 	q.reclaimMu.Lock()
 	defer q.reclaimMu.Unlock()
+	start := q.nextReclaimS
+	q.nextReclaimS = (start + 1) % len(q.shards)
+	var ds []failover.Delivery
+	for k := range q.shards {
+		i := (start + k) % len(q.shards)
+		got, err := q.reclaimShard(ctx, i, limit-len(ds))
+		if err != nil {
+			return nil, err
+		}
+		ds = append(ds, got...)
+		if len(ds) >= limit {
+			break
+		}
+	}
+	return ds, nil
+}
+
+// reclaimShard takes over up to limit idle entries of shard i. If Redis
+// fails between XAUTOCLAIM and XPENDING the claimed entries are not lost:
+// they stay pending and are taken over again after ReclaimIdle.
+func (q *Queue) reclaimShard(ctx context.Context, i, limit int) ([]failover.Delivery, error) {
+	sh := q.shards[i]
 	msgs, next, err := q.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-		Stream:   q.stream,
+		Stream:   sh.stream,
 		Group:    q.cfg.Group,
 		Consumer: q.cfg.Consumer,
 		MinIdle:  q.cfg.ReclaimIdle,
-		Start:    q.cursor,
+		Start:    sh.cursor,
 		Count:    int64(limit),
 	}).Result()
 	if err != nil {
-		return nil, fmt.Errorf("redisstream: xautoclaim %s %s: %w", q.stream, q.cfg.Group, err)
+		return nil, fmt.Errorf("redisstream: xautoclaim %s %s: %w", sh.stream, q.cfg.Group, err)
 	}
 	// A large pending list is scanned across rounds, resuming where the
 	// last one stopped; "0-0" means the scan wrapped around.
-	q.cursor = next
+	sh.cursor = next
 	if len(msgs) == 0 {
 		return nil, nil
 	}
 	pipe := q.client.Pipeline()
 	counts := make([]*redis.XPendingExtCmd, len(msgs))
-	for i, m := range msgs {
-		counts[i] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: q.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+	for j, m := range msgs {
+		counts[j] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
+			Stream: sh.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
 		})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", q.stream, q.cfg.Group, err)
+		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", sh.stream, q.cfg.Group, err)
 	}
 	ds := make([]failover.Delivery, 0, len(msgs))
-	for i, m := range msgs {
-		p := counts[i].Val()
+	for j, m := range msgs {
+		p := counts[j].Val()
 		if len(p) == 0 {
 			continue // acknowledged meanwhile by its former holder
 		}
-		ds = append(ds, failover.Delivery{ID: m.ID, Body: bodyOf(m), Attempt: int(p[0].RetryCount)})
+		ds = append(ds, failover.Delivery{ID: q.deliveryID(i, m.ID), Body: bodyOf(m), Attempt: int(p[0].RetryCount)})
 	}
 	return ds, nil
 }
 
-// read delivers up to limit new entries, blocking up to block.
+// read delivers up to limit new entries, blocking up to block. With one
+// shard that is one blocking XREADGROUP. With several, one XREADGROUP over
+// all of them could return more than limit (COUNT is per stream) and
+// cannot span Cluster slots, so the shards are read one by one without
+// blocking, starting at a shard that moves on each round, and only when
+// all are empty does the round block, on its first shard, for at most
+// ShardBlock.
 func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]failover.Delivery, error) {
+	if len(q.shards) == 1 {
+		return q.readShard(ctx, 0, limit, block)
+	}
+	start := q.readTurn()
+	var ds []failover.Delivery
+	for k := range q.shards {
+		i := (start + k) % len(q.shards)
+		got, err := q.readShard(ctx, i, limit-len(ds), -1)
+		if err != nil {
+			return nil, err
+		}
+		ds = append(ds, got...)
+		if len(ds) >= limit {
+			return ds, nil
+		}
+	}
+	if len(ds) > 0 {
+		return ds, nil
+	}
+	return q.readShard(ctx, start, limit, min(block, q.cfg.ShardBlock))
+}
+
+// readShard delivers up to limit new entries of shard i, blocking up to
+// block; a negative block does not block.
+func (q *Queue) readShard(ctx context.Context, i, limit int, block time.Duration) ([]failover.Delivery, error) {
+	sh := q.shards[i]
 	streams, err := q.client.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group:    q.cfg.Group,
 		Consumer: q.cfg.Consumer,
-		Streams:  []string{q.stream, ">"},
+		Streams:  []string{sh.stream, ">"},
 		Count:    int64(limit),
 		Block:    block,
 	}).Result()
@@ -397,12 +600,12 @@ func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]fai
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("redisstream: xreadgroup %s %s: %w", q.stream, q.cfg.Group, err)
+		return nil, fmt.Errorf("redisstream: xreadgroup %s %s: %w", sh.stream, q.cfg.Group, err)
 	}
 	var ds []failover.Delivery
 	for _, s := range streams {
 		for _, m := range s.Messages {
-			ds = append(ds, failover.Delivery{ID: m.ID, Body: bodyOf(m), Attempt: 1})
+			ds = append(ds, failover.Delivery{ID: q.deliveryID(i, m.ID), Body: bodyOf(m), Attempt: 1})
 		}
 	}
 	return ds, nil
@@ -419,13 +622,17 @@ func bodyOf(m redis.XMessage) []byte {
 // entry over.
 // Acknowledging an entry that is no longer pending does nothing.
 func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
-	res, err := ackScript.Run(ctx, q.client, []string{q.stream}, q.cfg.Group, q.cfg.Consumer, d.ID).Int()
+	sh, id, err := q.locate(d.ID)
+	if err != nil {
+		return err
+	}
+	res, err := ackScript.Run(ctx, q.client, []string{sh.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
 	if err != nil {
 		q.noteGroupLost(err)
-		return fmt.Errorf("redisstream: ack %s %s: %w", q.stream, d.ID, err)
+		return fmt.Errorf("redisstream: ack %s %s: %w", sh.stream, id, err)
 	}
 	if res < 0 {
-		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", q.stream, d.ID, ErrClaimLost)
+		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
 	}
 	return nil
 }
@@ -435,43 +642,51 @@ func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
 // from being taken over. It returns an error wrapping ErrClaimLost when
 // this member no longer holds the entry, and never takes it back.
 func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
-	res, err := touchScript.Run(ctx, q.client, []string{q.stream}, q.cfg.Group, q.cfg.Consumer, d.ID).Int()
+	sh, id, err := q.locate(d.ID)
+	if err != nil {
+		return err
+	}
+	res, err := touchScript.Run(ctx, q.client, []string{sh.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
 	if err != nil {
 		if q.noteGroupLost(err) {
-			return fmt.Errorf("redisstream: touch %s %s: %w: %w", q.stream, d.ID, ErrClaimLost, err)
+			return fmt.Errorf("redisstream: touch %s %s: %w: %w", sh.stream, id, ErrClaimLost, err)
 		}
-		return fmt.Errorf("redisstream: touch %s %s: %w", q.stream, d.ID, err)
+		return fmt.Errorf("redisstream: touch %s %s: %w", sh.stream, id, err)
 	}
 	switch res {
 	case 1:
 		return nil
 	case 0:
-		return fmt.Errorf("redisstream: touch %s %s: not pending: %w", q.stream, d.ID, ErrClaimLost)
+		return fmt.Errorf("redisstream: touch %s %s: not pending: %w", sh.stream, id, ErrClaimLost)
 	default:
-		return fmt.Errorf("redisstream: touch %s %s: held by another consumer: %w", q.stream, d.ID, ErrClaimLost)
+		return fmt.Errorf("redisstream: touch %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
 	}
 }
 
-// DeadLetter atomically records the job in the dead-letter stream (fields
-// request_id, body, reason, attempt, source_id, failed_at_ms, copied from
-// the stored entry and stamped with Redis time) and acknowledges and
-// deletes it, only while this member holds it (else an error wrapping
-// ErrClaimLost). An entry no longer pending is not recorded
-// again, so a retry after a lost reply is harmless.
+// DeadLetter atomically records the job in its shard's dead-letter stream
+// (fields request_id, body or body_sha1 and body_bytes, reason, attempt,
+// source_id, failed_at_ms, copied from the stored entry and stamped with
+// Redis time) and acknowledges and deletes it, only while this member holds
+// it (else an error wrapping ErrClaimLost). An entry no longer pending is
+// not recorded again, so a retry after a lost reply is harmless.
 func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
+	sh, id, err := q.locate(d.ID)
+	if err != nil {
+		return err
+	}
 	keep := "0"
 	if q.cfg.KeepPayload {
 		keep = "1"
 	}
-	res, err := deadLetterScript.Run(ctx, q.client, []string{q.stream, q.deadLetter},
-		q.cfg.Group, d.ID, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer,
+	res, err := deadLetterScript.Run(ctx, q.client, []string{sh.stream, sh.deadLetter},
+		q.cfg.Group, id, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer,
 		q.cfg.DeadLetterMaxLen, int64(q.cfg.DeadLetterTTL/time.Second), keep).Int()
 	if err != nil {
 		q.noteGroupLost(err)
-		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", q.stream, d.ID, q.deadLetter, err)
+		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", sh.stream, id, sh.deadLetter, err)
 	}
 	if res < 0 {
-		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", q.stream, d.ID, ErrClaimLost)
+		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
 	}
 	return nil
 }

@@ -29,14 +29,28 @@ func newQueue(tb testing.TB, client redis.UniversalClient, prefix, consumer stri
 	return q
 }
 
+func newShardedQueue(tb testing.TB, client redis.UniversalClient, prefix, consumer string, shards int) *Queue {
+	tb.Helper()
+	q, err := New(Config{Prefix: prefix, Consumer: consumer, ReclaimIdle: testIdle, Shards: shards}, client)
+	if err != nil {
+		tb.Fatalf("New: %v", err)
+	}
+	return q
+}
+
 func harness(t testing.TB, client redis.UniversalClient) failovertest.Harness {
+	return shardedHarness(t, client, 1)
+}
+
+func shardedHarness(t testing.TB, client redis.UniversalClient, shards int) failovertest.Harness {
 	prefix := redistest.Prefix(t)
-	producer := newQueue(t, client, prefix, "producer")
+	producer := newShardedQueue(t, client, prefix, "producer", shards)
 	return failovertest.Harness{
 		Producer:    producer,
 		Depth:       producer,
-		NewConsumer: func(name string) failover.Consumer { return newQueue(t, client, prefix, name) },
+		NewConsumer: func(name string) failover.Consumer { return newShardedQueue(t, client, prefix, name, shards) },
 		ReclaimIdle: testIdle,
+		Unordered:   shards > 1,
 		DeadLetters: func(ctx context.Context) ([]failovertest.DeadLetterRecord, error) {
 			dls, err := producer.DeadLetters(ctx, 1<<20)
 			var recs []failovertest.DeadLetterRecord
@@ -48,12 +62,19 @@ func harness(t testing.TB, client redis.UniversalClient) failovertest.Harness {
 	}
 }
 
-// TestSuiteRedis is the evidence: a real redis-server.
+// TestSuiteRedis is the evidence: a real redis-server and a real 3-node
+// Redis Cluster, with the queue in one stream and split over four.
 func TestSuiteRedis(t *testing.T) {
-	srv := redistest.Start(t)
-	failovertest.Run(t, func(t *testing.T) failovertest.Harness {
-		return harness(t, srv.Client(t))
-	})
+	for _, b := range backends(t) {
+		for _, shards := range []int{1, 4} {
+			t.Run(fmt.Sprintf("%s/shards=%d", b.name, shards), func(t *testing.T) {
+				t.Parallel()
+				failovertest.Run(t, func(t *testing.T) failovertest.Harness {
+					return shardedHarness(t, b.client(t), shards)
+				})
+			})
+		}
+	}
 }
 
 // TestSuiteMiniredis keeps the embedded mode's backend honest.

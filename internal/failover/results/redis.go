@@ -41,13 +41,27 @@ func NewPublisher(prefix string, rdb redis.UniversalClient) (*Publisher, error) 
 	return &Publisher{prefix: prefix, rdb: rdb}, nil
 }
 
+// ResultsFor returns the sink of requestID's result channel.
+func (p *Publisher) ResultsFor(requestID string) failover.ResultSink {
+	return redisSink{rdb: p.rdb, channel: failover.ResultChannel(p.prefix, requestID)}
+}
+
 // PublishResult publishes msg on requestID's result channel; listened is
 // whether a subscriber received it.
 func (p *Publisher) PublishResult(ctx context.Context, requestID string, msg []byte) (bool, error) {
-	channel := failover.ResultChannel(p.prefix, requestID)
-	n, err := p.rdb.Publish(ctx, channel, msg).Result()
+	return p.ResultsFor(requestID).Publish(ctx, msg)
+}
+
+// redisSink publishes on one result channel.
+type redisSink struct {
+	rdb     redis.UniversalClient
+	channel string
+}
+
+func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	n, err := s.rdb.Publish(ctx, s.channel, msg).Result()
 	if err != nil {
-		return false, fmt.Errorf("results: publish %s: %w", channel, err)
+		return false, fmt.Errorf("results: publish %s: %w", s.channel, err)
 	}
 	return n > 0, nil
 }

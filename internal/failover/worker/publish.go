@@ -44,7 +44,7 @@ func (m chanMutex) Unlock() { <-m }
 // budget. A publish nobody heard means the api stopped listening: the
 // client is gone, so the job is cancelled.
 type publisher struct {
-	results   failover.ResultPublisher
+	results   failover.ResultSink
 	requestID string
 	attempt   int
 	cancel    context.CancelCauseFunc
@@ -64,7 +64,7 @@ type publisher struct {
 }
 
 func (w *Worker) newPublisher(d failover.Delivery, requestID string, cancel context.CancelCauseFunc, log *slog.Logger) *publisher {
-	p := &publisher{results: w.deps.Results, requestID: requestID, attempt: max(d.Attempt, 1), cancel: cancel, log: log,
+	p := &publisher{results: w.deps.Results.ResultsFor(requestID), requestID: requestID, attempt: max(d.Attempt, 1), cancel: cancel, log: log,
 		budget: w.cfg.PublishBudget, mu: make(chanMutex, 1)}
 	if w.cfg.ReclaimIdle > 0 {
 		p.fence = w.cfg.ReclaimIdle - w.cfg.Heartbeat
@@ -142,7 +142,7 @@ func (p *publisher) publish(ctx context.Context, msg []byte) (bool, error) {
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), try)
 		defer cancel()
-		return p.results.PublishResult(pctx, p.requestID, msg)
+		return p.results.Publish(pctx, msg)
 	}
 	listened, err := backoff.Retry(context.WithoutCancel(ctx), op, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(p.budget))
 	if err != nil {

@@ -28,7 +28,17 @@ type flakyResults struct {
 	fail  func(n int, r protocol.Result) bool // n counts tries from 0
 }
 
-func (f *flakyResults) PublishResult(ctx context.Context, id string, msg []byte) (bool, error) {
+func (f *flakyResults) ResultsFor(id string) failover.ResultSink {
+	return flakySink{f: f, next: f.ResultPublisher.ResultsFor(id)}
+}
+
+type flakySink struct {
+	f    *flakyResults
+	next failover.ResultSink
+}
+
+func (s flakySink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	f := s.f
 	r, err := protocol.DecodeResult(msg)
 	if err != nil {
 		return false, err
@@ -40,7 +50,7 @@ func (f *flakyResults) PublishResult(ctx context.Context, id string, msg []byte)
 	if f.fail(n, r) {
 		return false, errInjected
 	}
-	return f.ResultPublisher.PublishResult(ctx, id, msg)
+	return s.next.Publish(ctx, msg)
 }
 
 func (f *flakyResults) triedKinds() map[protocol.ResultKind]int {

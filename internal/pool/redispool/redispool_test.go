@@ -19,7 +19,7 @@ import (
 
 // Every test here runs against a real redis-server of its own.
 
-func zcard(tb testing.TB, c *redis.Client, key string) int64 {
+func zcard(tb testing.TB, c redis.Cmdable, key string) int64 {
 	tb.Helper()
 	n, err := c.ZCard(context.Background(), key).Result()
 	if err != nil {
@@ -46,8 +46,11 @@ func recv[T any](tb testing.TB, ch <-chan T, within time.Duration, what string) 
 // never exceeds the global or the per-user limit, and Redis agrees.
 func TestLimitsHoldAcrossInstances(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	admin := s.Client(t)
+	forTargets(t, testLimitsHoldAcrossInstances)
+}
+
+func testLimitsHoldAcrossInstances(t *testing.T, s target) {
+	admin := s.client(t)
 	const (
 		size, perUser      = 10, 3
 		instances, workers = 8, 20
@@ -58,7 +61,7 @@ func TestLimitsHoldAcrossInstances(t *testing.T) {
 	var fellBack atomic.Bool
 	pools := make([]*Pool, instances)
 	for i := range pools {
-		pools[i] = newTestPool(t, s.Addr, cfg, nil, func(bool) { fellBack.Store(true) })
+		pools[i] = newTestPoolOn(t, s, cfg, nil, func(bool) { fellBack.Store(true) })
 	}
 
 	var global, maxGlobal atomic.Int64
@@ -190,13 +193,16 @@ func TestDeadHolderSlotReturnsLiveHolderKeepsIt(t *testing.T) {
 
 func TestReleaseIdempotentAndLateReleaseFreesNothing(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	admin := s.Client(t)
+	forTargets(t, testReleaseIdempotentAndLateReleaseFreesNothing)
+}
+
+func testReleaseIdempotentAndLateReleaseFreesNothing(t *testing.T, s target) {
+	admin := s.client(t)
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 1, PerUser: 1, LeaseTTL: time.Second}
 	ctx := context.Background()
-	a := newTestPool(t, s.Addr, cfg, nil, nil)
-	b := newTestPool(t, s.Addr, cfg, nil, nil)
-	c := newTestPool(t, s.Addr, cfg, nil, nil)
+	a := newTestPoolOn(t, s, cfg, nil, nil)
+	b := newTestPoolOn(t, s, cfg, nil, nil)
+	c := newTestPoolOn(t, s, cfg, nil, nil)
 
 	l, err := a.TryAcquire(ctx, "x")
 	if err != nil {
@@ -239,12 +245,15 @@ func TestReleaseIdempotentAndLateReleaseFreesNothing(t *testing.T) {
 // releases it: by Pub/Sub, not by the 1s re-check, which is disabled here.
 func TestAcquireWakesOnReleaseElsewhere(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	admin := s.Client(t)
+	forTargets(t, testAcquireWakesOnReleaseElsewhere)
+}
+
+func testAcquireWakesOnReleaseElsewhere(t *testing.T, s target) {
+	admin := s.client(t)
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 1, PerUser: 1, LeaseTTL: 5 * time.Second}
 	ctx := context.Background()
-	holder := newTestPool(t, s.Addr, cfg, nil, nil)
-	waiterPool := newTestPool(t, s.Addr, cfg, nil, nil)
+	holder := newTestPoolOn(t, s, cfg, nil, nil)
+	waiterPool := newTestPoolOn(t, s, cfg, nil, nil)
 	waiterPool.recheck = time.Hour
 
 	var worst time.Duration
@@ -286,13 +295,16 @@ func TestAcquireWakesOnReleaseElsewhere(t *testing.T) {
 // registered, and direct requests never take a slot from them.
 func TestWaitersServedFIFOBeforeDirectRequests(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	admin := s.Client(t)
+	forTargets(t, testWaitersServedFIFOBeforeDirectRequests)
+}
+
+func testWaitersServedFIFOBeforeDirectRequests(t *testing.T, s target) {
+	admin := s.client(t)
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 10, LeaseTTL: 5 * time.Second}
 	ctx := context.Background()
-	holder := newTestPool(t, s.Addr, cfg, nil, nil)
-	procs := []*Pool{newTestPool(t, s.Addr, cfg, nil, nil), newTestPool(t, s.Addr, cfg, nil, nil)}
-	direct := newTestPool(t, s.Addr, cfg, nil, nil)
+	holder := newTestPoolOn(t, s, cfg, nil, nil)
+	procs := []*Pool{newTestPoolOn(t, s, cfg, nil, nil), newTestPoolOn(t, s, cfg, nil, nil)}
+	direct := newTestPoolOn(t, s, cfg, nil, nil)
 
 	h1, err := holder.TryAcquire(ctx, "h")
 	if err != nil {
@@ -375,12 +387,15 @@ func TestWaitersServedFIFOBeforeDirectRequests(t *testing.T) {
 // slot from a younger waiter of another user.
 func TestWaiterAtUserLimitDoesNotBlockOthers(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	admin := s.Client(t)
+	forTargets(t, testWaiterAtUserLimitDoesNotBlockOthers)
+}
+
+func testWaiterAtUserLimitDoesNotBlockOthers(t *testing.T, s target) {
+	admin := s.client(t)
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 1, LeaseTTL: 5 * time.Second}
 	ctx := context.Background()
-	holder := newTestPool(t, s.Addr, cfg, nil, nil)
-	wp := newTestPool(t, s.Addr, cfg, nil, nil)
+	holder := newTestPoolOn(t, s, cfg, nil, nil)
+	wp := newTestPoolOn(t, s, cfg, nil, nil)
 
 	la, err := holder.TryAcquire(ctx, "a")
 	if err != nil {

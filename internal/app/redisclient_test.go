@@ -1,0 +1,89 @@
+package app
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/redistest"
+)
+
+// TestNewRedisClient: each Redis mode gets its kind of client, and the
+// client really works against that kind of deployment.
+func TestNewRedisClient(t *testing.T) {
+	t.Parallel()
+	single := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	sentinel := redistest.StartSentinel(t)
+	for _, tc := range []struct {
+		name    string
+		environ map[string]string
+		check   func(redis.UniversalClient) bool
+	}{
+		{"single", map[string]string{"REDIS_URL": single.URL()}, func(c redis.UniversalClient) bool {
+			rc, ok := c.(*redis.Client)
+			return ok && rc.Options().Addr == single.Addr && rc.Options().ContextTimeoutEnabled && rc.Options().PoolSize >= minRedisPoolSize
+		}},
+		{"cluster", map[string]string{"REDIS_CLUSTER_ADDRS": strings.Join(cluster.Addrs, ",")}, func(c redis.UniversalClient) bool {
+			cc, ok := c.(*redis.ClusterClient)
+			return ok && cc.Options().ContextTimeoutEnabled
+		}},
+		{"sentinel", map[string]string{
+			"REDIS_SENTINEL_ADDRS":  strings.Join(sentinel.SentinelAddrs, ","),
+			"REDIS_SENTINEL_MASTER": sentinel.MasterName,
+		}, func(c redis.UniversalClient) bool {
+			rc, ok := c.(*redis.Client)
+			return ok && rc.Options().ContextTimeoutEnabled
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Load("", tc.environ)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := NewRedisClient(cfg)
+			if err != nil {
+				t.Fatalf("NewRedisClient: %v", err)
+			}
+			defer c.Close()
+			if !tc.check(c) {
+				t.Fatalf("client %T with the wrong options for %s mode", c, tc.name)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			// Keys on many slots: a cluster client must follow redirections.
+			for _, k := range []string{"a", "b", "c", "d", "e", "f"} {
+				key := redistest.Prefix(t) + k
+				if err := c.Set(ctx, key, k, 0).Err(); err != nil {
+					t.Fatalf("set %s: %v", key, err)
+				}
+				if got, err := c.Get(ctx, key).Result(); err != nil || got != k {
+					t.Fatalf("get %s = %q, %v", key, got, err)
+				}
+			}
+		})
+	}
+	t.Run("embedded", func(t *testing.T) {
+		cfg, err := config.Load("", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c, err := NewRedisClient(cfg); err == nil || c != nil {
+			t.Fatalf("NewRedisClient in embedded mode = %v, %v; want an error", c, err)
+		}
+		if _, err := NewRedisClient(nil); err == nil {
+			t.Fatal("NewRedisClient(nil) succeeded")
+		}
+	})
+	t.Run("bad url is not echoed", func(t *testing.T) {
+		cfg := &config.Config{RedisURL: "redis://u:s3cret@h:port"}
+		_, err := NewRedisClient(cfg)
+		if err == nil || strings.Contains(err.Error(), "s3cret") {
+			t.Fatalf("NewRedisClient = %v; want an error without the password", err)
+		}
+	})
+}

@@ -1,0 +1,237 @@
+package redisstream
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/redistest"
+)
+
+// backend is a real Redis deployment a test runs against.
+type backend struct {
+	name   string
+	client func(testing.TB) redis.UniversalClient
+}
+
+// backends starts one redis-server and one 3-node Redis Cluster for the
+// calling test and its subtests.
+func backends(t *testing.T) []backend {
+	t.Helper()
+	srv := redistest.Start(t)
+	cluster := redistest.StartCluster(t, 3)
+	return []backend{
+		{"single", func(tb testing.TB) redis.UniversalClient { return srv.Client(tb) }},
+		{"cluster", func(tb testing.TB) redis.UniversalClient { return cluster.Client(tb) }},
+	}
+}
+
+func TestShardKeys(t *testing.T) {
+	t.Parallel()
+	if got := ShardStreamKey("queue:", 3); got != "queue:streaming_requests_failover:{s3}" {
+		t.Errorf("ShardStreamKey = %q", got)
+	}
+	if got := ShardDeadLetterKey("queue:", 0); got != "queue:dead_letter:{s0}" {
+		t.Errorf("ShardDeadLetterKey = %q", got)
+	}
+	for _, tc := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{Consumer: "c", Shards: 64}, true},
+		{Config{Consumer: "c", Shards: 65}, false},
+		{Config{Consumer: "c", Shards: -1}, false},
+		{Config{Consumer: "c", ShardBlock: -time.Millisecond}, false},
+		{Config{Consumer: "c", ShardBlock: time.Microsecond}, false},
+	} {
+		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.cfg, err, tc.ok)
+		}
+	}
+}
+
+// TestShardLayout: with four shards jobs spread over four hash-tagged
+// streams, the depth is their sum, each dead-letter stream sits in its job
+// stream's slot, and on a Cluster the shards spread over the nodes. With
+// one shard on a single Redis the names stay the unsharded ones; on a
+// Cluster even one shard is tagged, so the dead-letter move stays in one
+// slot.
+func TestShardLayout(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := b.client(t)
+			ctx := ctxT(t, 20*time.Second)
+			prefix := redistest.Prefix(t)
+
+			one := newShardedQueue(t, c, prefix+"one:", "a", 1)
+			want := []string{StreamKey(prefix + "one:")}
+			if b.name == "cluster" {
+				want = []string{ShardStreamKey(prefix+"one:", 0)}
+			}
+			if !slices.Equal(one.Streams(), want) {
+				t.Fatalf("one shard: streams %q, want %q", one.Streams(), want)
+			}
+
+			q := newShardedQueue(t, c, prefix, "a", 4)
+			const n = 200
+			for i := range n {
+				if err := q.Enqueue(ctx, fmt.Sprintf("req-%d", i), []byte("job")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var sum int64
+			for i, key := range q.Streams() {
+				if key != ShardStreamKey(prefix, i) {
+					t.Fatalf("stream %d = %q, want %q", i, key, ShardStreamKey(prefix, i))
+				}
+				l := c.XLen(ctx, key).Val()
+				if l < n/10 {
+					t.Errorf("shard %d holds %d of %d jobs: not spread", i, l, n)
+				}
+				sum += l
+				ss, err := c.ClusterKeySlot(ctx, key).Result()
+				if err != nil && b.name == "cluster" {
+					t.Fatal(err)
+				}
+				ds, _ := c.ClusterKeySlot(ctx, ShardDeadLetterKey(prefix, i)).Result()
+				if b.name == "cluster" && ss != ds {
+					t.Errorf("shard %d: stream slot %d, dead-letter slot %d", i, ss, ds)
+				}
+			}
+			if depth, err := q.Depth(ctx); err != nil || depth != n || sum != n {
+				t.Fatalf("Depth = %d, %v; streams hold %d; want %d", depth, err, sum, n)
+			}
+			if w, err := q.Waiting(ctx); err != nil || w != n {
+				t.Fatalf("Waiting = %d, %v; want %d", w, err, n)
+			}
+			if b.name == "cluster" {
+				cc := c.(*redis.ClusterClient)
+				nodes := map[string]bool{}
+				for _, key := range q.Streams() {
+					slot := cc.ClusterKeySlot(ctx, key).Val()
+					for _, r := range cc.ClusterSlots(ctx).Val() {
+						if int64(r.Start) <= slot && slot <= int64(r.End) {
+							nodes[r.Nodes[0].Addr] = true
+						}
+					}
+				}
+				if len(nodes) < 2 {
+					t.Errorf("4 shards on %d node(s), want them spread", len(nodes))
+				}
+			}
+			// Dead letters of several shards are read back together. One
+			// job per Fetch: each starts at the next shard.
+			var ds []failover.Delivery
+			for range 6 {
+				ds = append(ds, fetchAll(t, q, 1)...)
+			}
+			for _, d := range ds {
+				if err := q.DeadLetter(ctx, d, "x"); err != nil {
+					t.Fatalf("DeadLetter %s: %v", d.ID, err)
+				}
+			}
+			if dl, err := q.DeadLetterDepth(ctx); err != nil || dl != 6 {
+				t.Fatalf("DeadLetterDepth = %d, %v; want 6", dl, err)
+			}
+			recs, err := q.DeadLetters(ctx, 100)
+			if err != nil || len(recs) != 6 {
+				t.Fatalf("DeadLetters = %d records, %v; want 6", len(recs), err)
+			}
+			shardsSeen := map[string]bool{}
+			for _, r := range recs {
+				s, _, _ := strings.Cut(r.ID, ":")
+				shardsSeen[s] = true
+			}
+			if len(shardsSeen) < 2 {
+				t.Errorf("6 dead letters from shards %v, want several", shardsSeen)
+			}
+			if depth, _ := q.Depth(ctx); depth != n-6 {
+				t.Fatalf("Depth after 6 dead letters = %d, want %d", depth, n-6)
+			}
+		})
+	}
+}
+
+// TestShardsReadFairly: a consumer taking one job at a time from a backlog
+// on every shard takes from each shard in turn, so no shard waits behind
+// another's backlog.
+func TestShardsReadFairly(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := b.client(t)
+			ctx := ctxT(t, 20*time.Second)
+			q := newShardedQueue(t, c, redistest.Prefix(t), "a", 4)
+			for i := range 80 {
+				if err := q.Enqueue(ctx, fmt.Sprintf("req-%d", i), []byte("job")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for round := range 3 {
+				seen := map[string]bool{}
+				for range 4 {
+					d := fetchAll(t, q, 1)[0]
+					s, _, _ := strings.Cut(d.ID, ":")
+					seen[s] = true
+					if err := q.Ack(ctx, d); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if len(seen) != 4 {
+					t.Fatalf("round %d: 4 single fetches took from shards %v, want all 4", round, seen)
+				}
+			}
+			if depth, _ := q.Depth(ctx); depth != 80-12 {
+				t.Fatalf("Depth = %d, want %d", depth, 80-12)
+			}
+		})
+	}
+}
+
+// TestShardedFetchWakesOnAnyShard: an idle consumer notices a job on any
+// shard within a few ShardBlock rounds, not after Block.
+func TestShardedFetchWakesOnAnyShard(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := b.client(t)
+			ctx := ctxT(t, 20*time.Second)
+			prefix := redistest.Prefix(t)
+			q, err := New(Config{Prefix: prefix, Consumer: "a", Shards: 4, Block: 5 * time.Second, ShardBlock: 20 * time.Millisecond}, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan time.Duration, 8)
+			go func() {
+				for range 8 {
+					ds, err := q.Fetch(ctx, 1)
+					if err != nil {
+						return
+					}
+					_ = q.Ack(ctx, ds[0])
+					got <- 0
+				}
+			}()
+			for i := range 8 {
+				start := time.Now()
+				if err := q.Enqueue(ctx, fmt.Sprintf("wake-%d", i), []byte("job")); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case <-got:
+					if took := time.Since(start); took > 2*time.Second {
+						t.Fatalf("job %d fetched after %s, want well under Block (5s)", i, took)
+					}
+				case <-ctx.Done():
+					t.Fatalf("job %d never fetched", i)
+				}
+			}
+		})
+	}
+}
