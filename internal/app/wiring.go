@@ -101,7 +101,8 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
-	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle()}
+	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(),
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload}
 }
 
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
@@ -131,6 +132,7 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
 }
 

@@ -66,6 +66,12 @@ type Config struct {
 	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
 	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
 	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
+	// DeadLetterMaxLen bounds the dead-letter stream (XADD MAXLEN ~). Default 10000.
+	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN" envDefault:"10000"`
+	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record. Default 168.
+	DeadLetterTTLHours int `env:"DEAD_LETTER_TTL_HOURS" envDefault:"168"`
+	// DeadLetterKeepPayload stores the job's prompt in a dead letter; false keeps a digest and sizes only. Default false.
+	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD" envDefault:"false"`
 	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
 	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`
 	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again. Default 500.
@@ -284,6 +290,11 @@ func (c *Config) WorkerHeartbeat() time.Duration { return seconds(c.WorkerHeartb
 // QueueReclaimIdle is how long a job may sit idle before another worker takes
 // it over (QUEUE_RECLAIM_IDLE_SECONDS).
 func (c *Config) QueueReclaimIdle() time.Duration { return seconds(c.QueueReclaimIdleSeconds) }
+
+// DeadLetterTTL is DEAD_LETTER_TTL_HOURS as a duration.
+func (c *Config) DeadLetterTTL() time.Duration {
+	return time.Duration(c.DeadLetterTTLHours) * time.Hour
+}
 
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).

@@ -125,6 +125,8 @@ func (c *Config) Validate() error {
 			c.QueueReclaimIdleSeconds, c.WorkerHeartbeatSeconds)
 	}
 	v.atLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeoutSeconds, 1)
+	v.atLeast("DEAD_LETTER_MAX_LEN", c.DeadLetterMaxLen, 1)
+	v.atLeast("DEAD_LETTER_TTL_HOURS", c.DeadLetterTTLHours, 1)
 	v.atLeast("QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 0)
 	v.atLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelayMS, 1)
 	if c.QueueFailoverMaxDelayMS < c.QueueFailoverBaseDelayMS {

@@ -22,6 +22,7 @@ const (
 	ProblemProviderUnavailable = "provider-unavailable"
 	ProblemProviderRejected    = "provider-rejected"
 	ProblemWorkerLost          = "worker-lost"
+	ProblemStreamGap           = "stream-gap"
 	ProblemShuttingDown        = "shutting-down"
 	ProblemSlowClient          = "slow-client"
 	ProblemNotReady            = "not-ready"

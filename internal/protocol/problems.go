@@ -57,6 +57,7 @@ var Problems = catalogue(
 	pt(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable),
 	pt(ProblemProviderRejected, "Provider Rejected the Request", http.StatusUnprocessableEntity),
 	pt(ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable),
+	pt(ProblemStreamGap, "Stream Gap", http.StatusServiceUnavailable),
 	pt(ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable),
 	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
 	pt(ProblemNotReady, "Not Ready", http.StatusServiceUnavailable),
@@ -167,6 +168,13 @@ func ProviderRejected(upstreamStatus int) *Problem {
 // took over.
 func WorkerLost(retryAfterSeconds int) *Problem {
 	return problem(ProblemWorkerLost, "The worker answering the request stopped and no other took over; retry the request.",
+		retryAfterSeconds)
+}
+
+// StreamGap ends a queued stream in which chunks went missing and were not
+// made good in time: the client has part of an answer, never a `done`.
+func StreamGap(retryAfterSeconds int) *Problem {
+	return problem(ProblemStreamGap, "Part of the answer was lost on the way from the worker; retry the request.",
 		retryAfterSeconds)
 }
 

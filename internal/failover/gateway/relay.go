@@ -74,6 +74,14 @@ func (r *relay) run() {
 	defer watchdog.Stop()
 	started := false
 	subC := r.sub.C()
+	seq := newSequencer()
+	// heal runs while a gap is open: the missing chunks may still come
+	// (a retried publish overtaken by the next) or the worker's reset may
+	// void them; after one heartbeat the gap is final.
+	heal := time.NewTimer(time.Hour)
+	heal.Stop()
+	defer heal.Stop()
+	healing := false
 	for {
 		select {
 		case msg, ok := <-subC:
@@ -87,6 +95,14 @@ func (r *relay) run() {
 				g.deps.Log.Warn("malformed result message skipped", "request_id", r.job.RequestID, "err", err, "bytes", len(msg))
 				continue
 			}
+			v := seq.accept(res)
+			if v.stale {
+				// A worker that lost the job still speaks: fenced off, and
+				// its words are no sign of life of the one that has it.
+				g.deps.Log.Info("result of an older attempt dropped", "request_id", r.job.RequestID,
+					"attempt", res.Attempt, "current", seq.attempt, "kind", res.Kind.String())
+				continue
+			}
 			// Any message means a worker has the job: from now on only
 			// its silence counts. (Workers observe spillway_queue_wait_seconds.)
 			if !started {
@@ -94,14 +110,35 @@ func (r *relay) run() {
 			}
 			started = true
 			watchdog.Reset(silence)
-			select {
-			case r.results <- res:
-			case <-r.stop:
+			for _, out := range v.out {
+				select {
+				case r.results <- out:
+				case <-r.stop:
+					return
+				}
+				if out.Kind == protocol.KindDone || out.Kind == protocol.KindError {
+					return
+				}
+			}
+			if v.broken {
+				g.deps.Log.Warn("chunks missing from the answer; ending the stream", "request_id", r.job.RequestID,
+					"attempt", seq.attempt, "next_seq", seq.next)
+				r.giveUp(protocol.StreamGap(g.retryAfter()))
 				return
 			}
-			if res.Kind == protocol.KindDone || res.Kind == protocol.KindError {
-				return
+			switch {
+			case v.waiting && !healing:
+				healing = true
+				heal.Reset(cfg.WorkerHeartbeat)
+			case !v.waiting && healing:
+				healing = false
+				heal.Stop()
 			}
+		case <-heal.C:
+			g.deps.Log.Warn("gap in the answer did not heal; ending the stream", "request_id", r.job.RequestID,
+				"attempt", seq.attempt, "next_seq", seq.next, "wait", cfg.WorkerHeartbeat.String())
+			r.giveUp(protocol.StreamGap(g.retryAfter()))
+			return
 		case <-r.sub.Done():
 			reason, p := "connection_lost", protocol.ResultChannelLost(g.retryAfter())
 			if errors.Is(r.sub.Err(), failover.ErrResultOverflow) {
