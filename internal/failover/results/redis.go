@@ -20,12 +20,14 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/pubsub"
 )
 
-// Publisher is the worker's half on Redis: PUBLISH on the result channel,
-// EXISTS on the cancel key, SUBSCRIBE to the cancel channel. It closes no
-// client it is handed.
+// Publisher is the worker's half on Redis: PUBLISH on the result channel
+// (SPUBLISH on a Redis Cluster, where result channels are sharded), EXISTS
+// on the cancel key, SUBSCRIBE to the cancel channel. It closes no client
+// it is handed.
 type Publisher struct {
-	prefix string
-	rdb    redis.UniversalClient
+	prefix  string
+	rdb     redis.UniversalClient
+	sharded bool
 }
 
 var (
@@ -38,14 +40,23 @@ func NewPublisher(prefix string, rdb redis.UniversalClient) (*Publisher, error) 
 	if prefix == "" || rdb == nil {
 		return nil, errors.New("results: publisher needs a prefix and a redis client")
 	}
-	return &Publisher{prefix: prefix, rdb: rdb}, nil
+	_, sharded := rdb.(*redis.ClusterClient)
+	return &Publisher{prefix: prefix, rdb: rdb, sharded: sharded}, nil
 }
 
 // PublishResult publishes msg on requestID's result channel; listened is
 // whether a subscriber received it.
 func (p *Publisher) PublishResult(ctx context.Context, requestID string, msg []byte) (bool, error) {
 	channel := failover.ResultChannel(p.prefix, requestID)
-	n, err := p.rdb.Publish(ctx, channel, msg).Result()
+	var cmd *redis.IntCmd
+	if p.sharded {
+		// Sharded Pub/Sub: the message goes to the primary owning the
+		// channel's slot only, instead of every node of the cluster.
+		cmd = p.rdb.SPublish(ctx, channel, msg)
+	} else {
+		cmd = p.rdb.Publish(ctx, channel, msg)
+	}
+	n, err := cmd.Result()
 	if err != nil {
 		return false, fmt.Errorf("results: publish %s: %w", channel, err)
 	}
@@ -164,7 +175,9 @@ func (s *Subscriber) SubscribeResults(ctx context.Context, requestID string) (fa
 }
 
 // Cancel sets requestID's cancel key for ttl and announces it on the
-// cancel channel, in one MULTI so a worker sees both or neither.
+// cancel channel, in one MULTI so a worker sees both or neither. On a
+// cluster the MULTI runs on the cancel key's node (PUBLISH has no key) and
+// Redis broadcasts the classic-channel notice to every node.
 func (s *Subscriber) Cancel(ctx context.Context, requestID string, ttl time.Duration) error {
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, failover.CancelKey(s.prefix, requestID), "1", ttl)
