@@ -333,7 +333,7 @@ func (sh *shard) readLoop() {
 				sh.mu.Unlock()
 			case isTimeout(err):
 				sh.lost(ps, errNoPong)
-			case errors.As(err, &rerr) && sh.sharded && movedSlot(err) >= 0:
+			case sh.sharded && movedSlot(err) >= 0:
 				// SSUBSCRIBE reached a node that no longer owns the
 				// channel's slot: Subscribe retries on the new owner.
 				pingSent = false
@@ -464,7 +464,8 @@ func (sh *shard) moved(ps *redis.PubSub, slot int) {
 }
 
 // movedSlot returns the slot of a "MOVED <slot> <addr>" or
-// "ASK <slot> <addr>" error, or -1.
+// "ASK <slot> <addr>" error reply, or -1. It reads the text: go-redis
+// returns these replies as its own redirection errors, not as redis.Error.
 func movedSlot(err error) int {
 	msg := err.Error()
 	var rest string
