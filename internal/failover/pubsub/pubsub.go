@@ -348,6 +348,21 @@ func (s *Subscriber) subscribeOnce(ctx context.Context, channel string, deadline
 	}
 }
 
+// Reset ends every subscription with ErrConnectionLost (wrapping cause)
+// and replaces every connection; the next Subscribe connects afresh. Call
+// it when the Redis primary changed under the client (a Sentinel
+// failover): go-redis moves its command connections to the new primary
+// but leaves Pub/Sub connections on the old one, now a replica, where no
+// worker's PUBLISH is counted or delivered.
+func (s *Subscriber) Reset(cause error) {
+	for _, sh := range s.allShards() {
+		sh.mu.Lock()
+		ps := sh.ps
+		sh.mu.Unlock()
+		sh.lost(ps, cause)
+	}
+}
+
 // Stats returns the current counters.
 func (s *Subscriber) Stats() Stats {
 	return Stats{

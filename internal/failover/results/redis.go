@@ -190,6 +190,11 @@ func (s *Subscriber) Cancel(ctx context.Context, requestID string, ttl time.Dura
 	return nil
 }
 
+// Reset ends every result subscription and reconnects (pubsub.Subscriber
+// Reset): for a Sentinel failover, whose new primary the old Pub/Sub
+// connections do not follow.
+func (s *Subscriber) Reset(cause error) { s.sub.Reset(cause) }
+
 // Stats returns the multiplexer's counters.
 func (s *Subscriber) Stats() pubsub.Stats { return s.sub.Stats() }
 
