@@ -898,3 +898,34 @@ func startProxy(tb testing.TB, target string) *proxy {
 	})
 	return p
 }
+
+// Reset (a Sentinel failover) ends every open subscription with
+// ErrConnectionLost and later subscriptions work on fresh connections.
+func TestResetEndsSubscriptions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	pub := srv.Client(t)
+	s := newSubscriber(t, Config{SubscribeTimeout: 2 * time.Second}, srv.Client(t))
+	prefix := redistest.Prefix(t)
+	subs := make([]*Subscription, 20)
+	for i := range subs {
+		subs[i] = mustSubscribe(t, s, fmt.Sprintf("%s%d", prefix, i))
+	}
+	s.Reset(errors.New("primary switched"))
+	for _, sub := range subs {
+		waitDone(t, sub, within)
+		if !errors.Is(sub.Err(), ErrConnectionLost) {
+			t.Fatalf("%s: Err = %v, want ErrConnectionLost", sub.Channel(), sub.Err())
+		}
+	}
+	if st := s.Stats(); st.Active != 0 {
+		t.Fatalf("stats %+v after Reset, want none active", st)
+	}
+	sub := mustSubscribe(t, s, prefix+"after")
+	if n := publish(t, pub, sub.Channel(), "fresh"); n != 1 {
+		t.Fatalf("PUBLISH after Reset reached %d subscribers", n)
+	}
+	if got := receive(t, sub, within); got != "fresh" {
+		t.Fatalf("after Reset got %q", got)
+	}
+}
