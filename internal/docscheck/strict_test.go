@@ -1,9 +1,5 @@
-//go:build docscheck_strict
-
-// The strict check waits behind a build tag because, when it was written,
-// Go comments in packages being restructured still cited the design notes
-// kept outside the repository. Once they cite docs/ instead, drop the tag
-// (or run `go test -tags docscheck_strict ./internal/docscheck/`).
+// No file of the repository may refer to a file outside it: a clone must
+// stand on its own.
 
 package docscheck
 

@@ -22,12 +22,20 @@ var ErrResultOverflow = errors.New("failover: result subscription overflowed")
 // ResultPublisher is the worker's half of the result channel. Safe for
 // concurrent use.
 //
-// PublishResult sends one encoded protocol.Result to requestID's channel.
-// listened reports whether a subscriber received it: false means the api
-// stopped listening, so the client is gone. On error the result may or may
-// not have been delivered.
+// ResultsFor returns the sink of requestID's channel, once per job, so the
+// channel name is built once rather than per message.
 type ResultPublisher interface {
-	PublishResult(ctx context.Context, requestID string, msg []byte) (listened bool, err error)
+	ResultsFor(requestID string) ResultSink
+}
+
+// ResultSink publishes one request's results. Safe for concurrent use;
+// the caller keeps results in order.
+//
+// Publish sends one encoded protocol.Result. listened reports whether a
+// subscriber received it: false means the api stopped listening, so the
+// client is gone. On error the result may or may not have been delivered.
+type ResultSink interface {
+	Publish(ctx context.Context, msg []byte) (listened bool, err error)
 }
 
 // ResultSubscriber is the api's half of the result channel. Safe for

@@ -71,7 +71,7 @@ type SimConfig struct {
 	MaxConcurrency int
 }
 
-// DefaultSimConfig returns the defaults DESIGN.md gives for the SIM_*
+// DefaultSimConfig returns the defaults docs/OPERATIONS.md gives for the SIM_*
 // settings.
 func DefaultSimConfig() SimConfig {
 	return SimConfig{

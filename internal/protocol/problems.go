@@ -12,44 +12,63 @@ type ProblemType struct {
 	Slug   string
 	Title  string
 	Status int
+	// Type is ProblemTypeBase + Slug, built once by the catalogue so an
+	// occurrence costs one allocation.
+	Type string
 }
 
 // New returns an occurrence of t with detail, written for the client.
 func (t ProblemType) New(detail string) *Problem {
-	return &Problem{Type: ProblemTypeBase + t.Slug, Title: t.Title, Status: t.Status, Detail: detail}
+	return &Problem{Type: t.Type, Title: t.Title, Status: t.Status, Detail: detail}
+}
+
+// pt is one catalogue entry.
+func pt(slug, title string, status int) ProblemType {
+	return ProblemType{Slug: slug, Title: title, Status: status}
+}
+
+// catalogue indexes types by slug and fills in their Type.
+func catalogue(types ...ProblemType) map[string]ProblemType {
+	m := make(map[string]ProblemType, len(types))
+	for _, t := range types {
+		t.Type = ProblemTypeBase + t.Slug
+		m[t.Slug] = t
+	}
+	return m
 }
 
 // Problems is the catalogue: every problem type Spillway writes, on a
 // refusal (application/problem+json) or in an `error` event. No component
 // builds a problem of a type missing here; TestProblemCatalogue holds that
 // every slug constant has an entry. docs/API.md lists them for clients.
-var Problems = map[string]ProblemType{
-	ProblemBadRequest:          {ProblemBadRequest, "Bad Request", http.StatusBadRequest},
-	ProblemUnauthorized:        {ProblemUnauthorized, "Unauthorized", http.StatusUnauthorized},
-	ProblemNotFound:            {ProblemNotFound, "Not Found", http.StatusNotFound},
-	ProblemMethodNotAllowed:    {ProblemMethodNotAllowed, "Method Not Allowed", http.StatusMethodNotAllowed},
-	ProblemBodyTooLarge:        {ProblemBodyTooLarge, "Request Body Too Large", http.StatusRequestEntityTooLarge},
-	ProblemUnsupportedMedia:    {ProblemUnsupportedMedia, "Unsupported Media Type", http.StatusUnsupportedMediaType},
-	ProblemRateLimited:         {ProblemRateLimited, "Too Many Requests", http.StatusTooManyRequests},
-	ProblemPoolExhausted:       {ProblemPoolExhausted, "Capacity Exhausted", http.StatusServiceUnavailable},
-	ProblemQueueOverflow:       {ProblemQueueOverflow, "Queue Over Capacity", http.StatusServiceUnavailable},
-	ProblemQueueTimeout:        {ProblemQueueTimeout, "Queue Timeout", http.StatusServiceUnavailable},
-	ProblemQueueUnavailable:    {ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable},
-	ProblemProviderError:       {ProblemProviderError, "Provider Error", http.StatusBadGateway},
-	ProblemProviderUnavailable: {ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable},
-	ProblemWorkerLost:          {ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable},
-	ProblemShuttingDown:        {ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable},
-	ProblemSlowClient:          {ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable},
-	ProblemNotReady:            {ProblemNotReady, "Not Ready", http.StatusServiceUnavailable},
-	ProblemInternal:            {ProblemInternal, "Internal Error", http.StatusInternalServerError},
-}
+var Problems = catalogue(
+	pt(ProblemBadRequest, "Bad Request", http.StatusBadRequest),
+	pt(ProblemUnauthorized, "Unauthorized", http.StatusUnauthorized),
+	pt(ProblemNotFound, "Not Found", http.StatusNotFound),
+	pt(ProblemMethodNotAllowed, "Method Not Allowed", http.StatusMethodNotAllowed),
+	pt(ProblemBodyTooLarge, "Request Body Too Large", http.StatusRequestEntityTooLarge),
+	pt(ProblemUnsupportedMedia, "Unsupported Media Type", http.StatusUnsupportedMediaType),
+	pt(ProblemRateLimited, "Too Many Requests", http.StatusTooManyRequests),
+	pt(ProblemPoolExhausted, "Capacity Exhausted", http.StatusServiceUnavailable),
+	pt(ProblemQueueOverflow, "Queue Over Capacity", http.StatusServiceUnavailable),
+	pt(ProblemQueueTimeout, "Queue Timeout", http.StatusServiceUnavailable),
+	pt(ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable),
+	pt(ProblemProviderError, "Provider Error", http.StatusBadGateway),
+	pt(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable),
+	pt(ProblemProviderRejected, "Provider Rejected the Request", http.StatusUnprocessableEntity),
+	pt(ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable),
+	pt(ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable),
+	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
+	pt(ProblemNotReady, "Not Ready", http.StatusServiceUnavailable),
+	pt(ProblemInternal, "Internal Error", http.StatusInternalServerError),
+)
 
 // problem returns an occurrence of the catalogued type slug advising a
 // retry after retryAfterSeconds, in one allocation (refusals are a hot
 // path under overload).
 func problem(slug, detail string, retryAfterSeconds int) *Problem {
 	t := Problems[slug]
-	return &Problem{Type: ProblemTypeBase + t.Slug, Title: t.Title, Status: t.Status, Detail: detail,
+	return &Problem{Type: t.Type, Title: t.Title, Status: t.Status, Detail: detail,
 		RetryAfterSeconds: retryAfterSeconds}
 }
 
@@ -127,6 +146,17 @@ func ProviderFailed(retryAfterSeconds int) *Problem {
 func ProviderUnavailable(retryAfterSeconds int) *Problem {
 	return problem(ProblemProviderUnavailable, "The model provider is failing; requests are refused until it recovers. Retry after the advised delay.",
 		retryAfterSeconds)
+}
+
+// ProviderRejected ends a stream whose provider refused this request's
+// content (upstream 400, 404, 413, 415 or 422; llm.IsClientError): sending
+// it again would meet the same answer, so it advises no retry and is never
+// retried or dead-lettered. upstreamStatus is the provider's HTTP status,
+// which helps the caller (404 usually names an unknown model).
+func ProviderRejected(upstreamStatus int) *Problem {
+	return problem(ProblemProviderRejected, fmt.Sprintf(
+		"The model provider refused this request (HTTP %d): check the model name, the messages and max_tokens; sending it again unchanged will not help.",
+		upstreamStatus), 0)
 }
 
 // WorkerLost ends a queued request whose worker went silent and no other

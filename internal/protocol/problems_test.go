@@ -52,7 +52,7 @@ func TestProblemCatalogue(t *testing.T) {
 			t.Errorf("slug %q has no catalogue entry", s)
 			continue
 		}
-		if pt.Slug != s || pt.Title == "" || pt.Status < 400 || http.StatusText(pt.Status) == "" {
+		if pt.Slug != s || pt.Type != protocol.ProblemTypeBase+s || pt.Title == "" || pt.Status < 400 || http.StatusText(pt.Status) == "" {
 			t.Errorf("catalogue entry %q = %+v: want its slug, a title and an error status", s, pt)
 		}
 	}

@@ -64,6 +64,21 @@ func NewMemory(cfg MemoryConfig) (*Memory, error) {
 		watchers: map[*memCancels]struct{}{}}, nil
 }
 
+// ResultsFor returns the sink of requestID's results.
+func (m *Memory) ResultsFor(requestID string) failover.ResultSink {
+	return memSink{m: m, id: requestID}
+}
+
+// memSink publishes one request's results into a Memory.
+type memSink struct {
+	m  *Memory
+	id string
+}
+
+func (s memSink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	return s.m.PublishResult(ctx, s.id, msg)
+}
+
 // PublishResult delivers msg to requestID's subscription, if any. A
 // subscription whose buffer is full ends with failover.ErrResultOverflow.
 func (m *Memory) PublishResult(ctx context.Context, requestID string, msg []byte) (bool, error) {

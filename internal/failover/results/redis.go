@@ -44,21 +44,36 @@ func NewPublisher(prefix string, rdb redis.UniversalClient) (*Publisher, error) 
 	return &Publisher{prefix: prefix, rdb: rdb, sharded: sharded}, nil
 }
 
+// ResultsFor returns the sink of requestID's result channel.
+func (p *Publisher) ResultsFor(requestID string) failover.ResultSink {
+	return redisSink{rdb: p.rdb, channel: failover.ResultChannel(p.prefix, requestID), sharded: p.sharded}
+}
+
 // PublishResult publishes msg on requestID's result channel; listened is
 // whether a subscriber received it.
 func (p *Publisher) PublishResult(ctx context.Context, requestID string, msg []byte) (bool, error) {
-	channel := failover.ResultChannel(p.prefix, requestID)
+	return p.ResultsFor(requestID).Publish(ctx, msg)
+}
+
+// redisSink publishes on one result channel: SPUBLISH on a Redis Cluster
+// (sharded Pub/Sub: the message goes to the primary owning the channel's
+// slot only, instead of every node), PUBLISH otherwise.
+type redisSink struct {
+	rdb     redis.UniversalClient
+	channel string
+	sharded bool
+}
+
+func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	var cmd *redis.IntCmd
-	if p.sharded {
-		// Sharded Pub/Sub: the message goes to the primary owning the
-		// channel's slot only, instead of every node of the cluster.
-		cmd = p.rdb.SPublish(ctx, channel, msg)
+	if s.sharded {
+		cmd = s.rdb.SPublish(ctx, s.channel, msg)
 	} else {
-		cmd = p.rdb.Publish(ctx, channel, msg)
+		cmd = s.rdb.Publish(ctx, s.channel, msg)
 	}
 	n, err := cmd.Result()
 	if err != nil {
-		return false, fmt.Errorf("results: publish %s: %w", channel, err)
+		return false, fmt.Errorf("results: publish %s: %w", s.channel, err)
 	}
 	return n > 0, nil
 }

@@ -31,7 +31,8 @@ type halves struct {
 // checkChannel runs the behaviour both implementations share.
 func checkChannel(t *testing.T, h halves, id string) {
 	ctx := context.Background()
-	if heard, err := h.pub.PublishResult(ctx, id, []byte("early")); err != nil || heard {
+	sink := h.pub.ResultsFor(id)
+	if heard, err := sink.Publish(ctx, []byte("early")); err != nil || heard {
 		t.Fatalf("publish before any subscription: heard %v, %v; want nobody", heard, err)
 	}
 	sub, err := h.sub.SubscribeResults(ctx, id)
@@ -39,7 +40,7 @@ func checkChannel(t *testing.T, h halves, id string) {
 		t.Fatalf("SubscribeResults: %v", err)
 	}
 	for _, msg := range []string{"one", "two"} {
-		if heard, err := h.pub.PublishResult(ctx, id, []byte(msg)); err != nil || !heard {
+		if heard, err := sink.Publish(ctx, []byte(msg)); err != nil || !heard {
 			t.Fatalf("publish %q: heard %v, %v; want the subscription", msg, heard, err)
 		}
 	}

@@ -18,11 +18,10 @@ const publishTimeout = 2 * time.Second
 // means the api stopped listening: the client is gone, so the job is
 // cancelled.
 type publisher struct {
-	results   failover.ResultPublisher
-	requestID string
-	cancel    context.CancelCauseFunc
-	log       *slog.Logger
-	mu        sync.Mutex // keeps results in order
+	results failover.ResultSink
+	cancel  context.CancelCauseFunc
+	log     *slog.Logger
+	mu      sync.Mutex // keeps results in order
 }
 
 func (p *publisher) send(ctx context.Context, r protocol.Result) {
@@ -35,7 +34,7 @@ func (p *publisher) send(ctx context.Context, r protocol.Result) {
 	defer p.mu.Unlock()
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
 	defer cancel()
-	listened, err := p.results.PublishResult(pctx, p.requestID, msg)
+	listened, err := p.results.Publish(pctx, msg)
 	switch {
 	case err != nil:
 		p.log.Warn("publish failed", "kind", r.Kind.String(), "err", err)
