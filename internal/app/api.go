@@ -114,6 +114,12 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	a.background = append(a.background, func(ctx context.Context) {
+		WatchPrimarySwitch(ctx, cfg, log, func(addr string) {
+			log.Warn("redis primary switched; resubscribing result channels", "primary", addr)
+			sub.Reset(fmt.Errorf("redis primary switched to %s", addr))
+		})
+	})
 	gw, err := gateway.New(GatewayConfig(cfg), gateway.Deps{
 		Producer: q.Queue, Results: sub, Canceller: sub, Quota: quota, Metrics: m, Log: log,
 	})

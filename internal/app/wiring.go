@@ -22,16 +22,6 @@ import (
 // (docs/OPERATIONS.md lists the settings). A field left out here takes the
 // component's documented default.
 
-// Redis client sizing. Waiting clients hold no connection each (Pub/Sub
-// is multiplexed), but enqueues and cancels need a few under load; a
-// consumer needs about two per running job (publish, touch) and a few for
-// fetching.
-const (
-	apiRedisPoolSize             = 64
-	consumerRedisConnsPerJob     = 2
-	consumerRedisConnsBackground = 8
-)
-
 // kafkaSetupTimeout bounds creating the Kafka topics at start.
 const kafkaSetupTimeout = 10 * time.Second
 
@@ -101,8 +91,10 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
-	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(),
-		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload}
+	return redisstream.Config{
+		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(), Shards: cfg.QueueShards,
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
+	}
 }
 
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
