@@ -40,8 +40,17 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 			d.close()
 		}
 	}()
+	if d.rdb, err = d.connectRedis(role); err != nil {
+		return nil, err
+	}
 	provider := opts.Provider
-	if provider == nil {
+	switch {
+	case provider != nil:
+	case usesBalancer(cfg):
+		if provider, err = d.newBalancer(role); err != nil {
+			return nil, err
+		}
+	default:
 		if provider, err = NewProvider(cfg); err != nil {
 			return nil, err
 		}
@@ -52,9 +61,6 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	// spillway_upstream_responses_total.
 	provider = llm.CountResponses(provider, d.obs.m.UpstreamResponded)
 	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
-		return nil, err
-	}
-	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
 	if d.pool, err = d.newPool(role); err != nil {
@@ -69,13 +75,14 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	return d, nil
 }
 
-// connectRedis creates the process's Redis client: REDIS_URL's, or in
-// embedded mode an in-process miniredis on a loopback port.
+// connectRedis creates the process's Redis client (NewRedisClient: REDIS_URL,
+// REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS), or in embedded mode an
+// in-process miniredis on a loopback port. The client is closed by close.
 func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 	cfg := d.cfg
 	if cfg.Embedded() {
 		if role == roleConsumer {
-			return nil, fmt.Errorf("consumer: REDIS_URL is required (the consumer has no embedded mode)")
+			return nil, fmt.Errorf("consumer: a Redis is required (the consumer has no embedded mode): set REDIS_URL, REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS")
 		}
 		mr := miniredis.NewMiniRedis()
 		if err := mr.Start(); err != nil {
@@ -88,20 +95,14 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 		d.closers = append(d.closers, func() { _ = rdb.Close() })
 		return rdb, nil
 	}
-	opts, err := redis.ParseURL(cfg.RedisURL)
+	// One Redis, a Cluster or a Sentinel-managed primary, by RedisMode;
+	// every component takes the client as a redis.UniversalClient.
+	rdb, err := NewRedisClient(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%s: REDIS_URL: %w", role, err)
+		return nil, fmt.Errorf("%s: %w", role, err)
 	}
-	size := apiRedisPoolSize
-	if role == roleConsumer {
-		size = consumerRedisConnsPerJob*cfg.WorkerConcurrency + consumerRedisConnsBackground
-	}
-	opts.PoolSize = max(opts.PoolSize, size)
-	// Context deadlines bound every command, so a hung Redis cannot hang a
-	// request.
-	opts.ContextTimeoutEnabled = true
-	rdb := redis.NewClient(opts)
 	d.closers = append(d.closers, func() { _ = rdb.Close() })
+	d.log.Info("redis", "mode", cfg.RedisMode())
 	return rdb, nil
 }
 
@@ -131,6 +132,11 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 
 // provider is the provider behind its breaker.
 func (d *deps) provider() llm.Provider { return d.breaker }
+
+// workerProvider is the provider as queue workers call it: behind the same
+// breaker, but waiting for an upstream slot where the api's direct path
+// would hand its request to the queue.
+func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.breaker} }
 
 // close releases what newDeps built, newest first.
 func (d *deps) close() {

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/admission"
@@ -15,21 +16,12 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // The mapping from settings to each component's Config, in one place
 // (docs/OPERATIONS.md lists the settings). A field left out here takes the
 // component's documented default.
-
-// Redis client sizing. Waiting clients hold no connection each (Pub/Sub
-// is multiplexed), but enqueues and cancels need a few under load; a
-// consumer needs about two per running job (publish, touch) and a few for
-// fetching.
-const (
-	apiRedisPoolSize             = 64
-	consumerRedisConnsPerJob     = 2
-	consumerRedisConnsBackground = 8
-)
 
 // kafkaSetupTimeout bounds creating the Kafka topics at start.
 const kafkaSetupTimeout = 10 * time.Second
@@ -83,6 +75,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
+// QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
+func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
+	return admission.QuotaConfig{Prefix: cfg.QueuePrefix, MaxPerIdentity: cfg.QueueMaxPerIdentity, MaxBytes: cfg.QueueMaxBytes}
+}
+
 // RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
 // settings give; holder names this process.
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
@@ -95,7 +92,10 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
-	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle()}
+	return redisstream.Config{
+		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(), Shards: cfg.QueueShards,
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
+	}
 }
 
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
@@ -125,6 +125,7 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
 }
 
@@ -136,10 +137,48 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
-		ResumeWindow:      cfg.StreamResumeWindow(),
-		LogTTL:            cfg.StreamLogTTL(),
-		Retry:             RetryPolicy(cfg),
+		// Zero trusts the header, matching TRUST_USER_ID_HEADER's default.
+		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
+		TrustedProxies:     cfg.TrustedProxies,
+		Models:             cfg.LLMModels,
+		BodyReadTimeout:    cfg.BodyReadTimeout(),
+		ResumeWindow:       cfg.StreamResumeWindow(),
+		LogTTL:             cfg.StreamLogTTL(),
+		Retry:              RetryPolicy(cfg),
 	}
+}
+
+// UpstreamHealthConfig is the passive health of several upstreams the
+// LLM_UPSTREAM_* settings give.
+func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
+	return upstream.HealthConfig{MaxFails: cfg.LLMUpstreamMaxFails, Cooldown: cfg.LLMUpstreamCooldown()}
+}
+
+// BalancerConfig is the routing over several upstreams the LLM_ROUTING,
+// LLM_AFFINITY_BALANCE, LLM_RETRY_AFTER_MAX_SECONDS and
+// LLM_UPSTREAM_PROBE_SECONDS settings give.
+func BalancerConfig(cfg *config.Config) upstream.Config {
+	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
+		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
+}
+
+// OpenAIModels are the models GET /v1/models lists: the simulator's name
+// with LLM_PROVIDER=sim; with upstreams, the union of the models they list
+// (none when every upstream takes any model it knows; docs/API.md,
+// "OpenAI-compatible API").
+func OpenAIModels(cfg *config.Config) []string {
+	if cfg.LLMProvider == "sim" {
+		return []string{"sim"}
+	}
+	var models []string
+	for _, s := range cfg.Upstreams {
+		for _, m := range s.Models {
+			if !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+	}
+	return models
 }
 
 // StreamLogConfig is the stream log's part of cfg.

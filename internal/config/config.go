@@ -4,6 +4,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/internal/upstream"
+
 	"log/slog"
 	"strings"
 	"time"
@@ -64,6 +66,12 @@ type Config struct {
 	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
 	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
 	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
+	// DeadLetterMaxLen bounds the dead-letter stream (XADD MAXLEN ~). Default 10000.
+	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN" envDefault:"10000"`
+	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record. Default 168.
+	DeadLetterTTLHours int `env:"DEAD_LETTER_TTL_HOURS" envDefault:"168"`
+	// DeadLetterKeepPayload stores the job's prompt in a dead letter; false keeps a digest and sizes only. Default false.
+	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD" envDefault:"false"`
 	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
 	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`
 	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again. Default 500.
@@ -72,6 +80,10 @@ type Config struct {
 	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
 	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
 	QueueDepthCacheTTLMS int `env:"QUEUE_DEPTH_CACHE_TTL_MS" envDefault:"1000"`
+	// QueueMaxPerIdentity is queued jobs per identity before 429 too-many-queued. Default 100.
+	QueueMaxPerIdentity int `env:"QUEUE_MAX_PER_IDENTITY" envDefault:"100"`
+	// QueueMaxBytes bounds the bytes of the jobs waiting, cluster-wide, before 503 queue-overflow. Default 268435456 (256 MiB).
+	QueueMaxBytes int64 `env:"QUEUE_MAX_BYTES" envDefault:"268435456"`
 	// QueuePrefix prefixes every queue key and channel. Default "queue:".
 	QueuePrefix string `env:"QUEUE_PREFIX" envDefault:"queue:"`
 
@@ -109,13 +121,22 @@ type Config struct {
 	// StreamResumeWindowSeconds is how long a stream whose client left
 	// keeps generating for a resume; 0 cancels at once. Default 10.
 	StreamResumeWindowSeconds int `env:"STREAM_RESUME_WINDOW_SECONDS" envDefault:"10"`
+	// BodyReadTimeoutSeconds bounds reading a request body. Default 10.
+	BodyReadTimeoutSeconds int `env:"BODY_READ_TIMEOUT_SECONDS" envDefault:"10"`
+	// MaxConnections bounds the api's open client connections; more get 503. Default 20000.
+	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"20000"`
 
 	// RateLimitRPS is requests per second per identity; 0 is off. Default 0.
 	RateLimitRPS float64 `env:"RATE_LIMIT_RPS" envDefault:"0"`
 	// RateLimitBurst is the burst per identity. Default 0.
 	RateLimitBurst int `env:"RATE_LIMIT_BURST" envDefault:"0"`
-	// APIKeys are accepted bearer keys (or sha256 hex of them); empty means no auth.
+	// APIKeys are accepted bearer keys, or sha256:<hex> digests of them,
+	// each optionally ending in =high|normal|low; empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
+	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it). Default true.
+	TrustUserIDHeader bool `env:"TRUST_USER_ID_HEADER" envDefault:"true"`
+	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP count. Default empty.
+	TrustedProxies []string `env:"TRUSTED_PROXIES" envSeparator:","`
 
 	// BreakerFailures opens the provider's circuit after this many
 	// failures in a row. Default 5.
@@ -136,6 +157,8 @@ type Config struct {
 	LLMBaseURL string `env:"LLM_BASE_URL"`
 	// LLMAPIKey is sent as a bearer token upstream.
 	LLMAPIKey string `env:"LLM_API_KEY"`
+	// LLMModels, when set, are the only models a request may ask for. Default empty (any).
+	LLMModels []string `env:"LLM_MODELS" envSeparator:","`
 	// LLMFirstTokenTimeoutSeconds is the longest wait for an upstream
 	// call's first chunk. Default 60.
 	LLMFirstTokenTimeoutSeconds int `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS" envDefault:"60"`
@@ -148,6 +171,35 @@ type Config struct {
 	// LLMRetryAfterMaxSeconds caps how long an upstream 429/503 Retry-After
 	// is honoured. Default 30.
 	LLMRetryAfterMaxSeconds int `env:"LLM_RETRY_AFTER_MAX_SECONDS" envDefault:"30"`
+	// LLMRouting picks one of several upstreams per call: least-loaded,
+	// weighted, affinity or latency (docs/UPSTREAMS.md). Default
+	// least-loaded.
+	LLMRouting string `env:"LLM_ROUTING" envDefault:"least-loaded"`
+	// LLMUpstreamMaxConcurrency caps the calls in flight on each upstream of
+	// the LLM_BASE_URL list, cluster-wide; 0 means only the pool bounds
+	// them. Default 0.
+	LLMUpstreamMaxConcurrency int `env:"LLM_UPSTREAM_MAX_CONCURRENCY" envDefault:"0"`
+	// LLMUpstreamMaxFails is how many consecutive retryable failures before
+	// the first chunk make an upstream sit out. Default 3.
+	LLMUpstreamMaxFails int `env:"LLM_UPSTREAM_MAX_FAILS" envDefault:"3"`
+	// LLMUpstreamCooldownSeconds is how long an ejected upstream sits out
+	// before one probe or trial call decides whether it is back. Default 30.
+	LLMUpstreamCooldownSeconds int `env:"LLM_UPSTREAM_COOLDOWN_SECONDS" envDefault:"30"`
+	// LLMAffinityBalance is how many times busier than the least loaded an
+	// affinity choice may be (and at least 4 calls more) before the least
+	// loaded wins. Default 1.5.
+	LLMAffinityBalance float64 `env:"LLM_AFFINITY_BALANCE" envDefault:"1.5"`
+	// LLMUpstreamProbeSeconds is how often each upstream is probed
+	// (GET {base_url}/models), one process at a time; 0 means passive
+	// health only. Default 0.
+	LLMUpstreamProbeSeconds int `env:"LLM_UPSTREAM_PROBE_SECONDS" envDefault:"0"`
+	// YAMLUpstreams is the settings file's `upstreams:` list, the other way
+	// to give several upstreams (it has no env form).
+	YAMLUpstreams []upstream.Spec
+	// Upstreams is the resolved upstream list of LLM_PROVIDER=openai: one
+	// per LLM_BASE_URL entry, or the YAML list, with API keys looked up.
+	// Load fills it; nil with the simulator.
+	Upstreams []upstream.Spec
 
 	// SimFirstTokenMS is the simulator's delay before the first chunk. Default 150.
 	SimFirstTokenMS int `env:"SIM_FIRST_TOKEN_MS" envDefault:"150"`
@@ -245,6 +297,11 @@ func (c *Config) WorkerHeartbeat() time.Duration { return seconds(c.WorkerHeartb
 // it over (QUEUE_RECLAIM_IDLE_SECONDS).
 func (c *Config) QueueReclaimIdle() time.Duration { return seconds(c.QueueReclaimIdleSeconds) }
 
+// DeadLetterTTL is DEAD_LETTER_TTL_HOURS as a duration.
+func (c *Config) DeadLetterTTL() time.Duration {
+	return time.Duration(c.DeadLetterTTLHours) * time.Hour
+}
+
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).
 func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
@@ -254,6 +311,9 @@ func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSec
 
 // StreamResumeWindow is STREAM_RESUME_WINDOW_SECONDS.
 func (c *Config) StreamResumeWindow() time.Duration { return seconds(c.StreamResumeWindowSeconds) }
+
+// BodyReadTimeout bounds reading a request body (BODY_READ_TIMEOUT_SECONDS).
+func (c *Config) BodyReadTimeout() time.Duration { return seconds(c.BodyReadTimeoutSeconds) }
 
 // ShutdownGrace is the drain time for open streams (SHUTDOWN_GRACE_SECONDS).
 func (c *Config) ShutdownGrace() time.Duration { return seconds(c.ShutdownGraceSeconds) }
@@ -296,6 +356,16 @@ func (c *Config) SimFirstToken() time.Duration { return millis(c.SimFirstTokenMS
 
 // SimTokenInterval is the simulator's delay between chunks (SIM_TOKEN_MS).
 func (c *Config) SimTokenInterval() time.Duration { return millis(c.SimTokenMS) }
+
+// LLMUpstreamCooldown is LLM_UPSTREAM_COOLDOWN_SECONDS as a duration.
+func (c *Config) LLMUpstreamCooldown() time.Duration {
+	return time.Duration(c.LLMUpstreamCooldownSeconds) * time.Second
+}
+
+// LLMUpstreamProbe is LLM_UPSTREAM_PROBE_SECONDS as a duration; 0 is off.
+func (c *Config) LLMUpstreamProbe() time.Duration {
+	return time.Duration(c.LLMUpstreamProbeSeconds) * time.Second
+}
 
 // BreakerWindow is BREAKER_WINDOW_SECONDS as a duration.
 func (c *Config) BreakerWindow() time.Duration { return seconds(c.BreakerWindowSeconds) }

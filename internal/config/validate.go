@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/internal/upstream"
+
 	"errors"
 	"fmt"
 	"math"
@@ -10,6 +12,8 @@ import (
 	"unicode"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/identity"
 )
 
 // Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER and CORS_ALLOWED_ORIGINS.
@@ -36,6 +40,9 @@ const (
 	minDepthCacheTTLMS     = 10
 	minPoolLeaseTTLSeconds = 2
 	maxQueueShards         = 64
+	// maxModelName is the longest `model` a request may carry
+	// (internal/protocol), so a longer LLM_MODELS item could never match.
+	maxModelName = 256
 )
 
 // Validate reports every bad value at once, joined with errors.Join, each a
@@ -118,6 +125,8 @@ func (c *Config) Validate() error {
 			c.QueueReclaimIdleSeconds, c.WorkerHeartbeatSeconds)
 	}
 	v.atLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeoutSeconds, 1)
+	v.atLeast("DEAD_LETTER_MAX_LEN", c.DeadLetterMaxLen, 1)
+	v.atLeast("DEAD_LETTER_TTL_HOURS", c.DeadLetterTTLHours, 1)
 	v.atLeast("QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 0)
 	v.atLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelayMS, 1)
 	if c.QueueFailoverMaxDelayMS < c.QueueFailoverBaseDelayMS {
@@ -146,6 +155,25 @@ func (c *Config) Validate() error {
 		v.fail("STREAM_LOG_TTL_SECONDS", "(%d) must exceed STREAM_RESUME_WINDOW_SECONDS (%d): a resume needs the log",
 			c.StreamLogTTLSeconds, c.StreamResumeWindowSeconds)
 	}
+	v.atLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 1)
+	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
+	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)
+	// A backlog bound below one body would refuse every queued request.
+	if c.QueueMaxBytes < c.MaxBodyBytes {
+		v.fail("QUEUE_MAX_BYTES", "(%d) must be at least MAX_BODY_BYTES (%d)", c.QueueMaxBytes, c.MaxBodyBytes)
+	}
+	// The entries may be secrets: the errors name them by position only.
+	if _, err := identity.ParseKeys(c.APIKeys); err != nil {
+		v.fail("API_KEYS", "has a bad entry (keys, or sha256:<64 hex digits>, optionally ending in =high, =normal or =low): %v", err)
+	}
+	if _, err := identity.ParseProxies(c.TrustedProxies); err != nil {
+		v.fail("TRUSTED_PROXIES", "must be a comma list of CIDRs or addresses: %v", err)
+	}
+	for _, m := range c.LLMModels {
+		if len(m) > maxModelName {
+			v.fail("LLM_MODELS", "item of %d bytes is longer than a model name may be (%d)", len(m), maxModelName)
+		}
+	}
 
 	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
 		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)
@@ -162,16 +190,34 @@ func (c *Config) Validate() error {
 	switch c.LLMProvider {
 	case ProviderSim:
 	case ProviderOpenAI:
-		if c.LLMBaseURL == "" {
-			v.fail("LLM_BASE_URL", "is required when LLM_PROVIDER=openai")
+		if c.LLMBaseURL == "" && len(c.YAMLUpstreams) == 0 {
+			v.fail("LLM_BASE_URL", "is required when LLM_PROVIDER=openai (or an upstreams: list in the settings file)")
 		}
 	default:
 		v.fail("LLM_PROVIDER", "(%q) must be sim or openai", c.LLMProvider)
 	}
 	if c.LLMBaseURL != "" {
-		if err := checkHTTPURL(c.LLMBaseURL); err != nil {
-			v.fail("LLM_BASE_URL", "must be an http:// or https:// URL with a host: %v", err)
+		// A comma list means several upstreams (docs/UPSTREAMS.md).
+		for _, u := range strings.Split(c.LLMBaseURL, ",") {
+			if err := checkHTTPURL(strings.TrimSpace(u)); err != nil {
+				v.fail("LLM_BASE_URL", "must be an http:// or https:// URL (or a comma list of them) with a host: %v", err)
+			}
 		}
+	}
+	if c.LLMBaseURL != "" && len(c.YAMLUpstreams) > 0 {
+		v.fail("LLM_BASE_URL", "and the settings file's upstreams: list are both given; give one")
+	}
+	switch c.LLMRouting {
+	case upstream.RoutingLeastLoaded, upstream.RoutingWeighted, upstream.RoutingAffinity, upstream.RoutingLatency:
+	default:
+		v.fail("LLM_ROUTING", "(%q) must be least-loaded, weighted, affinity or latency", c.LLMRouting)
+	}
+	v.atLeast("LLM_UPSTREAM_MAX_CONCURRENCY", c.LLMUpstreamMaxConcurrency, 0)
+	v.atLeast("LLM_UPSTREAM_MAX_FAILS", c.LLMUpstreamMaxFails, 1)
+	v.atLeast("LLM_UPSTREAM_COOLDOWN_SECONDS", c.LLMUpstreamCooldownSeconds, 1)
+	v.atLeast("LLM_UPSTREAM_PROBE_SECONDS", c.LLMUpstreamProbeSeconds, 0)
+	if c.LLMAffinityBalance < 1 {
+		v.fail("LLM_AFFINITY_BALANCE", "(%g) must be at least 1", c.LLMAffinityBalance)
 	}
 	v.atLeast("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeoutSeconds, 1)
 	v.atLeast("LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeoutSeconds, 1)

@@ -3,7 +3,6 @@ package stream
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,21 +15,21 @@ import (
 // direct streams from the provider in this process while holding lease
 // (docs/ARCHITECTURE.md, "Direct path"). A retryable failure before the
 // first chunk is handed to the queue on the same response (handOff).
-func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, lease pool.Lease, start time.Time) {
+func (h *Handler) direct(x *exchange, lease pool.Lease) {
 	release := sync.OnceFunc(lease.Release)
 	defer release()
 	// The provider call outlives the request when the client leaves
 	// within a resume window; the session cancels it when the stream ends.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+	ctx, cancel := context.WithCancel(context.WithoutCancel(x.r.Context()))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
-	p := &directProducer{h: h, req: req, requestID: requestID, user: user, release: release, frames: frames}
+	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, release: release, frames: frames}
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
 	began := time.Now()
-	s := h.newSession(w, requestID, user, protocol.PathDirect, start)
+	s := h.sessionOf(x, protocol.PathDirect)
 	s.frames = frames
-	outcome, _ := s.serve(r.Context())
+	outcome, _ := s.serve(x.r.Context())
 	held := time.Since(began)
 	// The provider call (or the hand-off's relay) ends before the lease is
 	// released.

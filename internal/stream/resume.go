@@ -87,7 +87,7 @@ func validStreamID(id string) bool {
 // others' streams cannot be probed) and returns false.
 func (h *Handler) owned(w http.ResponseWriter, r *http.Request, requestID string) bool {
 	instance := r.URL.Path
-	user, prob := h.identity(r)
+	id, prob := h.identity(r)
 	if prob != nil {
 		WriteProblem(w, prob, instance)
 		return false
@@ -97,7 +97,7 @@ func (h *Handler) owned(w http.ResponseWriter, r *http.Request, requestID string
 		return false
 	}
 	owner, err := h.logr.Owner(r.Context(), requestID)
-	if errors.Is(err, streamlog.ErrNotFound) || err == nil && owner != user {
+	if errors.Is(err, streamlog.ErrNotFound) || err == nil && owner != id.Name {
 		WriteProblem(w, protocol.NotFound(), instance)
 		return false
 	}

@@ -28,6 +28,7 @@ const attachedCheckTimeout = time.Second
 type session struct {
 	h         *Handler
 	sink      Sink
+	resumable bool // the stream is logged and may outlive its client (native dialect only)
 	requestID string
 	owner     string
 	path      string // protocol.PathDirect or PathQueued
@@ -49,13 +50,24 @@ type session struct {
 	window     *time.Timer // runs while detached
 }
 
-// newSession returns the session of a stream; the caller fills in its source.
+// newSession returns the session of a /v1/stream stream; the caller fills
+// in its source.
 func (h *Handler) newSession(w http.ResponseWriter, requestID, owner, path string, start time.Time) *session {
-	var sink Sink = NewWriter(w, h.cfg.WriteTimeout)
-	if h.sinkFor != nil {
-		sink = h.sinkFor(w)
+	return &session{h: h, sink: NewWriter(w, h.cfg.WriteTimeout), resumable: true,
+		requestID: requestID, owner: owner, path: path, start: start}
+}
+
+// sessionOf returns the session of x's stream on path, writing x's
+// dialect. Only the native dialect is logged and resumable: an OpenAI
+// client cannot resume (its chunks carry no ids), so its stream ends when
+// it leaves (docs/API.md, "OpenAI-compatible API").
+func (h *Handler) sessionOf(x *exchange, path string) *session {
+	open := x.open
+	if open == nil {
+		open = openNative
 	}
-	return &session{h: h, sink: sink, requestID: requestID, owner: owner, path: path, start: start}
+	return &session{h: h, sink: open(x.w, h.cfg.WriteTimeout), resumable: x.d.resumable(),
+		requestID: x.requestID, owner: x.user, path: path, start: x.start}
 }
 
 // serve opens the response, then relays frames until a terminal one, the
@@ -68,7 +80,7 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 	stop, unregister := s.h.register(s.requestID)
 	defer unregister()
 	s.stop = stop
-	if s.h.logw != nil {
+	if s.h.logw != nil && s.resumable {
 		s.h.logw.Open(s.requestID, s.owner)
 	}
 	outcome, finished := s.pump(ctx)
@@ -158,6 +170,9 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 		case <-h.draining:
 			return s.end(protocol.ShuttingDown(shuttingDownRetryAfter)), false
 		}
+		if errors.Is(err, errAnswerEnded) {
+			return OutcomeError, false
+		}
 		if err != nil {
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
@@ -196,7 +211,7 @@ func (s *session) lose() bool {
 // one and a log to resume from; it reports whether the stream goes on.
 func (s *session) detach() bool {
 	h := s.h
-	if h.cfg.ResumeWindow <= 0 || h.logw == nil {
+	if !s.resumable || h.cfg.ResumeWindow <= 0 || h.logw == nil {
 		return false
 	}
 	if s.window == nil {
@@ -238,7 +253,7 @@ func (s *session) emit(ev Event) error {
 	if ev.Terminal() {
 		s.terminated = true
 	}
-	if s.h.logw != nil {
+	if s.h.logw != nil && s.resumable {
 		s.h.logw.Append(s.requestID, streamlog.Event{ID: ev.ID, Name: ev.Name, Data: data})
 	}
 	if !s.attached {
