@@ -126,7 +126,10 @@ func TestQueuedFloodTwoConsumers(t *testing.T) {
 func TestSubscribeBeforeEnqueue(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, fastSim(), nil)
-	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	// All n requests are one identity and the instant worker below is not
+	// ours (it never tells the quota a job started): the cap must not
+	// refuse any of them.
+	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false", "QUEUE_MAX_PER_IDENTITY": "1000"})
 	q, err := redisstream.New(redisstream.Config{Prefix: c.prefix, Consumer: "instant", Block: 100 * time.Millisecond}, c.rdb)
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +165,7 @@ func TestSubscribeBeforeEnqueue(t *testing.T) {
 			id := resp.Header.Get("X-Request-ID")
 			rep := loadtest.CheckStream(resp.Body, []string{id})
 			if rep.Lost || rep.Terminal != protocol.EventDone {
-				t.Errorf("request %d: %+v", i, rep)
+				t.Errorf("request %d: HTTP %d %+v", i, resp.StatusCode, rep)
 			}
 		})
 	}

@@ -27,6 +27,12 @@ const (
 	stopTimeout = 2 * time.Second
 	// maxRequestIDLen bounds the id in a /v1/streams path.
 	maxRequestIDLen = 128
+	// ownerGrace is how long a log not found yet is looked for again: the
+	// api running a stream that started a moment ago may not have flushed
+	// its log's first entry (streamlog.DefaultFlushInterval, longer under
+	// load), yet its client already has the id. ownerPoll spaces the looks.
+	ownerGrace = 250 * time.Millisecond
+	ownerPoll  = 10 * time.Millisecond
 )
 
 // register records a stream of this process so a stop can reach it; stop
@@ -96,7 +102,7 @@ func (h *Handler) owned(w http.ResponseWriter, r *http.Request, requestID string
 		WriteProblem(w, protocol.NotFound(), instance)
 		return false
 	}
-	owner, err := h.logr.Owner(r.Context(), requestID)
+	owner, err := h.findOwner(r.Context(), requestID)
 	if errors.Is(err, streamlog.ErrNotFound) || err == nil && owner != id.Name {
 		WriteProblem(w, protocol.NotFound(), instance)
 		return false
@@ -107,6 +113,25 @@ func (h *Handler) owned(w http.ResponseWriter, r *http.Request, requestID string
 		return false
 	}
 	return true
+}
+
+// findOwner returns the identity that started requestID's stream, looking
+// again for ownerGrace while the log is not found.
+func (h *Handler) findOwner(ctx context.Context, requestID string) (string, error) {
+	deadline := time.Now().Add(ownerGrace)
+	for {
+		owner, err := h.logr.Owner(ctx, requestID)
+		if !errors.Is(err, streamlog.ErrNotFound) || !time.Now().Before(deadline) {
+			return owner, err
+		}
+		t := time.NewTimer(ownerPoll)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return owner, err
+		}
+	}
 }
 
 // lastEventID reads Last-Event-ID (header, else ?last_event_id=); none
