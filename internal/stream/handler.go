@@ -8,11 +8,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Defaults of zero Config fields.
@@ -99,6 +101,8 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// Tracing adds the spans of docs/TRACING.md; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // Handler serves POST /v1/stream (docs/API.md). Its steps, one file each:
@@ -114,6 +118,7 @@ type Handler struct {
 	m        Metrics
 	log      *slog.Logger
 	keys     apiKeys
+	tel      *telemetry.Provider
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -136,7 +141,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		deps.Metrics = nopMetrics{}
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, keys: newAPIKeys(cfg.APIKeys), draining: make(chan struct{})}, nil
+		m: deps.Metrics, log: deps.Log, keys: newAPIKeys(cfg.APIKeys), tel: deps.Tracing, draining: make(chan struct{})}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -158,10 +163,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	requestID := uuid.NewString()
 	instance := instanceOf(requestID)
 	setRequestID(w.Header(), requestID)
+	// The server span (otelgin) names the request.
+	telemetry.SetRequest(trace.SpanFromContext(r.Context()), requestID, "")
 
 	req, user, prob := h.parseRequest(w, r)
 	if prob == nil {
-		prob = h.gate.Admit(r.Context(), user)
+		prob = h.admit(r.Context(), user)
 	}
 	if prob != nil {
 		h.refuse(w, prob, instance, "")
@@ -169,8 +176,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
-		lease, err := h.pool.TryAcquire(r.Context(), user)
+		lease, err := h.tryAcquire(r.Context(), user)
 		if err == nil {
+			telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
 			h.direct(w, r, req, requestID, lease, start)
 			return
 		}
@@ -186,6 +194,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, protocol.PoolExhausted(h.retryAfter()), instance, protocol.PathDirect)
 		return
 	}
+	telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathQueued)
 	h.queued(w, r, req, requestID, user, start)
 }
 

@@ -103,6 +103,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			delay = min(le.RetryAfter, w.cfg.MaxDelay)
 		}
 		w.m.Retried()
+		traceRetrying(ctx, err, delay)
 		pub.log.Info("provider failed; retrying", "retry", attempt, "delay", delay.String(), "err", err)
 		select {
 		case <-time.After(delay):

@@ -18,6 +18,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // DefaultStopGrace is the default Config.StopGrace.
@@ -48,6 +49,9 @@ type Config struct {
 	// StopGrace is how long running jobs may finish after Run's context
 	// ends; the rest stay pending for takeover. Default 20s.
 	StopGrace time.Duration
+	// QueueSystem ("redis" or "kafka") and QueueName (stream or topic)
+	// describe the queue on the job span.
+	QueueSystem, QueueName string
 }
 
 func (c Config) withDefaults() Config {
@@ -114,6 +118,8 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// Tracing continues each job's trace; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // Worker takes jobs from a Consumer and answers them.
