@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -40,6 +41,16 @@ func (w *Worker) startJob(ctx context.Context, job *protocol.Job, d failover.Del
 		RequestID: job.RequestID, System: w.cfg.QueueSystem, Destination: w.cfg.QueueName,
 		EnqueueTime: job.EnqueueTime,
 	})
+}
+
+// withTrace adds the job span's trace_id and span_id to log, so every line
+// the job logs, with or without its context, leads to its trace.
+func withTrace(log *slog.Logger, span trace.Span) *slog.Logger {
+	sc := span.SpanContext()
+	if !sc.IsValid() {
+		return log
+	}
+	return log.With(telemetry.LogTraceID, sc.TraceID().String(), telemetry.LogSpanID, sc.SpanID().String())
 }
 
 // waitSlotTraced is waitSlot inside a spillway.pool.acquire span.
