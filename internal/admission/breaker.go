@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -110,11 +109,12 @@ func (c BreakerConfig) Validate() error {
 
 // Breaker is a circuit breaker around one provider
 // (github.com/sony/gobreaker). It implements llm.Provider: Stream runs the
-// call through the circuit. Only provider failures count against the
-// circuit: a call whose caller's context ended, whose emit callback failed
-// (the client went away or is too slow), or that the provider refused as a
-// bad request (non-retryable 400, 404, 413, 415 or 422) is counted
-// neither way. Check lets the api refuse before queueing while the circuit
+// call through the circuit. Only failures llm.CountsAgainstBreaker names
+// count against the circuit (docs/TIMEOUTS.md): a call whose caller's
+// context ended, whose emit callback failed (the client went away or is
+// too slow), that the provider refused as a client error (400, 404, 413,
+// 415, 422), that was throttled (429), or that timed out after its first
+// chunk is counted neither way. Check lets the api refuse before queueing while the circuit
 // is open. The open → half-open step happens on the first State, Check or
 // Stream after OpenTimeout. Breaker is safe for concurrent use.
 type Breaker struct {
@@ -218,16 +218,13 @@ func (u *uncounted) Unwrap() error { return u.err }
 // calls it returns at once an *llm.Error (Retryable, RetryAfter = time
 // left open) wrapping ErrCircuitOpen; otherwise what the provider returned.
 func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (llm.Result, error) {
-	var emitErr error
 	res, err := b.cb.Execute(func() (llm.Result, error) {
-		res, err := b.p.Stream(ctx, req, func(content string) error {
-			if err := emit(content); err != nil {
-				emitErr = err // emit runs on this goroutine (llm.Provider's contract)
-				return err
-			}
-			return nil
-		})
-		if err != nil && (ctx.Err() != nil || (emitErr != nil && errors.Is(err, emitErr)) || badRequest(err)) {
+		res, err := b.p.Stream(ctx, req, emit)
+		// Only failures that say the provider is unhealthy count
+		// (llm.CountsAgainstBreaker, docs/TIMEOUTS.md): not the caller's
+		// cancellation, emit's error, a client error, a 429, nor a timeout
+		// after the first chunk. The caller's own deadline counts neither.
+		if err != nil && (ctx.Err() != nil || !llm.CountsAgainstBreaker(err)) {
 			return res, &uncounted{err}
 		}
 		return res, err
@@ -245,21 +242,4 @@ func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit fun
 		err = u.err
 	}
 	return res, err
-}
-
-// badRequest reports a provider error caused by the request rather than
-// the provider's health: the provider refused this request's content
-// (400, 404 unknown model, 413, 415, 422) and would answer others.
-// 401 and 403 do count: a wrong key fails every call.
-func badRequest(err error) bool {
-	var le *llm.Error
-	if !errors.As(err, &le) || le.Retryable {
-		return false
-	}
-	switch le.Status {
-	case http.StatusBadRequest, http.StatusNotFound, http.StatusRequestEntityTooLarge,
-		http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity:
-		return true
-	}
-	return false
 }

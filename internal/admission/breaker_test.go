@@ -242,12 +242,22 @@ func TestBreakerCountsOnlyProviderFailures(t *testing.T) {
 		}, false, errClientGone},
 		{"bad request", func(b *Breaker) error { return call(b) }, false, nil},
 		{"unauthorized counts", func(b *Breaker) error { return call(b) }, true, nil},
-		{"rate limited upstream counts", func(b *Breaker) error { return call(b) }, true, nil},
+		{"throttled upstream (429)", func(b *Breaker) error { return call(b) }, false, nil},
+		{"overloaded upstream (503) counts", func(b *Breaker) error { return call(b) }, true, nil},
+		{"unknown model (404)", func(b *Breaker) error { return call(b) }, false, nil},
+		{"idle timeout after the first chunk", func(b *Breaker) error { return call(b) }, false, llm.ErrIdleTimeout},
+		{"total timeout after the first chunk", func(b *Breaker) error { return call(b) }, false, llm.ErrTotalTimeout},
+		{"first-token timeout counts", func(b *Breaker) error { return call(b) }, true, llm.ErrFirstTokenTimeout},
 	}
 	statusOf := map[string]*llm.Error{
-		"bad request":                  {Status: http.StatusBadRequest, Err: errors.New("400")},
-		"unauthorized counts":          {Status: http.StatusUnauthorized, Err: errors.New("401")},
-		"rate limited upstream counts": {Retryable: true, Status: http.StatusTooManyRequests, Err: errors.New("429")},
+		"bad request":                         {Status: http.StatusBadRequest, Err: errors.New("400")},
+		"unauthorized counts":                 {Status: http.StatusUnauthorized, Err: errors.New("401")},
+		"throttled upstream (429)":            {Retryable: true, Status: http.StatusTooManyRequests, RetryAfter: time.Second, Err: errors.New("429")},
+		"overloaded upstream (503) counts":    {Retryable: true, Status: http.StatusServiceUnavailable, Err: errors.New("503")},
+		"unknown model (404)":                 {Status: http.StatusNotFound, Err: errors.New("404")},
+		"idle timeout after the first chunk":  {Retryable: true, Status: http.StatusOK, Err: llm.ErrIdleTimeout},
+		"total timeout after the first chunk": {Retryable: true, Status: http.StatusOK, Err: llm.ErrTotalTimeout},
+		"first-token timeout counts":          {Retryable: true, Err: llm.ErrFirstTokenTimeout},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -74,7 +74,10 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 		}
 	}
 	// Every call to the provider, direct or from a worker, goes through
-	// the breaker, so an open circuit fails fast on both paths.
+	// the breaker, so an open circuit fails fast on both paths; beneath
+	// it, each call that reached the upstream is counted once in
+	// spillway_upstream_responses_total.
+	provider = llm.CountResponses(provider, d.obs.m.UpstreamResponded)
 	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
 		return nil, err
 	}

@@ -111,7 +111,9 @@ func TestCircuitOpenFailsFastAndQueueStaysEmpty(t *testing.T) {
 	sc := fastSim()
 	sc.FailRate = 1
 	c := newCluster(t, sc, map[string]string{"CONNECTION_POOL_SIZE": "1", "CONNECTION_POOL_PER_USER": "1"})
-	_, url := c.api(nil)
+	// Without a queue the direct failures end with an error event (with
+	// one they would be handed to the queue, which has no worker here).
+	_, url := c.api(map[string]string{"QUEUE_FAILOVER_ENABLED": "false"})
 	// Five consecutive failures open it (BREAKER_FAILURES).
 	for i := range 5 {
 		resp := postStream(t, t.Context(), url, prompt("fail"), nil)

@@ -329,16 +329,17 @@ func TestQueuedRetriesThenSucceeds(t *testing.T) {
 	t.Parallel()
 	sc := fastSim()
 	sc.FailFirst = 2
+	sc.FailStatus = http.StatusBadGateway // a server error: sub-second backoff (a 503 waits 2 s, then 4 s)
 	c := newCluster(t, sc, nil)
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	worker := c.consumer(nil)
 	resp := postStream(t, t.Context(), url, prompt("flaky"), nil)
 	rep := loadtest.CheckStream(resp.Body, c.want("flaky"))
 	resp.Body.Close()
-	if rep.Lost || rep.Terminal != protocol.EventDone || rep.Resets != 0 {
-		t.Fatalf("%+v", rep)
+	if rep.Lost || rep.Terminal != protocol.EventDone || rep.Resets != 0 || rep.Retryings != 2 {
+		t.Fatalf("%+v, want done, no reset, two retrying events", rep)
 	}
-	if got := worker.Metric("spillway_worker_retries_total"); got != 2 {
+	if got := worker.Metric(`spillway_worker_retries_total{reason="server_error"}`); got != 2 {
 		t.Fatalf("retries %v, want 2", got)
 	}
 	if c.sim.Requests() != 3 {
@@ -351,6 +352,7 @@ func TestQueuedAlwaysFailingDeadLetters(t *testing.T) {
 	t.Parallel()
 	sc := fastSim()
 	sc.FailRate = 1
+	sc.FailStatus = http.StatusBadGateway // sub-second backoff
 	c := newCluster(t, sc, map[string]string{"QUEUE_FAILOVER_MAX_RETRIES": "2"})
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	worker := c.consumer(nil)

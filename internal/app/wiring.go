@@ -51,6 +51,16 @@ func OpenAIConfig(cfg *config.Config) llm.OpenAIConfig {
 		FirstTokenTimeout: cfg.LLMFirstTokenTimeout(), IdleTimeout: cfg.LLMIdleTimeout()}
 }
 
+// RetryPolicy is the provider retry policy, shared by the workers and the
+// direct path's hand-off to the queue: LLM_RETRY_AFTER_MAX_SECONDS caps an
+// upstream Retry-After, QUEUE_FAILOVER_BASE_DELAY_MS and _MAX_DELAY_MS
+// bound the backoff of other failures (docs/TIMEOUTS.md).
+func RetryPolicy(cfg *config.Config) llm.RetryPolicy {
+	// The throttled backoff starts at 2 s, or at the cap when it is lower.
+	return llm.RetryPolicy{RetryAfterMax: cfg.LLMRetryAfterMax(), ThrottleDelay: min(llm.DefaultThrottleDelay, cfg.LLMRetryAfterMax()),
+		BaseDelay: cfg.BaseDelay(), MaxDelay: cfg.MaxDelay()}
+}
+
 // BreakerConfig is the circuit breaker the BREAKER_* settings give.
 func BreakerConfig(cfg *config.Config) admission.BreakerConfig {
 	return admission.BreakerConfig{
@@ -115,7 +125,7 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 	return worker.Config{
 		Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat(),
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
-		MaxRetries: cfg.QueueFailoverMaxRetries, BaseDelay: cfg.BaseDelay(), MaxDelay: cfg.MaxDelay(),
+		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
 		QueueSystem: system, QueueName: name,
 	}
@@ -138,5 +148,6 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
+		Retry:             RetryPolicy(cfg),
 	}
 }

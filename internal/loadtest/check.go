@@ -77,6 +77,9 @@ type Report struct {
 	MaxGap time.Duration
 	// Resets counts reset events.
 	Resets int
+	// Retryings counts retrying events (a backoff before another provider
+	// call; docs/API.md).
+	Retryings int
 	// Content is the concatenated content since the last reset.
 	Content string
 	// FirstChunk is the time from StreamCheck.Start to the first chunk
@@ -333,6 +336,14 @@ func (p *parser) dispatch() bool {
 		p.rep.Resets++
 		p.rep.Content = ""
 		p.next = 1
+		return false
+	case protocol.EventRetrying:
+		var r protocol.Retrying
+		if err := strictJSON(data, &r); err != nil || r.Attempt < 1 || r.RetryInSeconds < 0 || r.Reason == "" {
+			p.lose(ReasonMalformed, "retrying data %q: want attempt ≥ 1, retry_in_seconds ≥ 0 and a reason", truncate(string(data), 64))
+			return true
+		}
+		p.rep.Retryings++
 		return false
 	case protocol.EventDone:
 		var d protocol.Done

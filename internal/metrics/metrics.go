@@ -30,6 +30,11 @@ const (
 	JobDeadLetter = "dead_letter"
 )
 
+// RetryReasons are the reason label values of
+// spillway_worker_retries_total that are pre-created: llm.Reason's values
+// a worker retries on, and circuit_open for a wait on an open circuit.
+var RetryReasons = []string{"timeout", "throttled", "server_error", "connection", "circuit_open"}
+
 // Metrics holds every Spillway collector. Gauges whose value lives
 // elsewhere (pool slots, queue depth) are set by their owners.
 type Metrics struct {
@@ -45,7 +50,8 @@ type Metrics struct {
 	QueueRejections   *prometheus.CounterVec   // spillway_queue_rejections_total{reason}
 	QueueWait         prometheus.Histogram     // spillway_queue_wait_seconds
 	WorkerJobs        *prometheus.CounterVec   // spillway_worker_jobs_total{outcome}
-	WorkerRetries     prometheus.Counter       // spillway_worker_retries_total
+	WorkerRetries     *prometheus.CounterVec   // spillway_worker_retries_total{reason}
+	UpstreamResponses *prometheus.CounterVec   // spillway_upstream_responses_total{code}
 	DeadLetterDepth   prometheus.Gauge         // spillway_dead_letter_depth
 	CircuitState      *prometheus.GaugeVec     // spillway_circuit_state{provider}
 	RateLimited       prometheus.Counter       // spillway_rate_limited_total
@@ -98,9 +104,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		WorkerJobs: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_worker_jobs_total", Help: "Jobs finished by workers, by outcome.",
 		}, []string{"outcome"}),
-		WorkerRetries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "spillway_worker_retries_total", Help: "Provider calls retried by workers.",
-		}),
+		WorkerRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_worker_retries_total", Help: "Provider calls retried by workers, by why the last one failed.",
+		}, []string{"reason"}),
+		UpstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_upstream_responses_total", Help: "Provider calls that got a response, by HTTP status (200 also for a failure inside a stream).",
+		}, []string{"code"}),
 		DeadLetterDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spillway_dead_letter_depth", Help: "Entries in the dead-letter queue.",
 		}),
@@ -122,7 +131,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
-		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.DeadLetterDepth,
+		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
 		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
@@ -137,6 +146,10 @@ func New(reg prometheus.Registerer) *Metrics {
 	for _, o := range []string{JobDone, JobError, JobExpired, JobCancelled, JobDeadLetter} {
 		m.WorkerJobs.WithLabelValues(o)
 	}
+	for _, r := range RetryReasons {
+		m.WorkerRetries.WithLabelValues(r)
+	}
+	m.UpstreamResponses.WithLabelValues("200")
 	return m
 }
 
@@ -148,4 +161,5 @@ var DocumentedNames = []string{
 	"spillway_queue_depth", "spillway_queue_threshold", "spillway_queue_rejections_total",
 	"spillway_queue_wait_seconds", "spillway_worker_jobs_total", "spillway_worker_retries_total",
 	"spillway_dead_letter_depth", "spillway_circuit_state", "spillway_rate_limited_total",
+	"spillway_upstream_responses_total",
 }

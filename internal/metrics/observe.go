@@ -22,8 +22,13 @@ func (m *Metrics) SubscriptionLost(reason string) { m.SubscriptionsLost.WithLabe
 // JobSettled counts a job a worker finished, by outcome.
 func (m *Metrics) JobSettled(outcome string) { m.WorkerJobs.WithLabelValues(outcome).Inc() }
 
-// Retried counts a provider call a worker retried.
-func (m *Metrics) Retried() { m.WorkerRetries.Inc() }
+// Retried counts a provider call a worker retried, by why the last one
+// failed (llm.Reason, or circuit_open).
+func (m *Metrics) Retried(reason string) { m.WorkerRetries.WithLabelValues(reason).Inc() }
+
+// UpstreamResponded counts a provider call that got a response, by its
+// HTTP status (llm.ResponseCode).
+func (m *Metrics) UpstreamResponded(code string) { m.UpstreamResponses.WithLabelValues(code).Inc() }
 
 // QueueWaited observes how long a job waited from enqueue to a slot.
 func (m *Metrics) QueueWaited(d time.Duration) { m.QueueWait.Observe(d.Seconds()) }

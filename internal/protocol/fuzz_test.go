@@ -20,6 +20,11 @@ var (
 		`SIGNAL:ERROR:{"type":"https://spillway.dev/errors/queue-timeout","title":"Queue Timeout","status":503,"detail":"no worker started the request in time","retry_after_seconds":2}`,
 		`SIGNAL:HEARTBEAT`,
 		`SIGNAL:RESET:{"attempt":2}`,
+		`SIGNAL:RETRYING:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
+		`SIGNAL:RETRYING:{"attempt":2,"retry_in_seconds":0.1,"reason":"server_error"}`,
+		`SIGNAL:RETRYING:{"attempt":0,"retry_in_seconds":1,"reason":"x"}`,
+		`SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":-1,"reason":"x"}`,
+		`SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"a\nb"}`,
 		`BATCH:[{"seq":1,"content":"a"}]]`,
 		`SIGNAL:DONE:{}}`,
 		`BATCH:[]`,
@@ -84,11 +89,11 @@ func checkResult(tb testing.TB, r Result) {
 				tb.Fatalf("batch %+v: seq not contiguous at %d", r.Chunks, i)
 			}
 		}
-		if r.Done != nil || r.Problem != nil || r.Reset != nil {
+		if r.Done != nil || r.Problem != nil || r.Reset != nil || r.Retrying != nil {
 			tb.Fatalf("batch result carries other payloads: %+v", r)
 		}
 	case KindDone:
-		if r.Chunks != nil || r.Problem != nil || r.Reset != nil {
+		if r.Chunks != nil || r.Problem != nil || r.Reset != nil || r.Retrying != nil {
 			tb.Fatalf("done result carries other payloads: %+v", r)
 		}
 	case KindError:
@@ -102,6 +107,12 @@ func checkResult(tb testing.TB, r Result) {
 	case KindReset:
 		if r.Reset == nil || r.Reset.Attempt < 1 {
 			tb.Fatalf("reset with bad payload: %+v", r.Reset)
+		}
+	case KindRetrying:
+		rt := r.Retrying
+		if rt == nil || rt.Attempt < 1 || rt.RetryInSeconds < 0 || rt.RetryInSeconds > MaxRetryInSeconds || rt.Reason == "" ||
+			strings.ContainsAny(rt.Reason, "\r\n\x00\"") || r.Chunks != nil || r.Problem != nil || r.Reset != nil || r.Done != nil {
+			tb.Fatalf("retrying with bad payload: %+v", r)
 		}
 	default:
 		tb.Fatalf("decoded unknown kind %d", r.Kind)

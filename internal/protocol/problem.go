@@ -20,6 +20,7 @@ const (
 	ProblemQueueUnavailable    = "queue-unavailable"
 	ProblemProviderError       = "provider-error"
 	ProblemProviderUnavailable = "provider-unavailable"
+	ProblemProviderRejected    = "provider-rejected"
 	ProblemWorkerLost          = "worker-lost"
 	ProblemShuttingDown        = "shutting-down"
 	ProblemSlowClient          = "slow-client"

@@ -55,6 +55,7 @@ var Problems = catalogue(
 	pt(ProblemQueueUnavailable, "Queue Unavailable", http.StatusServiceUnavailable),
 	pt(ProblemProviderError, "Provider Error", http.StatusBadGateway),
 	pt(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable),
+	pt(ProblemProviderRejected, "Provider Rejected the Request", http.StatusUnprocessableEntity),
 	pt(ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable),
 	pt(ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable),
 	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
@@ -145,6 +146,17 @@ func ProviderFailed(retryAfterSeconds int) *Problem {
 func ProviderUnavailable(retryAfterSeconds int) *Problem {
 	return problem(ProblemProviderUnavailable, "The model provider is failing; requests are refused until it recovers. Retry after the advised delay.",
 		retryAfterSeconds)
+}
+
+// ProviderRejected ends a stream whose provider refused this request's
+// content (upstream 400, 404, 413, 415 or 422; llm.IsClientError): sending
+// it again would meet the same answer, so it advises no retry and is never
+// retried or dead-lettered. upstreamStatus is the provider's HTTP status,
+// which helps the caller (404 usually names an unknown model).
+func ProviderRejected(upstreamStatus int) *Problem {
+	return problem(ProblemProviderRejected, fmt.Sprintf(
+		"The model provider refused this request (HTTP %d): check the model name, the messages and max_tokens; sending it again unchanged will not help.",
+		upstreamStatus), 0)
 }
 
 // WorkerLost ends a queued request whose worker went silent and no other

@@ -62,6 +62,27 @@ type Reset struct {
 	Attempt int `json:"attempt"`
 }
 
+// MaxRetryInSeconds bounds Retrying.RetryInSeconds: no backoff Spillway
+// waits is longer than an hour (LLM_RETRY_AFTER_MAX_SECONDS caps an
+// upstream's Retry-After), so a larger value is a corrupt message.
+const MaxRetryInSeconds = 3600
+
+// Retrying is the payload of the SSE `retrying` event and of
+// SIGNAL:RETRYING: the provider call failed before any chunk reached the
+// client, and attempt Attempt starts after RetryInSeconds (docs/API.md).
+// Clients that do not know the event ignore it.
+type Retrying struct {
+	// Attempt is the retry about to be made, from 1.
+	Attempt int `json:"attempt"`
+	// RetryInSeconds is the wait before it, in seconds (fractions for
+	// sub-second backoffs).
+	RetryInSeconds float64 `json:"retry_in_seconds"`
+	// Reason is why the last call failed: a label of
+	// spillway_worker_retries_total{reason} (timeout, throttled,
+	// server_error, connection, circuit_open, …).
+	Reason string `json:"reason"`
+}
+
 // JobVersion is the version of the Job wire format this package writes.
 const JobVersion = 1
 

@@ -21,6 +21,9 @@ const (
 	KindError
 	KindHeartbeat
 	KindReset
+	// KindRetrying says the worker waits out a backoff before trying the
+	// provider again (SIGNAL:RETRYING:{json}, the SSE `retrying` event).
+	KindRetrying
 )
 
 // String names the kind for logs and metrics.
@@ -36,19 +39,22 @@ func (k ResultKind) String() string {
 		return "heartbeat"
 	case KindReset:
 		return "reset"
+	case KindRetrying:
+		return "retrying"
 	}
 	return "unknown"
 }
 
 // Result is one message on a request's result channel, as a worker publishes
 // it: `BATCH:[…]`, `SIGNAL:DONE[:{json}]`, `SIGNAL:ERROR:{problem}`,
-// `SIGNAL:HEARTBEAT` or `SIGNAL:RESET:{json}`.
+// `SIGNAL:HEARTBEAT`, `SIGNAL:RESET:{json}` or `SIGNAL:RETRYING:{json}`.
 type Result struct {
-	Kind    ResultKind
-	Chunks  []Chunk  // KindBatch
-	Done    *Done    // KindDone, may be nil
-	Problem *Problem // KindError
-	Reset   *Reset   // KindReset
+	Kind     ResultKind
+	Chunks   []Chunk   // KindBatch
+	Done     *Done     // KindDone, may be nil
+	Problem  *Problem  // KindError
+	Reset    *Reset    // KindReset
+	Retrying *Retrying // KindRetrying
 }
 
 // ErrMalformed is wrapped by every decoding error of this package.
@@ -60,6 +66,7 @@ var (
 	prefixError     = []byte("SIGNAL:ERROR:")
 	prefixHeartbeat = []byte("SIGNAL:HEARTBEAT")
 	prefixReset     = []byte("SIGNAL:RESET:")
+	prefixRetrying  = []byte("SIGNAL:RETRYING:")
 )
 
 // EncodeResult returns the wire form of r. It refuses a result that
@@ -89,6 +96,10 @@ func EncodeResult(r Result) ([]byte, error) {
 	case KindReset:
 		if err = checkReset(r.Reset); err == nil {
 			out, err = appendJSON(prefixReset, r.Reset)
+		}
+	case KindRetrying:
+		if err = checkRetrying(r.Retrying); err == nil {
+			out, err = appendJSON(prefixRetrying, r.Retrying)
 		}
 	default:
 		return nil, fmt.Errorf("protocol: encode result: unknown kind %d", r.Kind)
@@ -127,6 +138,27 @@ func checkProblem(p *Problem) error {
 func checkReset(r *Reset) error {
 	if r == nil || r.Attempt < 1 {
 		return errors.New("reset needs an attempt of at least 1")
+	}
+	return nil
+}
+
+// MaxRetryingReason bounds the reason of a retrying message: reasons are
+// short labels (llm.Reason's set), never error text.
+const MaxRetryingReason = 64
+
+func checkRetrying(r *Retrying) error {
+	switch {
+	case r == nil || r.Attempt < 1:
+		return errors.New("retrying needs an attempt of at least 1")
+	case r.RetryInSeconds < 0 || r.RetryInSeconds > MaxRetryInSeconds:
+		return fmt.Errorf("retrying delay %v is outside [0, %d] seconds", r.RetryInSeconds, MaxRetryInSeconds)
+	case r.Reason == "" || len(r.Reason) > MaxRetryingReason:
+		return fmt.Errorf("retrying reason must have 1 to %d bytes", MaxRetryingReason)
+	}
+	for _, c := range []byte(r.Reason) {
+		if (c < 'a' || c > 'z') && c != '_' {
+			return errors.New("retrying reason must be lower-case letters and underscores")
+		}
 	}
 	return nil
 }
@@ -175,6 +207,15 @@ func DecodeResult(msg []byte) (Result, error) {
 			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
 		}
 		return Result{Kind: KindReset, Reset: &r}, nil
+	case bytes.HasPrefix(msg, prefixRetrying):
+		var r Retrying
+		if err := strictUnmarshal(msg[len(prefixRetrying):], &r); err != nil {
+			return Result{}, fmt.Errorf("%w: retrying: %v", ErrMalformed, err)
+		}
+		if err := checkRetrying(&r); err != nil {
+			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
+		return Result{Kind: KindRetrying, Retrying: &r}, nil
 	}
 	return Result{}, fmt.Errorf("%w: unknown prefix", ErrMalformed)
 }

@@ -68,6 +68,16 @@ func TestEncodeResultGolden(t *testing.T) {
 			in:   Result{Kind: KindReset, Reset: &Reset{Attempt: 2}},
 			want: `SIGNAL:RESET:{"attempt":2}`,
 		},
+		{
+			name: "retrying",
+			in:   Result{Kind: KindRetrying, Retrying: &Retrying{Attempt: 2, RetryInSeconds: 20, Reason: "throttled"}},
+			want: `SIGNAL:RETRYING:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
+		},
+		{
+			name: "retrying within a second",
+			in:   Result{Kind: KindRetrying, Retrying: &Retrying{Attempt: 3, RetryInSeconds: 0.15, Reason: "server_error"}},
+			want: `SIGNAL:RETRYING:{"attempt":3,"retry_in_seconds":0.15,"reason":"server_error"}`,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -108,6 +118,8 @@ func TestResultRoundTrip(t *testing.T) {
 		{Kind: KindHeartbeat},
 		{Kind: KindReset, Reset: &Reset{Attempt: 1}},
 		{Kind: KindReset, Reset: &Reset{Attempt: 99}},
+		{Kind: KindRetrying, Retrying: &Retrying{Attempt: 1, RetryInSeconds: 0, Reason: "circuit_open"}},
+		{Kind: KindRetrying, Retrying: &Retrying{Attempt: 6, RetryInSeconds: MaxRetryInSeconds, Reason: "timeout"}},
 	}
 	for _, in := range tests {
 		t.Run(in.Kind.String(), func(t *testing.T) {
@@ -160,6 +172,17 @@ func TestDecodeResultRejects(t *testing.T) {
 		{"batch gap", `BATCH:[{"seq":1,"content":"a"},{"seq":3,"content":"b"}]`},
 		{"batch repeat", `BATCH:[{"seq":2,"content":"a"},{"seq":2,"content":"b"}]`},
 		{"batch descending", `BATCH:[{"seq":2,"content":"a"},{"seq":1,"content":"b"}]`},
+		{"retrying no payload", `SIGNAL:RETRYING`},
+		{"retrying empty payload", `SIGNAL:RETRYING:`},
+		{"retrying null", `SIGNAL:RETRYING:null`},
+		{"retrying attempt 0", `SIGNAL:RETRYING:{"attempt":0,"retry_in_seconds":1,"reason":"timeout"}`},
+		{"retrying negative delay", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":-1,"reason":"timeout"}`},
+		{"retrying delay over an hour", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":3601,"reason":"timeout"}`},
+		{"retrying no reason", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1}`},
+		{"retrying reason with a line break", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"a\nb"}`},
+		{"retrying reason of error text", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"dial tcp: refused"}`},
+		{"retrying trailing", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"timeout"}}`},
+		{"retrying attempt string", `SIGNAL:RETRYING:{"attempt":"1","retry_in_seconds":1,"reason":"timeout"}`},
 		{"done empty payload", `SIGNAL:DONE:`},
 		{"done bad json", `SIGNAL:DONE:{"usage":`},
 		{"done trailing", `SIGNAL:DONE:{}}`},

@@ -12,6 +12,8 @@ const (
 	EventDone  = "done"
 	EventError = "error"
 	EventReset = "reset"
+	// EventRetrying: a worker waits out a backoff (Retrying).
+	EventRetrying = "retrying"
 )
 
 // ErrFieldInjection is returned when an SSE event name or id holds CR, LF or

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
@@ -13,58 +14,173 @@ import (
 )
 
 // direct streams from the provider in this process while holding lease
-// (docs/ARCHITECTURE.md, "Direct path").
-func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID string, lease pool.Lease, start time.Time) {
-	defer lease.Release()
+// (docs/ARCHITECTURE.md, "Direct path"). A retryable failure before the
+// first chunk is handed to the queue on the same response (handOff).
+func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, lease pool.Lease, start time.Time) {
+	release := sync.OnceFunc(lease.Release)
+	defer release()
 	ctx, cancel := context.WithCancel(r.Context())
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
+	p := &directProducer{h: h, req: req, requestID: requestID, user: user, release: release, frames: frames}
 	var producer sync.WaitGroup
-	producer.Go(func() { h.produceDirect(ctx, req, requestID, frames) })
+	producer.Go(func() { p.run(ctx) })
 
 	began := time.Now()
 	s := &session{h: h, w: w, requestID: requestID, path: protocol.PathDirect, start: start, frames: frames}
 	outcome, _ := s.serve(ctx)
 	held := time.Since(began)
-	// The provider call ends before the lease is released.
+	// The provider call (or the hand-off's relay) ends before the lease is
+	// released.
 	cancel()
 	producer.Wait()
-	if outcome == OutcomeDone {
+	// A handed-off stream held its slot only for the failed call: its
+	// length says nothing of how long a slot is held.
+	if outcome == OutcomeDone && !p.handedOff.Load() {
 		h.gate.ServiceDone(held)
 	}
 }
 
-// produceDirect calls the provider and hands each chunk, then a terminal
+// directProducer calls the provider and hands each chunk, then a terminal
 // done or error, to the write loop over frames.
-func (h *Handler) produceDirect(ctx context.Context, req protocol.ChatRequest, requestID string, frames chan<- protocol.Result) {
-	seq := 0
-	send := func(res protocol.Result) error {
-		select {
-		case frames <- res:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+type directProducer struct {
+	h         *Handler
+	req       protocol.ChatRequest
+	requestID string
+	user      string
+	release   func() // releases the slot; idempotent
+	frames    chan<- protocol.Result
+	handedOff atomic.Bool
+}
+
+func (p *directProducer) send(ctx context.Context, res protocol.Result) error {
+	select {
+	case p.frames <- res:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	result, err := h.provider.Stream(ctx, req, func(content string) error {
+}
+
+func (p *directProducer) run(ctx context.Context) {
+	h := p.h
+	seq := 0
+	result, err := h.provider.Stream(ctx, p.req, func(content string) error {
 		seq++
-		return send(protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: seq, Content: content}}})
+		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: seq, Content: content}}})
 	})
-	if err != nil {
-		if ctx.Err() == nil {
-			h.log.Warn("provider failed", "request_id", requestID, "path", protocol.PathDirect, "chunks", seq, "err", err)
-		}
-		// No retry delay unless the provider advised one: the direct path
-		// has no backoff of its own.
-		p := protocol.ProviderFailed(0)
-		var le *llm.Error
-		if errors.As(err, &le) && le.Retryable {
-			p.RetryAfterSeconds = max(1, int(le.RetryAfter/time.Second))
-		}
-		_ = send(protocol.Result{Kind: protocol.KindError, Problem: p})
+	if err == nil {
+		usage := result.Usage
+		_ = p.send(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
+			RequestID: p.requestID, FinishReason: result.FinishReason, Path: protocol.PathDirect, Usage: &usage,
+		}})
 		return
 	}
-	usage := result.Usage
-	_ = send(protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
-		RequestID: requestID, FinishReason: result.FinishReason, Path: protocol.PathDirect, Usage: &usage,
-	}})
+	if ctx.Err() != nil {
+		return // the client left: nobody reads frames
+	}
+	var le *llm.Error
+	switch {
+	case seq == 0 && llm.IsClientError(err) && errors.As(err, &le):
+		h.log.Info("provider refused the request", "request_id", p.requestID, "path", protocol.PathDirect, "status", le.Status)
+		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status)})
+		return
+	case seq == 0 && llm.IsRetryable(err) && h.spill != nil:
+		h.log.Info("provider failed before the first chunk; handing the request to the queue",
+			"request_id", p.requestID, "reason", retryReason(err), "err", err)
+		p.handOff(ctx, err)
+		return
+	}
+	h.log.Warn("provider failed", "request_id", p.requestID, "path", protocol.PathDirect, "chunks", seq, "err", err)
+	// Advise the retry policy's delay when the failure is retryable (an
+	// upstream Retry-After, the throttled backoff), else none.
+	prob := protocol.ProviderFailed(0)
+	if d, ok := h.cfg.Retry.Delay(err, 1); ok {
+		prob.RetryAfterSeconds = max(1, int((d+time.Second-1)/time.Second))
+	}
+	_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
+}
+
+// handOff continues a request whose provider call failed retryably before
+// its first chunk as a queued request, on the same SSE response
+// (docs/API.md, "Hand-off to the queue"): the headers (X-Stream-Path:
+// direct) are already out, so the client sees a `retrying` event, then
+// what a worker publishes, as on the queued path. The slot is released
+// first: the wait and the queue need none, and the worker takes its own.
+// The retry starts after the retry policy's delay, so an upstream
+// Retry-After is honoured on this path too; the worker then retries on
+// its own with a fresh budget.
+func (p *directProducer) handOff(ctx context.Context, cause error) {
+	h := p.h
+	p.handedOff.Store(true)
+	p.release()
+	delay, _ := h.cfg.Retry.Delay(cause, 1)
+	if p.send(ctx, protocol.Result{Kind: protocol.KindRetrying, Retrying: &protocol.Retrying{
+		Attempt: 2, RetryInSeconds: delay.Seconds(), Reason: retryReason(cause),
+	}}) != nil {
+		return
+	}
+	t := time.NewTimer(delay)
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+		return
+	}
+	if prob := h.gate.MayQueue(); prob != nil {
+		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
+		return
+	}
+	relay, err := h.spill.Spill(ctx, protocol.Job{
+		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, Payload: p.req,
+	})
+	if err != nil {
+		var prob *protocol.Problem
+		if !errors.As(err, &prob) {
+			h.log.Error("queue refused handed-off job", "request_id", p.requestID, "err", err)
+			prob = protocol.QueueUnavailable(h.retryAfter())
+		}
+		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
+		return
+	}
+	completed := false
+	// Close tells the workers when the client left before the end.
+	defer func() { relay.Close(completed) }()
+	for {
+		select {
+		case res, ok := <-relay.Results():
+			if !ok {
+				_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.StreamFailed()})
+				return
+			}
+			if p.send(ctx, res) != nil {
+				return
+			}
+			if res.Kind == protocol.KindDone || res.Kind == protocol.KindError {
+				completed = true
+				return
+			}
+		case <-relay.Done():
+			_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: relay.Problem()})
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// circuitOpen is an error of a provider behind a circuit breaker that
+// refused the call without making it (admission's Breaker returns one).
+type circuitOpen interface {
+	error
+	CircuitOpen() bool
+}
+
+// retryReason is the reason of the `retrying` event for err: llm.Reason,
+// or circuit_open.
+func retryReason(err error) string {
+	var co circuitOpen
+	if errors.As(err, &co) && co.CircuitOpen() {
+		return "circuit_open"
+	}
+	return llm.Reason(err)
 }

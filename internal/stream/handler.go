@@ -2,6 +2,7 @@ package stream
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -56,6 +57,11 @@ type Config struct {
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
+	// Retry is the delay before a direct request that failed before its
+	// first chunk is handed to the queue, and the Retry-After advised when
+	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
+	// defaults.
+	Retry llm.RetryPolicy
 }
 
 func (c Config) withDefaults() Config {
@@ -83,6 +89,9 @@ func (c Config) Validate() error {
 	}
 	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
 		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter and FrameBuffer not negative"))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("stream: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -179,7 +188,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		lease, err := h.tryAcquire(r.Context(), user)
 		if err == nil {
 			telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
-			h.direct(w, r, req, requestID, lease, start)
+			h.direct(w, r, req, requestID, user, lease, start)
 			return
 		}
 		limit := "global"

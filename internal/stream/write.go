@@ -132,9 +132,16 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 	case protocol.KindReset:
 		telemetry.Reset(trace.SpanFromContext(s.ctx), res.Reset.Attempt)
 		return "", false, s.sw.Reset(*res.Reset)
+	case protocol.KindRetrying:
+		return "", false, s.sw.Retrying(*res.Retrying)
 	case protocol.KindDone:
 		d := protocol.Done{RequestID: s.requestID, Path: s.path, FinishReason: "stop"}
 		if res.Done != nil {
+			// A direct request handed to the queue is answered by a worker:
+			// its done says queued (docs/API.md, "Hand-off to the queue").
+			if res.Done.Path == protocol.PathQueued {
+				d.Path = protocol.PathQueued
+			}
 			d.FinishReason = cmp.Or(res.Done.FinishReason, "stop")
 			d.Usage = res.Done.Usage
 		}

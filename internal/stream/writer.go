@@ -78,6 +78,16 @@ func (sw *Writer) Reset(r protocol.Reset) error {
 	return sw.write(b, false)
 }
 
+// Retrying writes a retrying event: the provider call failed before any
+// chunk reached the client and is tried again after r.RetryInSeconds.
+func (sw *Writer) Retrying(r protocol.Retrying) error {
+	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventRetrying, r)
+	if err != nil {
+		return fmt.Errorf("stream: encode retrying: %w", err)
+	}
+	return sw.write(b, false)
+}
+
 // Done writes the terminal done event.
 func (sw *Writer) Done(d protocol.Done) error {
 	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventDone, d)

@@ -25,6 +25,9 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 		func() error { return sw.Chunk(1, "Hel") },
 		func() error { return sw.Ping() },
 		func() error { return sw.Reset(protocol.Reset{Attempt: 2}) },
+		func() error {
+			return sw.Retrying(protocol.Retrying{Attempt: 2, RetryInSeconds: 20, Reason: "throttled"})
+		},
 		func() error { return sw.Chunk(1, "line\nbreak\r\x00") },
 		func() error {
 			return sw.Done(protocol.Done{RequestID: "req-1", FinishReason: "stop", Path: "queued",
@@ -42,6 +45,7 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 	want := "id: 1\ndata: {\"content\":\"Hel\"}\n\n" +
 		": ping\n\n" +
 		"event: reset\ndata: {\"attempt\":2}\n\n" +
+		"event: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":20,\"reason\":\"throttled\"}\n\n" +
 		"id: 1\ndata: {\"content\":\"line\\nbreak\\r\\u0000\"}\n\n" +
 		"event: done\ndata: {\"request_id\":\"req-1\",\"finish_reason\":\"stop\",\"path\":\"queued\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
 	if got := rec.Body.String(); got != want {

@@ -62,7 +62,24 @@ func TestWorkerWaitsOutOpenCircuitWithoutRetries(t *testing.T) {
 		}
 		checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 2, 6))
 		if n := e.retries(); n != 0 {
-			t.Errorf("WorkerRetries %d, want 0: circuit waits are not retries", n)
+			t.Errorf("WorkerRetries %d, want 0: circuit waits spend no retries", n)
+		}
+		if n := e.retriesFor("circuit_open"); n != 3 {
+			t.Errorf("WorkerRetries{reason=circuit_open} %d, want 3 waits", n)
+		}
+		var waits []protocol.Retrying
+		for _, r := range body {
+			if r.res.Kind == protocol.KindRetrying {
+				waits = append(waits, *r.res.Retrying)
+			}
+		}
+		for i, r := range waits {
+			if want := (protocol.Retrying{Attempt: i + 2, RetryInSeconds: 3, Reason: "circuit_open"}); r != want {
+				t.Errorf("retrying %d = %+v, want %+v", i, r, want)
+			}
+		}
+		if len(waits) != 3 {
+			t.Errorf("messages %s: %d RETRYING, want 3", describe(rs), len(waits))
 		}
 		p.mu.Lock()
 		calls := p.calls

@@ -53,7 +53,7 @@ func (f *fetcher) run(ctx context.Context, jobs *sync.WaitGroup, handle func(fai
 		if err != nil && ctx.Err() == nil {
 			f.log.Error("fetch failed", "err", err)
 			select { // back off a little so a dead backend is not hammered
-			case <-time.After(f.cfg.BaseDelay):
+			case <-time.After(f.cfg.baseDelay()):
 			case <-ctx.Done():
 			}
 		}

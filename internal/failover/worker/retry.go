@@ -6,23 +6,18 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // retryAfterSeconds is the Retry-After a job's client is advised when the
 // worker ends its stream with an error it may retry (provider failed, no
-// slot in time).
+// slot in time), unless the provider advised a longer one.
 const retryAfterSeconds = 2
 
-// backoffJitter and backoffMultiplier shape the provider retries between
-// BaseDelay and MaxDelay: each delay doubles, ±50%.
-const (
-	backoffJitter     = 0.5
-	backoffMultiplier = 2
-)
+// reasonCircuitOpen is the reason label of a wait on an open circuit, in
+// spillway_worker_retries_total and the `retrying` event.
+const reasonCircuitOpen = "circuit_open"
 
 // circuitOpen is an error from a provider behind a circuit breaker that
 // refused the call without making it (admission's Breaker returns one).
@@ -38,18 +33,26 @@ func isCircuitOpen(err error) bool {
 	return errors.As(err, &co) && co.CircuitOpen()
 }
 
-// stream calls the provider and publishes the answer, retrying with
-// exponential backoff while nothing reached the client, and waiting out an
-// open circuit without spending retries. It returns the job outcome and,
-// for a dead letter, the reason.
+// stream calls the provider and publishes the answer, retrying while
+// nothing reached the client (docs/QUEUE.md, "Retries"; docs/TIMEOUTS.md):
+//
+//   - a client error (llm.IsClientError: the upstream refused this
+//     request's content) ends the stream with provider-rejected at once:
+//     never retried, never dead-lettered;
+//   - an open circuit is waited out without spending retries;
+//   - any other retryable failure waits Config.Retry's delay (an upstream
+//     Retry-After honoured up to LLM_RETRY_AFTER_MAX_SECONDS), at most
+//     MaxRetries times, then the job is dead-lettered.
+//
+// Before each wait the client is told with a `retrying` event. All waits
+// of one job together are bounded by QueueTimeout, as long as a client
+// waits for a queued job to start: a wait that would pass it ends the job
+// now instead. It returns the job outcome and, for a dead letter, the
+// reason.
 func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (string, string) {
-	bo := &backoff.ExponentialBackOff{
-		InitialInterval: w.cfg.BaseDelay, RandomizationFactor: backoffJitter, Multiplier: backoffMultiplier,
-		MaxInterval: w.cfg.MaxDelay,
-	}
-	bo.Reset()
-	var circuitWait time.Duration // waited on an open circuit, bounded by QueueTimeout
-	for attempt := 0; ; {
+	var waited time.Duration // every wait so far, bounded by QueueTimeout
+	retries := 0             // retries spent, bounded by MaxRetries
+	for call := 1; ; call++ {
 		b := newBatcher(pub, w.cfg.BatchSize, w.cfg.BatchTimeout)
 		res, err := w.deps.Provider.Stream(ctx, job.Payload, func(content string) error { return b.add(ctx, content) })
 		if err == nil {
@@ -72,43 +75,62 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			return OutcomeError, ""
 		}
 		var le *llm.Error
+		if llm.IsClientError(err) && errors.As(err, &le) {
+			// Another try, or a replay from the dead letters, would meet
+			// the same refusal: the client is told now.
+			pub.log.Info("provider refused the request", "status", le.Status, "err", err)
+			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status)})
+			return OutcomeError, ""
+		}
+
+		var wait time.Duration
+		reason := reasonCircuitOpen
 		if isCircuitOpen(err) && errors.As(err, &le) {
 			// The provider is known to be down: wait for the circuit to
-			// half-open instead of burning retries, as long as a client
-			// would wait for a queued job to start.
-			wait := max(le.RetryAfter, w.cfg.BaseDelay)
-			if circuitWait+wait > w.cfg.QueueTimeout {
-				pub.log.Warn("provider circuit stayed open; giving up", "waited", circuitWait.String())
+			// half-open instead of burning retries.
+			wait = max(le.RetryAfter, w.cfg.baseDelay())
+			if waited+wait > w.cfg.QueueTimeout {
+				pub.log.Warn("provider circuit stayed open; giving up", "waited", waited.String())
 				pub.send(ctx, protocol.Result{Kind: protocol.KindError,
 					Problem: protocol.ProviderUnavailable(int(w.cfg.QueueTimeout / time.Second))})
 				return OutcomeError, ""
 			}
-			circuitWait += wait
-			pub.log.Info("provider circuit open; waiting", "wait", wait.String())
-			select {
-			case <-time.After(wait):
-				continue
-			case <-ctx.Done():
-				return OutcomeCancelled, ""
+		} else {
+			delay, retryable := w.cfg.Retry.Delay(err, retries+1)
+			advise := max(retryAfterSeconds, ceilSeconds(delay))
+			switch {
+			case !retryable || retries >= w.cfg.MaxRetries:
+				pub.log.Error("provider failed; dead-lettering", "retries", retries, "err", err)
+				pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(advise)})
+				return OutcomeDeadLetter, fmt.Sprintf("provider failed after %d retries: %v", retries, err)
+			case waited+delay > w.cfg.QueueTimeout:
+				pub.log.Error("provider retry would wait past the queue timeout; dead-lettering",
+					"retries", retries, "waited", waited.String(), "delay", delay.String(), "err", err)
+				pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(advise)})
+				return OutcomeDeadLetter, fmt.Sprintf("provider failed after %d retries (next wait %s past the queue timeout): %v",
+					retries, delay, err)
 			}
+			retries++
+			wait, reason = delay, llm.Reason(err)
 		}
-		if !llm.IsRetryable(err) || attempt >= w.cfg.MaxRetries {
-			pub.log.Error("provider failed; dead-lettering", "retries", attempt, "err", err)
-			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(retryAfterSeconds)})
-			return OutcomeDeadLetter, fmt.Sprintf("provider failed after %d retries: %v", attempt, err)
-		}
-		attempt++
-		delay := min(bo.NextBackOff(), w.cfg.MaxDelay) // jitter may exceed MaxInterval
-		if errors.As(err, &le) && le.RetryAfter > delay {
-			delay = min(le.RetryAfter, w.cfg.MaxDelay)
-		}
-		w.m.Retried()
-		traceRetrying(ctx, err, delay)
-		pub.log.Info("provider failed; retrying", "retry", attempt, "delay", delay.String(), "err", err)
+		waited += wait
+		w.m.Retried(reason)
+		traceRetrying(ctx, reason, wait)
+		pub.log.Info("provider failed; retrying", "call", call+1, "wait", wait.String(), "reason", reason, "err", err)
+		pub.send(ctx, protocol.Result{Kind: protocol.KindRetrying, Retrying: &protocol.Retrying{
+			Attempt: call + 1, RetryInSeconds: wait.Seconds(), Reason: reason,
+		}})
+		t := time.NewTimer(wait)
 		select {
-		case <-time.After(delay):
+		case <-t.C:
 		case <-ctx.Done():
+			t.Stop()
 			return OutcomeCancelled, ""
 		}
 	}
+}
+
+// ceilSeconds is d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int {
+	return int((d + time.Second - 1) / time.Second)
 }

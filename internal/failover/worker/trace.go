@@ -8,7 +8,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/telemetry"
@@ -77,13 +76,10 @@ func (w *Worker) queueWaited(ctx context.Context, d time.Duration) {
 	w.m.QueueWaited(d)
 }
 
-// traceRetrying adds the retrying event to the job span.
-func traceRetrying(ctx context.Context, err error, delay time.Duration) {
-	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() {
-		return
-	}
-	telemetry.Retrying(span, llm.Reason(err), delay)
+// traceRetrying adds the retrying event to the job span: why, and the
+// wait before the next call.
+func traceRetrying(ctx context.Context, reason string, delay time.Duration) {
+	telemetry.Retrying(trace.SpanFromContext(ctx), reason, delay)
 }
 
 // traceOutcome adds the job's terminal outcome to its span.

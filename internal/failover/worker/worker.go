@@ -9,8 +9,10 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -39,12 +41,14 @@ type Config struct {
 	// MaxRetries is provider retries before dead-letter
 	// (QUEUE_FAILOVER_MAX_RETRIES); 0 retries none.
 	MaxRetries int
-	// BaseDelay and MaxDelay bound the exponential backoff
-	// (QUEUE_FAILOVER_BASE_DELAY_MS, _MAX_DELAY_MS).
-	BaseDelay, MaxDelay time.Duration
+	// Retry is how long to wait before each retry (docs/TIMEOUTS.md): an
+	// upstream Retry-After up to LLM_RETRY_AFTER_MAX_SECONDS, else backoff
+	// from QUEUE_FAILOVER_BASE_DELAY_MS to _MAX_DELAY_MS. Zero fields take
+	// llm's defaults.
+	Retry llm.RetryPolicy
 	// QueueTimeout bounds the wait for a slot of a job taken over from a
-	// dead worker, and the wait on an open circuit
-	// (QUEUE_FAILOVER_TIMEOUT_SECONDS).
+	// dead worker, and all retry and open-circuit waits of one job
+	// together (QUEUE_FAILOVER_TIMEOUT_SECONDS).
 	QueueTimeout time.Duration
 	// StopGrace is how long running jobs may finish after Run's context
 	// ends; the rest stay pending for takeover. Default 20s.
@@ -61,6 +65,10 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// baseDelay is the retry policy's first backoff, also the pause after a
+// failed fetch and the shortest wait on an open circuit.
+func (c Config) baseDelay() time.Duration { return cmp.Or(c.Retry.BaseDelay, llm.DefaultBaseDelay) }
+
 // Validate reports bad values without changing c.
 func (c Config) Validate() error {
 	c = c.withDefaults()
@@ -68,8 +76,11 @@ func (c Config) Validate() error {
 	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxRetries < 0 {
 		errs = append(errs, errors.New("worker: Concurrency and BatchSize must be positive, MaxRetries not negative"))
 	}
-	if c.Heartbeat <= 0 || c.BatchTimeout <= 0 || c.BaseDelay <= 0 || c.MaxDelay < c.BaseDelay || c.QueueTimeout <= 0 || c.StopGrace < 0 {
-		errs = append(errs, errors.New("worker: durations must be positive and MaxDelay at least BaseDelay"))
+	if c.Heartbeat <= 0 || c.BatchTimeout <= 0 || c.QueueTimeout <= 0 || c.StopGrace < 0 {
+		errs = append(errs, errors.New("worker: durations must be positive"))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("worker: %w", err))
 	}
 	return errors.Join(errs...)
 }
@@ -87,8 +98,9 @@ const (
 type Metrics interface {
 	// JobSettled counts a finished job by outcome.
 	JobSettled(outcome string)
-	// Retried counts a provider call retried.
-	Retried()
+	// Retried counts a provider call retried, or an open circuit waited
+	// out, by reason (llm.Reason, or circuit_open).
+	Retried(reason string)
 	// QueueWaited observes enqueue to slot.
 	QueueWaited(time.Duration)
 	// MalformedMessage counts a message skipped, by source.
@@ -98,7 +110,7 @@ type Metrics interface {
 type nopMetrics struct{}
 
 func (nopMetrics) JobSettled(string)         {}
-func (nopMetrics) Retried()                  {}
+func (nopMetrics) Retried(string)            {}
 func (nopMetrics) QueueWaited(time.Duration) {}
 func (nopMetrics) MalformedMessage(string)   {}
 

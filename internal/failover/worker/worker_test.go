@@ -67,8 +67,7 @@ func workerConfig() worker.Config {
 		BatchSize:    5,
 		BatchTimeout: 100 * time.Millisecond,
 		MaxRetries:   5,
-		BaseDelay:    100 * time.Millisecond,
-		MaxDelay:     5 * time.Second,
+		Retry:        llm.RetryPolicy{BaseDelay: 100 * time.Millisecond, MaxDelay: 5 * time.Second},
 		QueueTimeout: 30 * time.Second,
 		StopGrace:    5 * time.Second,
 	}
@@ -175,7 +174,21 @@ func (e *env) settled() map[string]int {
 	return out
 }
 
-func (e *env) retries() int { return int(promtest.ToFloat64(e.m.WorkerRetries)) }
+// retries is the provider retries counted, circuit waits not included.
+func (e *env) retries() int {
+	n := 0
+	for _, r := range metrics.RetryReasons {
+		if r != "circuit_open" {
+			n += e.retriesFor(r)
+		}
+	}
+	return n + e.retriesFor(llm.ReasonOther) + e.retriesFor(llm.ReasonBadResponse)
+}
+
+// retriesFor is spillway_worker_retries_total{reason}.
+func (e *env) retriesFor(reason string) int {
+	return int(promtest.ToFloat64(e.m.WorkerRetries.WithLabelValues(reason)))
+}
 
 func newSim(tb testing.TB, cfg llm.SimConfig) *llm.Sim {
 	tb.Helper()
@@ -553,9 +566,11 @@ func TestWorkerRetriesWithBackoff(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, 15*time.Second, 4)
-		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 8, Seed: 5, FailFirst: 2})}
+		// 502: a server error, which backs off from BaseDelay (a 503 is
+		// throttling, TestWorkerHonoursRetryAfter).
+		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 8, Seed: 5, FailFirst: 2, FailStatus: 502})}
 		cfg := workerConfig()
-		cfg.BaseDelay = 100 * time.Millisecond
+		cfg.Retry.BaseDelay = 100 * time.Millisecond
 		job := newJob("retry-1")
 		l := e.listen(job.RequestID)
 		e.startWorker(cfg, e.q.Consumer("w1"), rec)
@@ -563,17 +578,30 @@ func TestWorkerRetriesWithBackoff(t *testing.T) {
 
 		rs := l.untilEnd(10 * time.Second)
 		body := withoutHeartbeats(rs)
+		var retrying []*protocol.Retrying
 		for _, r := range body[:len(body)-1] {
-			if r.res.Kind != protocol.KindBatch {
-				t.Fatalf("messages %s: want only batches and DONE, no RESET or ERROR", describe(rs))
+			switch r.res.Kind {
+			case protocol.KindBatch:
+				if len(retrying) != 2 {
+					t.Fatalf("messages %s: a batch before both RETRYING", describe(rs))
+				}
+			case protocol.KindRetrying:
+				retrying = append(retrying, r.res.Retrying)
+			default:
+				t.Fatalf("messages %s: want only RETRYING, batches and DONE, no RESET or ERROR", describe(rs))
+			}
+		}
+		for i, r := range retrying {
+			if r.Attempt != i+2 || r.Reason != llm.ReasonServerError || r.RetryInSeconds < 0.05*float64(i+1) || r.RetryInSeconds > 0.15*float64(i+1) {
+				t.Errorf("retrying %d = %+v, want attempt %d, reason server_error, about %vs", i, r, i+2, 0.1*float64(i+1))
 			}
 		}
 		if body[len(body)-1].res.Kind != protocol.KindDone {
 			t.Fatalf("messages %s: want DONE last", describe(rs))
 		}
 		checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 5, 8))
-		if n := e.retries(); n != 2 {
-			t.Errorf("WorkerRetries %d, want 2", n)
+		if n := e.retriesFor(llm.ReasonServerError); n != 2 {
+			t.Errorf("WorkerRetries{reason=server_error} %d, want 2", n)
 		}
 		calls := rec.callTimes()
 		if len(calls) != 3 {
@@ -596,11 +624,11 @@ func TestWorkerBackoffStaysWithinMaxDelay(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, 15*time.Second, 4)
-		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 2, Seed: 5, FailFirst: 10})}
+		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 2, Seed: 5, FailFirst: 10, FailStatus: 500})}
 		cfg := workerConfig()
 		cfg.MaxRetries = 10
-		cfg.BaseDelay = 100 * time.Millisecond
-		cfg.MaxDelay = 200 * time.Millisecond
+		cfg.Retry.BaseDelay = 100 * time.Millisecond
+		cfg.Retry.MaxDelay = 200 * time.Millisecond
 		job := newJob("cap-1")
 		l := e.listen(job.RequestID)
 		e.startWorker(cfg, e.q.Consumer("w1"), rec)
@@ -614,8 +642,8 @@ func TestWorkerBackoffStaysWithinMaxDelay(t *testing.T) {
 			t.Fatalf("provider called %d times, want 11", len(calls))
 		}
 		for i := 1; i < len(calls); i++ {
-			if gap := calls[i].Sub(calls[i-1]); gap > cfg.MaxDelay || gap < cfg.BaseDelay/2 {
-				t.Errorf("delay before retry %d is %v, want within [%v, MaxDelay %v]", i, gap, cfg.BaseDelay/2, cfg.MaxDelay)
+			if gap := calls[i].Sub(calls[i-1]); gap > cfg.Retry.MaxDelay || gap < cfg.Retry.BaseDelay/2 {
+				t.Errorf("delay before retry %d is %v, want within [%v, MaxDelay %v]", i, gap, cfg.Retry.BaseDelay/2, cfg.Retry.MaxDelay)
 			}
 		}
 	})
@@ -625,7 +653,7 @@ func TestWorkerDeadLettersAfterMaxRetries(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		e := newEnv(t, 15*time.Second, 4)
-		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 8, Seed: 1, FailRate: 1})}
+		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 8, Seed: 1, FailRate: 1, FailStatus: 502})}
 		cfg := workerConfig()
 		cfg.MaxRetries = 2
 		job := newJob("dead-1")
@@ -635,10 +663,10 @@ func TestWorkerDeadLettersAfterMaxRetries(t *testing.T) {
 
 		rs := l.untilEnd(10 * time.Second)
 		body := withoutHeartbeats(rs)
-		if len(body) != 1 || body[0].res.Kind != protocol.KindError {
-			t.Fatalf("messages %s, want exactly one SIGNAL:ERROR and nothing else but heartbeats", describe(rs))
+		if k := kinds(body); !slices.Equal(k, []protocol.ResultKind{protocol.KindRetrying, protocol.KindRetrying, protocol.KindError}) {
+			t.Fatalf("messages %s, want two SIGNAL:RETRYING, one SIGNAL:ERROR and nothing else but heartbeats", describe(rs))
 		}
-		p := body[0].res.Problem
+		p := body[2].res.Problem
 		if p.Slug() != protocol.ProblemProviderError || p.Status != 502 || p.RetryAfterSeconds < 1 {
 			t.Errorf("problem %+v, want provider-error, 502, retry_after ≥ 1", p)
 		}

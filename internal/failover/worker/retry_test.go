@@ -1,0 +1,189 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// retryings returns the RETRYING payloads of rs, in order.
+func retryings(rs []received) []protocol.Retrying {
+	var out []protocol.Retrying
+	for _, r := range rs {
+		if r.res.Kind == protocol.KindRetrying {
+			out = append(out, *r.res.Retrying)
+		}
+	}
+	return out
+}
+
+// gaps returns the time between consecutive calls.
+func gaps(calls []time.Time) []time.Duration {
+	var out []time.Duration
+	for i := 1; i < len(calls); i++ {
+		out = append(out, calls[i].Sub(calls[i-1]))
+	}
+	return out
+}
+
+// An upstream 429 with Retry-After is retried after it, not before, and the
+// client is told how long it waits; RetryAfterMax caps a longer one.
+func TestWorkerHonoursRetryAfter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name          string
+		retryAfter    time.Duration
+		retryAfterMax time.Duration
+		wantWait      time.Duration
+	}{
+		{"honoured", 3 * time.Second, 30 * time.Second, 3 * time.Second},
+		{"capped at LLM_RETRY_AFTER_MAX_SECONDS", 20 * time.Second, 5 * time.Second, 5 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, 15*time.Second, 4)
+				rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 3, FailFirst: 2,
+					FailStatus: http.StatusTooManyRequests, FailRetryAfter: tt.retryAfter})}
+				cfg := workerConfig()
+				cfg.Retry.RetryAfterMax = tt.retryAfterMax
+				job := newJob("throttled-1")
+				l := e.listen(job.RequestID)
+				e.startWorker(cfg, e.q.Consumer("w1"), rec)
+				e.enqueue(job)
+
+				rs := l.untilEnd(time.Minute)
+				if last := rs[len(rs)-1].res.Kind; last != protocol.KindDone {
+					t.Fatalf("messages %s: want DONE last", describe(rs))
+				}
+				checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 3, 4))
+				if got := gaps(rec.callTimes()); !slices.Equal(got, []time.Duration{tt.wantWait, tt.wantWait}) {
+					t.Errorf("waits between calls %v, want %v twice (the fake clock is exact)", got, tt.wantWait)
+				}
+				want := []protocol.Retrying{
+					{Attempt: 2, RetryInSeconds: tt.wantWait.Seconds(), Reason: llm.ReasonThrottled},
+					{Attempt: 3, RetryInSeconds: tt.wantWait.Seconds(), Reason: llm.ReasonThrottled},
+				}
+				if got := retryings(rs); !slices.Equal(got, want) {
+					t.Errorf("retrying events %+v, want %+v", got, want)
+				}
+				if n := e.retriesFor(llm.ReasonThrottled); n != 2 {
+					t.Errorf("WorkerRetries{reason=throttled} %d, want 2", n)
+				}
+			})
+		})
+	}
+}
+
+// A 503 without Retry-After waits 2 s, then 4 s: seconds, not the
+// sub-second backoff of a transient fault.
+func TestWorkerThrottledBackoffWithoutRetryAfter(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 3, FailFirst: 2, FailStatus: http.StatusServiceUnavailable})}
+		job := newJob("throttled-2")
+		l := e.listen(job.RequestID)
+		e.startWorker(workerConfig(), e.q.Consumer("w1"), rec)
+		e.enqueue(job)
+
+		if rs := l.untilEnd(time.Minute); rs[len(rs)-1].res.Kind != protocol.KindDone {
+			t.Fatalf("messages %s: want DONE last", describe(rs))
+		}
+		if got, want := gaps(rec.callTimes()), []time.Duration{2 * time.Second, 4 * time.Second}; !slices.Equal(got, want) {
+			t.Errorf("waits between calls %v, want %v", got, want)
+		}
+	})
+}
+
+// rejecting answers every call with an upstream client error.
+type rejecting struct {
+	status int
+	calls  atomic.Int32
+}
+
+func (r *rejecting) Name() string { return "rejecting" }
+
+func (r *rejecting) Stream(context.Context, protocol.ChatRequest, func(string) error) (llm.Result, error) {
+	r.calls.Add(1)
+	return llm.Result{}, &llm.Error{Status: r.status, Err: errors.New("fake: model not found")}
+}
+
+// An upstream refusal of the request itself goes to the client at once as
+// provider-rejected: no retry, no dead letter.
+func TestWorkerClientErrorIsNotRetriedNorDeadLettered(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		p := &rejecting{status: http.StatusNotFound}
+		job := newJob("rejected-1")
+		l := e.listen(job.RequestID)
+		e.startWorker(workerConfig(), e.q.Consumer("w1"), p)
+		e.enqueue(job)
+
+		rs := l.untilEnd(10 * time.Second)
+		body := withoutHeartbeats(rs)
+		if len(body) != 1 || body[0].res.Kind != protocol.KindError {
+			t.Fatalf("messages %s, want exactly one SIGNAL:ERROR", describe(rs))
+		}
+		if prob := body[0].res.Problem; prob.Slug() != protocol.ProblemProviderRejected || prob.Status != http.StatusUnprocessableEntity ||
+			prob.RetryAfterSeconds != 0 {
+			t.Errorf("problem %+v, want provider-rejected, 422, no retry advised", prob)
+		}
+		l.quiet(5 * time.Second)
+		synctest.Wait()
+		if n := p.calls.Load(); n != 1 {
+			t.Errorf("provider called %d times, want 1", n)
+		}
+		if n := len(e.deadLetters()); n != 0 {
+			t.Errorf("%d dead letters, want none", n)
+		}
+		if got := e.settled(); got[metrics.JobError] != 1 || len(got) != 1 {
+			t.Errorf("job outcomes %v, want error once", got)
+		}
+	})
+}
+
+// The retry waits of one job are bounded by QueueTimeout: a Retry-After
+// that would pass it ends the job now rather than keep the client waiting.
+func TestWorkerRetryWaitsBoundedByQueueTimeout(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 3, FailFirst: 5,
+			FailStatus: http.StatusTooManyRequests, FailRetryAfter: 8 * time.Second})}
+		cfg := workerConfig()
+		cfg.QueueTimeout = 10 * time.Second
+		job := newJob("budget-1")
+		l := e.listen(job.RequestID)
+		start := time.Now()
+		e.startWorker(cfg, e.q.Consumer("w1"), rec)
+		e.enqueue(job)
+
+		rs := l.untilEnd(time.Minute)
+		end := rs[len(rs)-1]
+		if end.res.Kind != protocol.KindError || end.res.Problem.Slug() != protocol.ProblemProviderError || end.res.Problem.RetryAfterSeconds != 8 {
+			t.Fatalf("messages %s: want ERROR provider-error advising 8 s last", describe(rs))
+		}
+		if waited := end.at.Sub(start); waited < 8*time.Second || waited > 9*time.Second {
+			t.Errorf("job ended after %v, want 8s and a little: one wait, the second would pass the 10s queue timeout", waited)
+		}
+		if n := len(rec.callTimes()); n != 2 {
+			t.Errorf("provider called %d times, want 2", n)
+		}
+		synctest.Wait()
+		if got := e.settled(); got[metrics.JobDeadLetter] != 1 || len(got) != 1 {
+			t.Errorf("job outcomes %v, want dead_letter once", got)
+		}
+	})
+}

@@ -1,0 +1,177 @@
+package stream_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// timedSpiller records when each job was spilled and how many slots the
+// pool had released by then.
+type timedSpiller struct {
+	*fakeSpiller
+	pool *fakePool
+	mu   sync.Mutex
+	at   []time.Time
+	rel  []int
+}
+
+func (s *timedSpiller) Spill(ctx context.Context, job protocol.Job) (failover.Relay, error) {
+	_, released := s.pool.state()
+	s.mu.Lock()
+	s.at = append(s.at, time.Now())
+	s.rel = append(s.rel, released)
+	s.mu.Unlock()
+	return s.fakeSpiller.Spill(ctx, job)
+}
+
+func newDirectHandler(tb testing.TB, p *fakePool, prov llm.Provider, sp failover.Spiller, g *fakeGate) *stream.Handler {
+	tb.Helper()
+	d := stream.Deps{Pool: p, Provider: prov, Gate: g, Log: testutil.DiscardLogger()}
+	if sp != nil {
+		d.Spiller = sp
+	}
+	h, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		DirectPathEnabled: true}, d)
+	if err != nil {
+		tb.Fatalf("stream.New: %v", err)
+	}
+	return h
+}
+
+// A direct call throttled before its first chunk is handed to the queue
+// on the same response: the slot is freed, the client sees `retrying`,
+// the job is enqueued after the upstream's Retry-After (not before), and
+// the worker's answer completes the stream.
+func TestHandlerDirectHandsThrottledCallToQueue(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := &fakePool{free: 1}
+		relay := newFakeRelay(
+			protocol.Result{Kind: protocol.KindHeartbeat},
+			protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "Hel"}, {Seq: 2, Content: "lo"}}},
+			protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop", Path: protocol.PathQueued}},
+		)
+		sp := &timedSpiller{fakeSpiller: &fakeSpiller{relay: relay}, pool: p}
+		g := &fakeGate{}
+		prov := &fakeProvider{err: &llm.Error{Retryable: true, Status: http.StatusTooManyRequests, RetryAfter: 2 * time.Second,
+			Err: errors.New("fake: 429")}}
+		h := newDirectHandler(t, p, prov, sp, g)
+
+		start := time.Now()
+		w := post(h, validBody, map[string]string{"X-User-ID": "u1"})
+		body := w.Body.String()
+		var requestID string
+		if ids := w.Header()[stream.RequestIDHeader]; len(ids) == 1 {
+			requestID = ids[0]
+		}
+		want := "event: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2,\"reason\":\"throttled\"}\n\n" +
+			"id: 1\ndata: {\"content\":\"Hel\"}\n\n" +
+			"id: 2\ndata: {\"content\":\"lo\"}\n\n" +
+			"event: done\ndata: {\"request_id\":\"" + requestID + "\",\"finish_reason\":\"stop\",\"path\":\"queued\"}\n\n"
+		if w.Code != http.StatusOK || body != want {
+			t.Fatalf("HTTP %d body\n%q\nwant\n%q", w.Code, body, want)
+		}
+		if got := w.Header().Get("X-Stream-Path"); got != protocol.PathDirect {
+			t.Errorf("X-Stream-Path %q, want direct: the headers went out before the hand-off", got)
+		}
+		sp.mu.Lock()
+		at, rel := sp.at, sp.rel
+		sp.mu.Unlock()
+		if len(at) != 1 || at[0].Sub(start) != 2*time.Second {
+			t.Fatalf("spilled at %v after the start, want once, after exactly the 2s Retry-After", at)
+		}
+		if rel[0] != 1 {
+			t.Errorf("%d slots released when the job was spilled, want 1: the wait and the queue hold none", rel[0])
+		}
+		if job := sp.jobs[0]; job.UserID != "u1" || job.RequestID != requestID || requestID == "" || len(job.Payload.Messages) != 1 {
+			t.Errorf("spilled job %+v, want the request's id, user and payload", job)
+		}
+		if completed := <-relay.closed; !completed {
+			t.Error("relay closed as not completed, want completed: the workers must not be told the client left")
+		}
+		if _, released := p.state(); released != 1 {
+			t.Errorf("slot released %d times, want once", released)
+		}
+		if len(g.served) != 0 {
+			t.Errorf("service times %v reported, want none for a handed-off stream", g.served)
+		}
+	})
+}
+
+// Without a queue the client gets the error event, advising the
+// upstream's Retry-After.
+func TestHandlerDirectThrottledWithoutQueue(t *testing.T) {
+	t.Parallel()
+	p := &fakePool{free: 1}
+	prov := &fakeProvider{err: &llm.Error{Retryable: true, Status: http.StatusTooManyRequests, RetryAfter: 7 * time.Second}}
+	w := post(newDirectHandler(t, p, prov, nil, &fakeGate{}), validBody, nil)
+	body := w.Body.String()
+	if !strings.Contains(body, "event: error") || !strings.Contains(body, `"retry_after_seconds":7`) || strings.Contains(body, "retrying") {
+		t.Fatalf("body %q, want an error event advising 7s and no retrying", body)
+	}
+}
+
+// An upstream refusal of the request itself is not handed to the queue:
+// the client gets provider-rejected at once.
+func TestHandlerDirectClientErrorNotHandedOff(t *testing.T) {
+	t.Parallel()
+	p := &fakePool{free: 1}
+	sp := &fakeSpiller{relay: newFakeRelay()}
+	prov := &fakeProvider{err: &llm.Error{Status: http.StatusNotFound, Err: errors.New("fake: no such model")}}
+	w := post(newDirectHandler(t, p, prov, sp, &fakeGate{}), validBody, nil)
+	body := w.Body.String()
+	if !strings.Contains(body, "event: error") || !strings.Contains(body, `"type":"https://spillway.dev/errors/provider-rejected"`) ||
+		!strings.Contains(body, "HTTP 404") || strings.Contains(body, "retry_after") {
+		t.Fatalf("body %q, want a provider-rejected error event naming HTTP 404, advising no retry", body)
+	}
+	if len(sp.jobs) != 0 {
+		t.Errorf("%d jobs spilled, want none", len(sp.jobs))
+	}
+}
+
+// A failure after the first chunk is not handed off: a retry would repeat
+// text the client already has.
+func TestHandlerDirectFailureAfterFirstChunkNotHandedOff(t *testing.T) {
+	t.Parallel()
+	p := &fakePool{free: 1}
+	sp := &fakeSpiller{relay: newFakeRelay()}
+	prov := &fakeProvider{chunks: []string{"a"}, err: &llm.Error{Retryable: true, Status: http.StatusOK, Err: llm.ErrIdleTimeout}}
+	w := post(newDirectHandler(t, p, prov, sp, &fakeGate{}), validBody, nil)
+	if body := w.Body.String(); !strings.Contains(body, `provider-error`) || strings.Contains(body, "retrying") {
+		t.Fatalf("body %q, want provider-error and no retrying", body)
+	}
+	if len(sp.jobs) != 0 {
+		t.Errorf("%d jobs spilled, want none", len(sp.jobs))
+	}
+}
+
+// A full queue refuses the hand-off with its own problem.
+func TestHandlerDirectHandOffRefusedByFullQueue(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := &fakePool{free: 1}
+		sp := &fakeSpiller{relay: newFakeRelay()}
+		prov := &fakeProvider{err: &llm.Error{Retryable: true, Status: http.StatusBadGateway}}
+		g := &fakeGate{mayQueue: protocol.QueueOverflow(9)}
+		w := post(newDirectHandler(t, p, prov, sp, g), validBody, nil)
+		body := w.Body.String()
+		if !strings.Contains(body, "event: retrying") || !strings.Contains(body, "queue-overflow") || !strings.Contains(body, `"reason":"server_error"`) {
+			t.Fatalf("body %q, want retrying (server_error) then a queue-overflow error", body)
+		}
+		if len(sp.jobs) != 0 {
+			t.Errorf("%d jobs spilled, want none", len(sp.jobs))
+		}
+	})
+}
