@@ -130,7 +130,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 			return nil, nil, err
 		}
 		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
-			Consumer: q.Consumer, Pool: a.pool, Provider: a.provider(), Results: pub, Cancels: pub,
+			Consumer: q.Consumer, Pool: a.pool, Provider: a.workerProvider(), Results: pub, Cancels: pub,
 			Metrics: m, Log: log.With("component", "worker"), Tracing: a.tel,
 		})
 		if err != nil {
@@ -176,6 +176,9 @@ func (a *API) routes() *gin.Engine {
 	streamHandler := gin.WrapH(a.handler)
 	e.POST("/v1/stream", streamHandler)
 	e.POST("/stream", streamHandler)
+	oa := stream.NewOpenAI(a.handler, OpenAIModels(a.cfg))
+	e.POST("/v1/chat/completions", gin.WrapF(oa.ChatCompletions))
+	e.GET("/v1/models", gin.WrapF(oa.Models))
 	e.GET("/healthz", gin.WrapF(healthz))
 	e.GET("/readyz", a.readyz)
 	e.GET("/metrics", gin.WrapH(a.obs.metricsHandler()))

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/admission"
@@ -14,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // The mapping from settings to each component's Config, in one place
@@ -150,4 +152,37 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		APIKeys:           cfg.APIKeys,
 		Retry:             RetryPolicy(cfg),
 	}
+}
+
+// UpstreamHealthConfig is the passive health of several upstreams the
+// LLM_UPSTREAM_* settings give.
+func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
+	return upstream.HealthConfig{MaxFails: cfg.LLMUpstreamMaxFails, Cooldown: cfg.LLMUpstreamCooldown()}
+}
+
+// BalancerConfig is the routing over several upstreams the LLM_ROUTING,
+// LLM_AFFINITY_BALANCE, LLM_RETRY_AFTER_MAX_SECONDS and
+// LLM_UPSTREAM_PROBE_SECONDS settings give.
+func BalancerConfig(cfg *config.Config) upstream.Config {
+	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
+		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
+}
+
+// OpenAIModels are the models GET /v1/models lists: the simulator's name
+// with LLM_PROVIDER=sim; with upstreams, the union of the models they list
+// (none when every upstream takes any model it knows; docs/API.md,
+// "OpenAI-compatible API").
+func OpenAIModels(cfg *config.Config) []string {
+	if cfg.LLMProvider == "sim" {
+		return []string{"sim"}
+	}
+	var models []string
+	for _, s := range cfg.Upstreams {
+		for _, m := range s.Models {
+			if !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+	}
+	return models
 }

@@ -163,32 +163,46 @@ func (h *Handler) Wait() { h.wg.Wait() }
 // instanceOf is the problem `instance` of a request (docs/API.md).
 func instanceOf(requestID string) string { return "urn:spillway:request:" + requestID }
 
+// exchange is one request on its way through the handler's steps.
+type exchange struct {
+	w         http.ResponseWriter
+	r         *http.Request
+	d         dialect
+	requestID string
+	start     time.Time
+	req       protocol.ChatRequest
+	user      string
+	open      opener // set once the request was read
+}
+
 // ServeHTTP parses the request, finds the caller's identity and streams
 // the answer on the direct or queued path.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve(w, r, native{}) }
+
+// serve runs one request of dialect d through the steps every endpoint
+// shares: identity, admission, path choice.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	h.wg.Add(1)
 	defer h.wg.Done()
-	start := time.Now()
-	requestID := uuid.NewString()
-	instance := instanceOf(requestID)
-	setRequestID(w.Header(), requestID)
+	x := &exchange{w: w, r: r, d: d, requestID: uuid.NewString(), start: time.Now()}
+	setRequestID(w.Header(), x.requestID)
 	// The server span (otelgin) names the request.
-	telemetry.SetRequest(trace.SpanFromContext(r.Context()), requestID, "")
+	telemetry.SetRequest(trace.SpanFromContext(r.Context()), x.requestID, "")
 
-	req, user, prob := h.parseRequest(w, r)
+	prob := h.parseRequest(x)
 	if prob == nil {
-		prob = h.admit(r.Context(), user)
+		prob = h.admit(r.Context(), x.user)
 	}
 	if prob != nil {
-		h.refuse(w, prob, instance, "")
+		h.refuse(x, prob, "")
 		return
 	}
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
-		lease, err := h.tryAcquire(r.Context(), user)
+		lease, err := h.tryAcquire(r.Context(), x.user)
 		if err == nil {
 			telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
-			h.direct(w, r, req, requestID, user, lease, start)
+			h.direct(x, lease)
 			return
 		}
 		limit := "global"
@@ -200,11 +214,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Either limit sends the request to the queue, where a worker waits for
 	// a slot that fits both; without a queue it is refused.
 	if h.spill == nil {
-		h.refuse(w, protocol.PoolExhausted(h.retryAfter()), instance, protocol.PathDirect)
+		h.refuse(x, protocol.PoolExhausted(h.retryAfter()), protocol.PathDirect)
 		return
 	}
 	telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathQueued)
-	h.queued(w, r, req, requestID, user, start)
+	h.queued(x)
 }
 
 // behindBacklog reports whether jobs wait in the queue, so a new request
@@ -223,9 +237,9 @@ func (h *Handler) retryAfter() int {
 
 // refuse answers with p before any stream opened; path is empty when the
 // request was refused before a path was chosen.
-func (h *Handler) refuse(w http.ResponseWriter, p *protocol.Problem, instance, path string) {
+func (h *Handler) refuse(x *exchange, p *protocol.Problem, path string) {
 	if path != "" {
 		h.m.StreamEnded(path, OutcomeRefused)
 	}
-	WriteProblem(w, p, instance)
+	x.d.refuse(x.w, p, instanceOf(x.requestID))
 }

@@ -9,33 +9,35 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// parseRequest authenticates and reads the request: it returns the
-// decoded body with the caller's identity, or the problem to refuse it
-// with.
-func (h *Handler) parseRequest(w http.ResponseWriter, r *http.Request) (protocol.ChatRequest, string, *protocol.Problem) {
+// parseRequest authenticates and reads the request into x: the decoded
+// body, the caller's identity and how the answer is written; or it returns
+// the problem to refuse it with.
+func (h *Handler) parseRequest(x *exchange) *protocol.Problem {
+	w, r := x.w, x.r
 	user, prob := h.identity(r)
 	if prob != nil {
-		return protocol.ChatRequest{}, "", prob
+		return prob
 	}
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/json" {
-		return protocol.ChatRequest{}, "", protocol.UnsupportedMedia()
+		return protocol.UnsupportedMedia()
 	}
 	if r.ContentLength > h.cfg.MaxBodyBytes {
-		return protocol.ChatRequest{}, "", protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
+		return protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return protocol.ChatRequest{}, "", protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
+			return protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
 		}
-		return protocol.ChatRequest{}, "", protocol.BadRequest("The request body could not be read.")
+		return protocol.BadRequest("The request body could not be read.")
 	}
-	req, err := protocol.DecodeChatRequest(body, h.cfg.Limits)
+	req, open, err := x.d.decode(body, h.cfg.Limits)
 	if err != nil {
-		// DecodeChatRequest's errors are written for the client.
-		return protocol.ChatRequest{}, "", protocol.BadRequest(err.Error())
+		// The decoders' errors are written for the client.
+		return protocol.BadRequest(err.Error())
 	}
-	return req, user, nil
+	x.req, x.user, x.open = req, user, open
+	return nil
 }

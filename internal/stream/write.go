@@ -23,6 +23,7 @@ const shuttingDownRetryAfter = 1
 type session struct {
 	h         *Handler
 	w         http.ResponseWriter
+	open      opener // the dialect's writer of this answer; nil is /v1/stream's
 	requestID string
 	path      string // protocol.PathDirect or PathQueued
 	start     time.Time
@@ -32,7 +33,7 @@ type session struct {
 	relayDone    <-chan struct{}
 	relayProblem func() *protocol.Problem
 
-	sw         *Writer
+	sw         eventWriter
 	firstChunk bool
 	// ctx is the request's, holding its server span; problemType is the
 	// type of the problem the stream ended with, for the span's outcome.
@@ -45,7 +46,11 @@ type session struct {
 // the outcome, and whether the source itself finished (sent done or error).
 func (s *session) serve(ctx context.Context) (string, bool) {
 	s.ctx = ctx
-	s.sw = NewWriter(s.w, s.h.cfg.WriteTimeout)
+	open := s.open
+	if open == nil {
+		open = openNative
+	}
+	s.sw = open(s.w, s.h.cfg.WriteTimeout)
 	closed := s.h.m.StreamOpened(s.path)
 	defer closed()
 	outcome, finished := s.pump(ctx)
@@ -95,6 +100,9 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 			return OutcomeCancelled, false
 		case <-h.draining:
 			return s.fail(protocol.ShuttingDown(shuttingDownRetryAfter)), false
+		}
+		if errors.Is(err, errAnswerEnded) {
+			return OutcomeError, false
 		}
 		if err != nil {
 			var ne net.Error
