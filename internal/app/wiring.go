@@ -84,6 +84,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
+// QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
+func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
+	return admission.QuotaConfig{Prefix: cfg.QueuePrefix, MaxPerIdentity: cfg.QueueMaxPerIdentity, MaxBytes: cfg.QueueMaxBytes}
+}
+
 // RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
 // settings give; holder names this process.
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
@@ -96,7 +101,8 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
-	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle()}
+	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(),
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload}
 }
 
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
@@ -130,6 +136,7 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
 		QueueSystem: system, QueueName: name,
+		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
 }
 
@@ -150,7 +157,12 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
-		Retry:             RetryPolicy(cfg),
+		// Zero trusts the header, matching TRUST_USER_ID_HEADER's default.
+		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
+		TrustedProxies:     cfg.TrustedProxies,
+		Models:             cfg.LLMModels,
+		BodyReadTimeout:    cfg.BodyReadTimeout(),
+		Retry:              RetryPolicy(cfg),
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -26,6 +27,9 @@ const (
 	// DefaultPoolRetryAfter is advised when the pool is full and no queue
 	// takes the request, unless a Gate advises otherwise.
 	DefaultPoolRetryAfter = time.Second
+	// DefaultBodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS).
+	DefaultBodyReadTimeout = 10 * time.Second
 	// DefaultFrameBuffer is how many frames a producer may be ahead of
 	// the client; with the gateway's buffer (gateway.DefaultBuffer) and
 	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
@@ -51,12 +55,25 @@ type Config struct {
 	// PoolRetryAfter is the Retry-After advised when the pool is full and
 	// no queue takes the request, when there is no Gate. Default 1s.
 	PoolRetryAfter time.Duration
-	// APIKeys are the accepted bearer keys, or sha256 hex digests of them;
-	// empty means no authentication (API_KEYS).
+	// APIKeys are the accepted bearer keys, or `sha256:<hex>` digests of
+	// them, each optionally ending in =high|normal|low; empty means no
+	// authentication (API_KEYS).
 	APIKeys []string
+	// IgnoreUserIDHeader makes X-User-ID count for nothing
+	// (TRUST_USER_ID_HEADER=false). Zero: the header names the user.
+	IgnoreUserIDHeader bool
+	// TrustedProxies are CIDRs whose X-Forwarded-For and X-Real-IP are
+	// believed (TRUSTED_PROXIES). Empty: the peer is the client.
+	TrustedProxies []string
+	// Models, when not empty, are the only `model` values accepted
+	// (LLM_MODELS); empty passes any through.
+	Models []string
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
+	// BodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
+	BodyReadTimeout time.Duration
 	// Retry is the delay before a direct request that failed before its
 	// first chunk is handed to the queue, and the Retry-After advised when
 	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
@@ -74,6 +91,9 @@ func (c Config) withDefaults() Config {
 	if c.FrameBuffer == 0 {
 		c.FrameBuffer = DefaultFrameBuffer
 	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
 	return c
 }
 
@@ -87,8 +107,11 @@ func (c Config) Validate() error {
 	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
 		errs = append(errs, errors.New("stream: limits must be positive"))
 	}
-	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
-		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter and FrameBuffer not negative"))
+	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 || c.BodyReadTimeout < 0 {
+		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter, FrameBuffer and BodyReadTimeout not negative"))
+	}
+	if _, err := newResolver(c); err != nil {
+		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("stream: %w", err))
@@ -126,7 +149,8 @@ type Handler struct {
 	gate     Gate
 	m        Metrics
 	log      *slog.Logger
-	keys     apiKeys
+	ids      *identity.Resolver
+	models   map[string]bool // nil: any model
 	tel      *telemetry.Provider
 
 	drainOnce sync.Once
@@ -149,8 +173,19 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	if deps.Metrics == nil {
 		deps.Metrics = nopMetrics{}
 	}
+	ids, err := newResolver(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("stream: identity settings: %w", err)
+	}
+	var models map[string]bool
+	for _, m := range cfg.Models {
+		if models == nil {
+			models = make(map[string]bool)
+		}
+		models[m] = true
+	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, keys: newAPIKeys(cfg.APIKeys), tel: deps.Tracing, draining: make(chan struct{})}, nil
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, tel: deps.Tracing, draining: make(chan struct{})}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -171,8 +206,9 @@ type exchange struct {
 	requestID string
 	start     time.Time
 	req       protocol.ChatRequest
-	user      string
-	open      opener // set once the request was read
+	user      string            // the identity's name: pool, queue and limits key on it
+	id        identity.Identity // who is asking (docs/API.md, "Identity")
+	open      opener            // set once the request was read
 }
 
 // ServeHTTP parses the request, finds the caller's identity and streams
