@@ -79,6 +79,7 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	return admission.OverflowConfig{
 		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
 		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
+		ShedLowFraction: cfg.QueueShedLowFraction, ShedNormalFraction: cfg.QueueShedNormalFraction,
 	}
 }
 
@@ -135,6 +136,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
+		PriorityMax:       protocol.Priority(cfg.PriorityMax),
 		Retry:             RetryPolicy(cfg),
 	}
 }

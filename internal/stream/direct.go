@@ -16,12 +16,12 @@ import (
 // direct streams from the provider in this process while holding lease
 // (docs/ARCHITECTURE.md, "Direct path"). A retryable failure before the
 // first chunk is handed to the queue on the same response (handOff).
-func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, lease pool.Lease, start time.Time) {
+func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, prio protocol.Priority, lease pool.Lease, start time.Time) {
 	release := sync.OnceFunc(lease.Release)
 	defer release()
 	ctx, cancel := context.WithCancel(r.Context())
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
-	p := &directProducer{h: h, req: req, requestID: requestID, user: user, release: release, frames: frames}
+	p := &directProducer{h: h, req: req, requestID: requestID, user: user, prio: prio, release: release, frames: frames}
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
@@ -47,6 +47,7 @@ type directProducer struct {
 	req       protocol.ChatRequest
 	requestID string
 	user      string
+	prio      protocol.Priority
 	release   func() // releases the slot; idempotent
 	frames    chan<- protocol.Result
 	handedOff atomic.Bool
@@ -126,12 +127,12 @@ func (p *directProducer) handOff(ctx context.Context, cause error) {
 		t.Stop()
 		return
 	}
-	if prob := h.gate.MayQueue(); prob != nil {
+	if prob := h.gate.MayQueue(p.prio); prob != nil {
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
 		return
 	}
 	relay, err := h.spill.Spill(ctx, protocol.Job{
-		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, Payload: p.req,
+		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, Payload: p.req, Priority: p.prio,
 	})
 	if err != nil {
 		var prob *protocol.Problem

@@ -55,6 +55,10 @@ type Config struct {
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
+	// PriorityMax is the highest X-Priority a caller without a key maximum
+	// may ask for; a higher ask is lowered to it (PRIORITY_MAX). Default
+	// normal: an anonymous caller cannot jump the queue.
+	PriorityMax protocol.Priority
 	// Retry is the delay before a direct request that failed before its
 	// first chunk is handed to the queue, and the Retry-After advised when
 	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
@@ -72,6 +76,9 @@ func (c Config) withDefaults() Config {
 	if c.FrameBuffer == 0 {
 		c.FrameBuffer = DefaultFrameBuffer
 	}
+	if c.PriorityMax == "" {
+		c.PriorityMax = protocol.PriorityNormal
+	}
 	return c
 }
 
@@ -87,6 +94,9 @@ func (c Config) Validate() error {
 	}
 	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
 		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter and FrameBuffer not negative"))
+	}
+	if _, err := protocol.ParsePriority(string(c.PriorityMax)); err != nil {
+		errs = append(errs, fmt.Errorf("stream: PriorityMax: %w", err))
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("stream: %w", err))
@@ -169,8 +179,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	setRequestID(w.Header(), requestID)
 
 	req, user, prob := h.parseRequest(w, r)
+	var prio protocol.Priority
 	if prob == nil {
-		prob = h.gate.Admit(r.Context(), user)
+		prio, prob = h.priority(r, user)
+	}
+	if prob == nil {
+		prob = h.gate.Admit(r.Context(), user, prio)
 	}
 	if prob != nil {
 		h.refuse(w, prob, instance, "")
@@ -180,7 +194,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
 		lease, err := h.pool.TryAcquire(r.Context(), user)
 		if err == nil {
-			h.direct(w, r, req, requestID, user, lease, start)
+			h.direct(w, r, req, requestID, user, prio, lease, start)
 			return
 		}
 		limit := "global"
@@ -195,7 +209,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.refuse(w, protocol.PoolExhausted(h.retryAfter()), instance, protocol.PathDirect)
 		return
 	}
-	h.queued(w, r, req, requestID, user, start)
+	h.queued(w, r, req, requestID, user, prio, start)
 }
 
 // behindBacklog reports whether jobs wait in the queue, so a new request

@@ -11,14 +11,14 @@ import (
 // queued hands the request to the queue and relays what the workers
 // publish (docs/ARCHITECTURE.md, "Queued path"). The relay is subscribed
 // before the job is enqueued.
-func (h *Handler) queued(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, start time.Time) {
+func (h *Handler) queued(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, prio protocol.Priority, start time.Time) {
 	instance := instanceOf(requestID)
-	if p := h.gate.MayQueue(); p != nil {
+	if p := h.gate.MayQueue(prio); p != nil {
 		h.refuse(w, p, instance, protocol.PathQueued)
 		return
 	}
 	relay, err := h.spill.Spill(r.Context(), protocol.Job{
-		RequestID: requestID, UserID: user, ThreadID: req.ThreadID, Payload: req,
+		RequestID: requestID, UserID: user, ThreadID: req.ThreadID, Payload: req, Priority: prio,
 	})
 	if err != nil {
 		var p *protocol.Problem

@@ -71,7 +71,7 @@ func (c Config) Validate() error {
 // Metrics is what the gateway counts. *metrics.Metrics implements it.
 type Metrics interface {
 	// QueueRejected counts a request not queued, by reason.
-	QueueRejected(reason string)
+	QueueRejected(reason string, prio protocol.Priority)
 	// MalformedMessage counts a message skipped, by source.
 	MalformedMessage(source string)
 	// SubscriptionLost counts a result subscription that ended on its own.
@@ -80,9 +80,9 @@ type Metrics interface {
 
 type nopMetrics struct{}
 
-func (nopMetrics) QueueRejected(string)    {}
-func (nopMetrics) MalformedMessage(string) {}
-func (nopMetrics) SubscriptionLost(string) {}
+func (nopMetrics) QueueRejected(string, protocol.Priority) {}
+func (nopMetrics) MalformedMessage(string)                 {}
+func (nopMetrics) SubscriptionLost(string)                 {}
 
 // Deps are what a Gateway uses; it closes none of them.
 type Deps struct {
@@ -131,12 +131,12 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	job.Deadline = now.Add(g.cfg.QueueTimeout)
 	body, err := protocol.EncodeJob(job)
 	if err != nil {
-		g.deps.Metrics.QueueRejected("too_large")
+		g.deps.Metrics.QueueRejected("too_large", job.Priority)
 		return nil, protocol.TooLargeToQueue()
 	}
 	sub, err := g.deps.Results.SubscribeResults(ctx, job.RequestID)
 	if err != nil {
-		g.deps.Metrics.QueueRejected("subscribe_failed")
+		g.deps.Metrics.QueueRejected("subscribe_failed", job.Priority)
 		g.deps.Log.Error("subscribe to result channel failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
@@ -144,7 +144,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	// (docs/QUEUE.md, invariant 1).
 	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
-		g.deps.Metrics.QueueRejected("enqueue_failed")
+		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}

@@ -98,7 +98,7 @@ func (r *relay) run() {
 				g.deps.Log.Warn("worker silent, giving up", "request_id", r.job.RequestID, "silence", silence.String())
 				r.giveUp(protocol.WorkerLost(g.retryAfter()))
 			} else {
-				g.deps.Metrics.QueueRejected("timeout")
+				g.deps.Metrics.QueueRejected("timeout", r.job.Priority)
 				g.deps.Log.Warn("no worker started the job in time", "request_id", r.job.RequestID, "timeout", cfg.QueueTimeout.String())
 				r.giveUp(protocol.QueueTimeout(g.retryAfter()))
 			}

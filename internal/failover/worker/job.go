@@ -21,7 +21,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 		w.settle(ctx, d, "", OutcomeDeadLetter, "malformed job: "+err.Error())
 		return
 	}
-	log := w.log.With("request_id", job.RequestID, "attempt", d.Attempt)
+	log := w.log.With("request_id", job.RequestID, "attempt", d.Attempt, "priority", job.Priority.OrNormal())
 	gone, err := w.deps.Cancels.Cancelled(ctx, job.RequestID)
 	if err != nil {
 		log.Warn("cancel check failed; running the job", "err", err)
