@@ -63,10 +63,22 @@ func (g *Gate) MayQueue(prio protocol.Priority) *protocol.Problem {
 	return g.d.Overflow.Check(prio)
 }
 
-// QueueFirst reports jobs waiting for a worker: a new request then queues
-// behind them instead of taking a freed slot, so none starves.
+// QueueFirst reports jobs waiting that could use a slot a new request
+// would take (docs/QUEUE.md, "Fairness"): a new request then queues behind
+// them instead, so none starves. Jobs no worker has taken count only while
+// every slot of the pool is in use. While slots are free those jobs are
+// not waiting for a slot: they wait for a worker, which takes them as soon
+// as it has room, or sit behind their own identity's per-user limit
+// (workers park those and reach past them). Sending every other identity's
+// request behind them would let one noisy identity hold everyone up. A job
+// a worker has taken asks the pool as a waiter, and the pool itself keeps
+// newer direct requests from the slots those waiters can use.
 func (g *Gate) QueueFirst() bool {
-	return g.d.Overflow != nil && g.d.Overflow.Waiting() > 0
+	if g.d.Overflow == nil || g.d.Overflow.Waiting() == 0 {
+		return false
+	}
+	s := g.d.Pool.Stats()
+	return s.InUse >= s.Capacity
 }
 
 // RetryAfter estimates when a slot frees up, for a full pool's refusal.

@@ -20,7 +20,17 @@ type capacity int
 
 func (c capacity) Stats() pool.Stats { return pool.Stats{Capacity: int(c)} }
 
+// usage is a pool of Capacity slots with InUse of them taken.
+type usage pool.Stats
+
+func (u usage) Stats() pool.Stats { return pool.Stats(u) }
+
 func newGateOver(tb testing.TB, b Backlog) *Gate {
+	tb.Helper()
+	return newGateOverPool(tb, b, usage{InUse: 4, Capacity: 4})
+}
+
+func newGateOverPool(tb testing.TB, b Backlog, p interface{ Stats() pool.Stats }) *Gate {
 	tb.Helper()
 	o, err := NewOverflow(OverflowConfig{Threshold: 10, Hysteresis: 2}, b, newMetrics(tb), testutil.DiscardLogger())
 	if err != nil {
@@ -31,7 +41,7 @@ func newGateOver(tb testing.TB, b Backlog) *Gate {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	g, err := NewGate(GateDeps{Overflow: o, Service: svc, Pool: capacity(4)})
+	g, err := NewGate(GateDeps{Overflow: o, Service: svc, Pool: p})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -66,6 +76,22 @@ func TestGateQueueFirstAndMayQueue(t *testing.T) {
 				t.Errorf("MayQueue = %+v, want refusal %v", p, tt.overflow)
 			}
 		})
+	}
+}
+
+// Jobs no worker has taken send new requests behind them only while the
+// pool is full: with slots free they wait for a worker or behind their
+// own identity's limit, and other identities' requests go direct.
+func TestGateQueueFirstOnlyWhileThePoolIsFull(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		inUse int
+		want  bool
+	}{{0, false}, {3, false}, {4, true}, {5, true}} {
+		g := newGateOverPool(t, backlog{depth: 5, waiting: 2}, usage{InUse: tt.inUse, Capacity: 4})
+		if got := g.QueueFirst(); got != tt.want {
+			t.Errorf("%d of 4 slots in use, jobs waiting: QueueFirst = %v, want %v", tt.inUse, got, tt.want)
+		}
 	}
 }
 

@@ -224,8 +224,8 @@ func (o *Overflow) Check(prio protocol.Priority) *protocol.Problem {
 func (o *Overflow) Depth() int64 { return o.cached.Load() }
 
 // Waiting returns the jobs no worker has taken, as last read (0 before
-// the first read): while it is above zero new requests queue behind them
-// (docs/QUEUE.md, invariant 4).
+// the first read): while it is above zero and the pool is full, new
+// requests queue behind them (Gate.QueueFirst; docs/QUEUE.md, invariant 4).
 func (o *Overflow) Waiting() int64 { return o.waiting.Load() }
 
 // refresh reads the depth once and updates the cached state; now is the

@@ -129,7 +129,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 			return nil, nil, err
 		}
 		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
-			Consumer: q.Consumer, Pool: a.pool, Provider: a.provider(), Results: pub, Cancels: pub,
+			Consumer: q.Consumer, Pool: a.pool, Provider: a.workerProvider(), Results: pub, Cancels: pub,
 			Metrics: m, Log: log.With("component", "worker"),
 		})
 		if err != nil {

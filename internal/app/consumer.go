@@ -35,7 +35,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 		return err
 	}
 	w, err := worker.New(WorkerConfig(cfg), worker.Deps{
-		Consumer: d.queue.Consumer, Pool: d.pool, Provider: d.provider(), Results: pub, Cancels: pub,
+		Consumer: d.queue.Consumer, Pool: d.pool, Provider: d.workerProvider(), Results: pub, Cancels: pub,
 		Metrics: d.obs.m, Log: log,
 	})
 	if err != nil {

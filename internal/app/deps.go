@@ -40,8 +40,17 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 			d.close()
 		}
 	}()
+	if d.rdb, err = d.connectRedis(role); err != nil {
+		return nil, err
+	}
 	provider := opts.Provider
-	if provider == nil {
+	switch {
+	case provider != nil:
+	case usesBalancer(cfg):
+		if provider, err = d.newBalancer(role); err != nil {
+			return nil, err
+		}
+	default:
 		if provider, err = NewProvider(cfg); err != nil {
 			return nil, err
 		}
@@ -52,9 +61,6 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	// spillway_upstream_responses_total.
 	provider = llm.CountResponses(provider, d.obs.m.UpstreamResponded)
 	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
-		return nil, err
-	}
-	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
 	if d.pool, err = d.newPool(role); err != nil {
@@ -131,6 +137,11 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 
 // provider is the provider behind its breaker.
 func (d *deps) provider() llm.Provider { return d.breaker }
+
+// workerProvider is the provider as queue workers call it: behind the same
+// breaker, but waiting for an upstream slot where the api's direct path
+// would hand its request to the queue.
+func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.breaker} }
 
 // close releases what newDeps built, newest first.
 func (d *deps) close() {

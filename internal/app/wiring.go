@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // The mapping from settings to each component's Config, in one place
@@ -139,4 +140,18 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		PriorityMax:       protocol.Priority(cfg.PriorityMax),
 		Retry:             RetryPolicy(cfg),
 	}
+}
+
+// UpstreamHealthConfig is the passive health of several upstreams the
+// LLM_UPSTREAM_* settings give.
+func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
+	return upstream.HealthConfig{MaxFails: cfg.LLMUpstreamMaxFails, Cooldown: cfg.LLMUpstreamCooldown()}
+}
+
+// BalancerConfig is the routing over several upstreams the LLM_ROUTING,
+// LLM_AFFINITY_BALANCE, LLM_RETRY_AFTER_MAX_SECONDS and
+// LLM_UPSTREAM_PROBE_SECONDS settings give.
+func BalancerConfig(cfg *config.Config) upstream.Config {
+	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
+		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
 }

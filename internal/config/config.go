@@ -4,6 +4,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/internal/upstream"
+
 	"log/slog"
 	"strings"
 	"time"
@@ -148,6 +150,35 @@ type Config struct {
 	// LLMRetryAfterMaxSeconds caps how long an upstream 429/503 Retry-After
 	// is honoured. Default 30.
 	LLMRetryAfterMaxSeconds int `env:"LLM_RETRY_AFTER_MAX_SECONDS" envDefault:"30"`
+	// LLMRouting picks one of several upstreams per call: least-loaded,
+	// weighted, affinity or latency (docs/UPSTREAMS.md). Default
+	// least-loaded.
+	LLMRouting string `env:"LLM_ROUTING" envDefault:"least-loaded"`
+	// LLMUpstreamMaxConcurrency caps the calls in flight on each upstream of
+	// the LLM_BASE_URL list, cluster-wide; 0 means only the pool bounds
+	// them. Default 0.
+	LLMUpstreamMaxConcurrency int `env:"LLM_UPSTREAM_MAX_CONCURRENCY" envDefault:"0"`
+	// LLMUpstreamMaxFails is how many consecutive retryable failures before
+	// the first chunk make an upstream sit out. Default 3.
+	LLMUpstreamMaxFails int `env:"LLM_UPSTREAM_MAX_FAILS" envDefault:"3"`
+	// LLMUpstreamCooldownSeconds is how long an ejected upstream sits out
+	// before one probe or trial call decides whether it is back. Default 30.
+	LLMUpstreamCooldownSeconds int `env:"LLM_UPSTREAM_COOLDOWN_SECONDS" envDefault:"30"`
+	// LLMAffinityBalance is how many times busier than the least loaded an
+	// affinity choice may be (and at least 4 calls more) before the least
+	// loaded wins. Default 1.5.
+	LLMAffinityBalance float64 `env:"LLM_AFFINITY_BALANCE" envDefault:"1.5"`
+	// LLMUpstreamProbeSeconds is how often each upstream is probed
+	// (GET {base_url}/models), one process at a time; 0 means passive
+	// health only. Default 0.
+	LLMUpstreamProbeSeconds int `env:"LLM_UPSTREAM_PROBE_SECONDS" envDefault:"0"`
+	// YAMLUpstreams is the settings file's `upstreams:` list, the other way
+	// to give several upstreams (it has no env form).
+	YAMLUpstreams []upstream.Spec
+	// Upstreams is the resolved upstream list of LLM_PROVIDER=openai: one
+	// per LLM_BASE_URL entry, or the YAML list, with API keys looked up.
+	// Load fills it; nil with the simulator.
+	Upstreams []upstream.Spec
 
 	// SimFirstTokenMS is the simulator's delay before the first chunk. Default 150.
 	SimFirstTokenMS int `env:"SIM_FIRST_TOKEN_MS" envDefault:"150"`
@@ -290,6 +321,16 @@ func (c *Config) SimFirstToken() time.Duration { return millis(c.SimFirstTokenMS
 
 // SimTokenInterval is the simulator's delay between chunks (SIM_TOKEN_MS).
 func (c *Config) SimTokenInterval() time.Duration { return millis(c.SimTokenMS) }
+
+// LLMUpstreamCooldown is LLM_UPSTREAM_COOLDOWN_SECONDS as a duration.
+func (c *Config) LLMUpstreamCooldown() time.Duration {
+	return time.Duration(c.LLMUpstreamCooldownSeconds) * time.Second
+}
+
+// LLMUpstreamProbe is LLM_UPSTREAM_PROBE_SECONDS as a duration; 0 is off.
+func (c *Config) LLMUpstreamProbe() time.Duration {
+	return time.Duration(c.LLMUpstreamProbeSeconds) * time.Second
+}
 
 // BreakerWindow is BREAKER_WINDOW_SECONDS as a duration.
 func (c *Config) BreakerWindow() time.Duration { return seconds(c.BreakerWindowSeconds) }

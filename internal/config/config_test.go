@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/internal/upstream"
+
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -131,6 +133,12 @@ func TestDefaults(t *testing.T) {
 		{"LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeoutSeconds, 30},
 		{"LLM_TIMEOUT_SECONDS", c.LLMTimeoutSeconds, 0},
 		{"LLM_RETRY_AFTER_MAX_SECONDS", c.LLMRetryAfterMaxSeconds, 30},
+		{"LLM_ROUTING", c.LLMRouting, "least-loaded"},
+		{"LLM_AFFINITY_BALANCE", c.LLMAffinityBalance, 1.5},
+		{"LLM_UPSTREAM_MAX_CONCURRENCY", c.LLMUpstreamMaxConcurrency, 0},
+		{"LLM_UPSTREAM_MAX_FAILS", c.LLMUpstreamMaxFails, 3},
+		{"LLM_UPSTREAM_COOLDOWN_SECONDS", c.LLMUpstreamCooldownSeconds, 30},
+		{"LLM_UPSTREAM_PROBE_SECONDS", c.LLMUpstreamProbeSeconds, 0},
 		{"SIM_FIRST_TOKEN_MS", c.SimFirstTokenMS, 150},
 		{"SIM_TOKEN_MS", c.SimTokenMS, 20},
 		{"SIM_TOKENS", c.SimTokens, 48},
@@ -210,6 +218,12 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"LLM_FIRST_TOKEN_TIMEOUT_SECONDS":       "61",
 		"LLM_IDLE_TIMEOUT_SECONDS":              "31",
 		"LLM_RETRY_AFTER_MAX_SECONDS":           "32",
+		"LLM_ROUTING":                           "affinity",
+		"LLM_UPSTREAM_MAX_CONCURRENCY":          "8",
+		"LLM_UPSTREAM_MAX_FAILS":                "4",
+		"LLM_UPSTREAM_COOLDOWN_SECONDS":         "31",
+		"LLM_AFFINITY_BALANCE":                  "2.5",
+		"LLM_UPSTREAM_PROBE_SECONDS":            "5",
 		"SIM_FIRST_TOKEN_MS":                    "151",
 		"SIM_TOKEN_MS":                          "21",
 		"SIM_TOKENS":                            "49",
@@ -283,15 +297,23 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		LLMFirstTokenTimeoutSeconds:      61,
 		LLMIdleTimeoutSeconds:            31,
 		LLMRetryAfterMaxSeconds:          32,
-		SimFirstTokenMS:                  151,
-		SimTokenMS:                       21,
-		SimTokens:                        49,
-		SimSeed:                          -7,
-		SimFailRate:                      0.25,
-		SimFailMidstreamRate:             1,
-		CORSAllowedOrigins:               []string{"https://chat.example.com", "http://localhost:3000"},
-		ChatPageEnabled:                  false,
-		LogLevel:                         "debug",
+		LLMRouting:                       "affinity",
+		LLMUpstreamMaxConcurrency:        8,
+		LLMUpstreamMaxFails:              4,
+		LLMUpstreamCooldownSeconds:       31,
+		LLMAffinityBalance:               2.5,
+		LLMUpstreamProbeSeconds:          5,
+		Upstreams: []upstream.Spec{{Name: "127.0.0.1:8081", BaseURL: "http://127.0.0.1:8081/v1", APIKey: "sk-test",
+			Weight: 1, MaxConcurrency: 8}},
+		SimFirstTokenMS:      151,
+		SimTokenMS:           21,
+		SimTokens:            49,
+		SimSeed:              -7,
+		SimFailRate:          0.25,
+		SimFailMidstreamRate: 1,
+		CORSAllowedOrigins:   []string{"https://chat.example.com", "http://localhost:3000"},
+		ChatPageEnabled:      false,
+		LogLevel:             "debug",
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load with every var set:\n got %+v\nwant %+v", c, want)
@@ -749,7 +771,7 @@ func TestValidateRules(t *testing.T) {
 		{"burst zero with rps", func(c *Config) { c.RateLimitRPS = 5 }, []string{"RATE_LIMIT_BURST"}, "RATE_LIMIT_BURST (0) must be at least 1 when RATE_LIMIT_RPS is set (5)"},
 		{"provider unknown", func(c *Config) { c.LLMProvider = "anthropic" }, []string{"LLM_PROVIDER"}, `LLM_PROVIDER ("anthropic") must be sim or openai`},
 		{"openai without base url", func(c *Config) { c.LLMProvider = "openai" }, []string{"LLM_BASE_URL"}, "LLM_BASE_URL is required when LLM_PROVIDER=openai"},
-		{"base url scheme", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "ftp://h/v1" }, []string{"LLM_BASE_URL"}, `LLM_BASE_URL must be an http:// or https:// URL with a host: scheme is "ftp"`},
+		{"base url scheme", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "ftp://h/v1" }, []string{"LLM_BASE_URL"}, `LLM_BASE_URL must be an http:// or https:// URL (or a comma list of them) with a host: scheme is "ftp"`},
 		{"base url without host", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "http:///v1" }, []string{"LLM_BASE_URL"}, "host is missing"},
 		{"base url without scheme", func(c *Config) { c.LLMProvider = "openai"; c.LLMBaseURL = "localhost:8081/v1" }, []string{"LLM_BASE_URL"}, "LLM_BASE_URL must be an http:// or https:// URL"},
 		{"base url checked for sim too", func(c *Config) { c.LLMBaseURL = "::" }, []string{"LLM_BASE_URL"}, "LLM_BASE_URL must be an http:// or https:// URL"},

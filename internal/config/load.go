@@ -9,6 +9,8 @@ import (
 
 	"github.com/caarlos0/env/v11"
 	"gopkg.in/yaml.v3"
+
+	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // Derived defaults: they depend on whether REDIS_URL is set, so they cannot
@@ -51,13 +53,15 @@ func FromEnv(path string) (*Config, error) {
 // CORS_ALLOWED_ORIGINS (unset) get defaults that depend on the mode: 2,
 // "local" and "*" without REDIS_URL (embedded), 100, "redis" and none with it.
 func Load(path string, environ map[string]string) (*Config, error) {
+	var yamlUpstreams []upstream.Spec
 	merged := make(map[string]string)
 	source := make(map[string]string)
 	if path != "" {
-		fileVals, err := readFile(path)
+		fileVals, ups, err := readFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
+		yamlUpstreams = ups
 		for k, v := range fileVals {
 			merged[k] = v
 			source[k] = "in " + path
@@ -94,6 +98,20 @@ func Load(path string, environ map[string]string) (*Config, error) {
 		if c.Embedded() {
 			c.PoolBackend = PoolBackendLocal
 		}
+	}
+	c.YAMLUpstreams = yamlUpstreams
+	if c.LLMProvider == ProviderOpenAI {
+		// The upstream list is resolved here, where the environment is at
+		// hand for each upstream's api_key_env; Validate reports its
+		// problems with the other settings'.
+		ups, err := upstream.Parse(c.LLMBaseURL, c.YAMLUpstreams, upstream.Defaults{
+			APIKey: c.LLMAPIKey, MaxConcurrency: c.LLMUpstreamMaxConcurrency,
+			LookupEnv: func(k string) (string, bool) { v, ok := environ[k]; return v, ok },
+		})
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", &FieldError{Var: "LLM_BASE_URL", Err: err})
+		}
+		c.Upstreams = ups
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
@@ -180,17 +198,65 @@ func nameParseErrors(err error, source map[string]string) error {
 	return errors.Join(errs...)
 }
 
-// readFile reads a YAML settings file into env-style KEY=value pairs.
-func readFile(path string) (map[string]string, error) {
+// readFile reads a YAML settings file into env-style KEY=value pairs, and
+// its `upstreams:` list, the one key that is not a setting.
+func readFile(path string) (map[string]string, []upstream.Spec, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("read settings file: %w", err)
+		return nil, nil, fmt.Errorf("read settings file: %w", err)
 	}
 	vals, err := parseYAML(data)
 	if err != nil {
-		return nil, fmt.Errorf("settings file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("settings file %s: %w", path, err)
 	}
-	return vals, nil
+	ups, err := parseYAMLUpstreams(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("settings file %s: %w", path, err)
+	}
+	return vals, ups, nil
+}
+
+// yamlUpstreamsKey is the settings file's list of upstreams (docs/UPSTREAMS.md).
+const yamlUpstreamsKey = "upstreams"
+
+// parseYAMLUpstreams decodes the file's `upstreams:` list, refusing keys
+// an upstream does not have, so a typo is not silently ignored.
+func parseYAMLUpstreams(data []byte) ([]upstream.Spec, error) {
+	var doc struct {
+		Upstreams yaml.Node `yaml:"upstreams"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, err
+	}
+	n := doc.Upstreams
+	if n.Kind == 0 || n.Tag == "!!null" {
+		return nil, nil
+	}
+	if n.Kind != yaml.SequenceNode {
+		return nil, fmt.Errorf("line %d: upstreams must be a list", n.Line)
+	}
+	known := map[string]bool{"name": true, "base_url": true, "api_key_env": true, "weight": true,
+		"max_concurrency": true, "rpm": true, "tpm": true, "models": true}
+	var errs []error
+	for _, item := range n.Content {
+		if item.Kind != yaml.MappingNode {
+			errs = append(errs, fmt.Errorf("line %d: each upstream must be a mapping", item.Line))
+			continue
+		}
+		for i := 0; i+1 < len(item.Content); i += 2 {
+			if k := item.Content[i]; !known[k.Value] {
+				errs = append(errs, fmt.Errorf("line %d: unknown upstream key %q", k.Line, k.Value))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	var ups []upstream.Spec
+	if err := n.Decode(&ups); err != nil {
+		return nil, fmt.Errorf("upstreams: %w", err)
+	}
+	return ups, nil
 }
 
 // parseYAML decodes a mapping of lower-case env names to scalars or lists of
@@ -219,6 +285,8 @@ func parseYAML(data []byte) (map[string]string, error) {
 		case k.Kind != yaml.ScalarNode:
 			errs = append(errs, fmt.Errorf("line %d: key must be a setting name", k.Line))
 			continue
+		case key == yamlUpstreamsKey:
+			continue // parseYAMLUpstreams reads it
 		case !knownVars[name] || key != strings.ToLower(key):
 			if knownVars[name] {
 				errs = append(errs, fmt.Errorf("line %d: unknown key %q (keys are lower case: %q)", k.Line, key, strings.ToLower(key)))

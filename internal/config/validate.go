@@ -1,6 +1,8 @@
 package config
 
 import (
+	"github.com/spillway-dev/spillway/internal/upstream"
+
 	"errors"
 	"fmt"
 	"math"
@@ -167,16 +169,34 @@ func (c *Config) Validate() error {
 	switch c.LLMProvider {
 	case ProviderSim:
 	case ProviderOpenAI:
-		if c.LLMBaseURL == "" {
-			v.fail("LLM_BASE_URL", "is required when LLM_PROVIDER=openai")
+		if c.LLMBaseURL == "" && len(c.YAMLUpstreams) == 0 {
+			v.fail("LLM_BASE_URL", "is required when LLM_PROVIDER=openai (or an upstreams: list in the settings file)")
 		}
 	default:
 		v.fail("LLM_PROVIDER", "(%q) must be sim or openai", c.LLMProvider)
 	}
 	if c.LLMBaseURL != "" {
-		if err := checkHTTPURL(c.LLMBaseURL); err != nil {
-			v.fail("LLM_BASE_URL", "must be an http:// or https:// URL with a host: %v", err)
+		// A comma list means several upstreams (docs/UPSTREAMS.md).
+		for _, u := range strings.Split(c.LLMBaseURL, ",") {
+			if err := checkHTTPURL(strings.TrimSpace(u)); err != nil {
+				v.fail("LLM_BASE_URL", "must be an http:// or https:// URL (or a comma list of them) with a host: %v", err)
+			}
 		}
+	}
+	if c.LLMBaseURL != "" && len(c.YAMLUpstreams) > 0 {
+		v.fail("LLM_BASE_URL", "and the settings file's upstreams: list are both given; give one")
+	}
+	switch c.LLMRouting {
+	case upstream.RoutingLeastLoaded, upstream.RoutingWeighted, upstream.RoutingAffinity, upstream.RoutingLatency:
+	default:
+		v.fail("LLM_ROUTING", "(%q) must be least-loaded, weighted, affinity or latency", c.LLMRouting)
+	}
+	v.atLeast("LLM_UPSTREAM_MAX_CONCURRENCY", c.LLMUpstreamMaxConcurrency, 0)
+	v.atLeast("LLM_UPSTREAM_MAX_FAILS", c.LLMUpstreamMaxFails, 1)
+	v.atLeast("LLM_UPSTREAM_COOLDOWN_SECONDS", c.LLMUpstreamCooldownSeconds, 1)
+	v.atLeast("LLM_UPSTREAM_PROBE_SECONDS", c.LLMUpstreamProbeSeconds, 0)
+	if c.LLMAffinityBalance < 1 {
+		v.fail("LLM_AFFINITY_BALANCE", "(%g) must be at least 1", c.LLMAffinityBalance)
 	}
 	v.atLeast("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeoutSeconds, 1)
 	v.atLeast("LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeoutSeconds, 1)

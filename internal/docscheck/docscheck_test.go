@@ -18,6 +18,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // The pages this package holds to the code. Code comments cite them by
@@ -253,12 +254,17 @@ func (r *recorder) MustRegister(cs ...prometheus.Collector) {
 
 var fqNameRE = regexp.MustCompile(`fqName: "([^"]+)"`)
 
-// TestMetricsDocumented: every metric metrics.New registers has a row in
-// docs/METRICS.md.
+// TestMetricsDocumented: every metric metrics.New (and the upstream
+// balancer) registers has a row in docs/METRICS.md, and every row is one.
 func TestMetricsDocumented(t *testing.T) {
 	t.Parallel()
 	rec := &recorder{Registerer: prometheus.NewRegistry()}
 	metrics.New(rec)
+	// The per-upstream metrics are registered by the balancer, only when
+	// there are several upstreams.
+	if _, err := upstream.NewPrometheus(rec); err != nil {
+		t.Fatal(err)
+	}
 	var names []string
 	for _, c := range rec.collectors {
 		ch := make(chan *prometheus.Desc, 16)

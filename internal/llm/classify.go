@@ -27,6 +27,12 @@ var (
 	// ErrIdleTimeout it does not count against the circuit breaker: the
 	// upstream was answering, only for too long.
 	ErrTotalTimeout = errors.New("llm: answer exceeded the call timeout")
+	// ErrNoCapacity is wrapped by a provider that cannot take the call
+	// right now and sent nothing: every upstream at its cap, sitting out or
+	// out of quota (internal/upstream). It is retryable (the api hands the
+	// request to the queue, a worker waits) and never the upstream's fault,
+	// so it does not count against the circuit breaker.
+	ErrNoCapacity = errors.New("llm: no upstream capacity now")
 )
 
 // Reasons name why a provider call failed, as the reason label of
@@ -65,6 +71,9 @@ func Reason(err error) string {
 	}
 	if isTimeout(err) {
 		return ReasonTimeout
+	}
+	if errors.Is(err, ErrNoCapacity) {
+		return ReasonThrottled
 	}
 	var e *Error
 	switch {

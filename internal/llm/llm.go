@@ -76,6 +76,25 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false
 	}
+	if errors.Is(err, ErrNoCapacity) {
+		return true
+	}
 	var e *Error
 	return errors.As(err, &e) && e.Retryable
+}
+
+type capacityWaitKey struct{}
+
+// WithCapacityWait marks ctx as a call that would rather wait for provider
+// capacity than fail with ErrNoCapacity: a queue worker's, which waits for
+// an upstream slot as it waits for a pool slot. The api's direct path does
+// not wait: a full upstream sends its request to the queue.
+func WithCapacityWait(ctx context.Context) context.Context {
+	return context.WithValue(ctx, capacityWaitKey{}, true)
+}
+
+// CapacityWait reports whether ctx was marked by WithCapacityWait.
+func CapacityWait(ctx context.Context) bool {
+	v, _ := ctx.Value(capacityWaitKey{}).(bool)
+	return v
 }

@@ -97,10 +97,19 @@ func (p RetryPolicy) Delay(err error, attempt int) (time.Duration, bool) {
 	if !IsRetryable(err) {
 		return 0, false
 	}
+	if errors.Is(err, ErrNoCapacity) {
+		// Nothing was sent and no upstream is at fault: no wait. The api
+		// hands the request to the queue at once, as for a full pool; a
+		// worker waits for capacity in the provider itself.
+		return 0, true
+	}
 	p = p.withDefaults()
 	attempt = max(attempt, 1)
 	var e *Error
-	errors.As(err, &e) // IsRetryable found one
+	if !errors.As(err, &e) {
+		return min(nthBackOff(&backoff.ExponentialBackOff{InitialInterval: p.BaseDelay,
+			RandomizationFactor: 0.5, Multiplier: 2, MaxInterval: p.MaxDelay}, attempt), p.MaxDelay), true
+	}
 	switch {
 	case e.RetryAfter > 0:
 		return min(e.RetryAfter, p.RetryAfterMax), true

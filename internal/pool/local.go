@@ -3,6 +3,7 @@ package pool
 import (
 	"container/list"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -23,13 +24,22 @@ type Local struct {
 
 type waiter struct {
 	user  string
-	since time.Time        // place in line
-	ready chan *localLease // buffered 1; receives the granted lease
+	since time.Time // place in line
+	// deferring waiters are turned away with ErrUserLimit instead of
+	// waiting while their user is at the per-user limit.
+	deferring bool
+	ready     chan grant // buffered 1; receives the lease or the refusal
+}
+
+type grant struct {
+	lease *localLease
+	err   error
 }
 
 var (
-	_ Pool   = (*Local)(nil)
-	_ Queued = (*Local)(nil)
+	_ Pool     = (*Local)(nil)
+	_ Queued   = (*Local)(nil)
+	_ Deferrer = (*Local)(nil)
 )
 
 // NewLocal returns a pool of size global slots and perUser slots per user.
@@ -59,15 +69,30 @@ func (p *Local) Acquire(ctx context.Context, user string) (Lease, error) {
 // AcquireSince is Acquire with the waiter placed in line by since (when
 // its work was queued) instead of by arrival.
 func (p *Local) AcquireSince(ctx context.Context, user string, since time.Time) (Lease, error) {
+	return p.acquire(ctx, user, since, false)
+}
+
+// AcquireOrDefer is AcquireSince that waits only for a global slot: while
+// user is at its per-user limit it returns an error wrapping ErrUserLimit.
+func (p *Local) AcquireOrDefer(ctx context.Context, user string, since time.Time) (Lease, error) {
+	return p.acquire(ctx, user, since, true)
+}
+
+func (p *Local) acquire(ctx context.Context, user string, since time.Time, deferring bool) (Lease, error) {
 	p.mu.Lock()
 	// Any waiter that fitted was granted when capacity freed, so the ones
 	// left wait on their own per-user limit: a fitting caller may go first.
-	if p.fitsLocked(user) == nil {
+	err := p.fitsLocked(user)
+	if err == nil {
 		l := p.grantLocked(user)
 		p.mu.Unlock()
 		return l, nil
 	}
-	w := &waiter{user: user, since: since, ready: make(chan *localLease, 1)}
+	if deferring && errors.Is(err, ErrUserLimit) {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("pool: acquire for %s: %w", user, err)
+	}
+	w := &waiter{user: user, since: since, deferring: deferring, ready: make(chan grant, 1)}
 	// Behind every waiter queued no later than it.
 	var elem *list.Element
 	for e := p.waiters.Back(); e != nil; e = e.Prev() {
@@ -82,15 +107,20 @@ func (p *Local) AcquireSince(ctx context.Context, user string, since time.Time) 
 	p.mu.Unlock()
 
 	select {
-	case l := <-w.ready:
-		return l, nil
+	case g := <-w.ready:
+		if g.err != nil {
+			return nil, g.err
+		}
+		return g.lease, nil
 	case <-ctx.Done():
 		p.mu.Lock()
 		select {
-		case l := <-w.ready:
+		case g := <-w.ready:
 			// Granted while we were giving up: hand it back.
 			p.mu.Unlock()
-			l.Release()
+			if g.lease != nil {
+				g.lease.Release()
+			}
 		default:
 			p.waiters.Remove(elem)
 			p.mu.Unlock()
@@ -136,13 +166,18 @@ func (p *Local) release(user string) {
 	if p.users[user]--; p.users[user] <= 0 {
 		delete(p.users, user)
 	}
-	// Hand freed capacity to the oldest waiters that fit.
+	// Hand freed capacity to the oldest waiters that fit; turn deferring
+	// waiters whose user has no room away, so they hold nothing.
 	for e := p.waiters.Front(); e != nil && p.inUse < p.size; {
 		next := e.Next()
 		w := e.Value.(*waiter)
-		if p.users[w.user] < p.perUser {
+		switch {
+		case p.users[w.user] < p.perUser:
 			p.waiters.Remove(e)
-			w.ready <- p.grantLocked(w.user)
+			w.ready <- grant{lease: p.grantLocked(w.user)}
+		case w.deferring:
+			p.waiters.Remove(e)
+			w.ready <- grant{err: fmt.Errorf("pool: acquire for %s: %w", w.user, ErrUserLimit)}
 		}
 		e = next
 	}

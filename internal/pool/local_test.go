@@ -193,3 +193,53 @@ func TestLocalAcquireSinceOrdersByQueueTime(t *testing.T) {
 		want++
 	}
 }
+
+// AcquireOrDefer turns a caller away at its per-user limit, at once and
+// when the limit is reached while it waits for a global slot; a caller
+// with room waits for the global slot as Acquire does.
+func TestLocalAcquireOrDefer(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	p, err := NewLocal(2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	la, _ := p.TryAcquire(ctx, "a")
+	if _, err := p.AcquireOrDefer(ctx, "a", time.Now()); !errors.Is(err, ErrUserLimit) {
+		t.Fatalf("a at its limit: err %v, want ErrUserLimit", err)
+	}
+	lh, _ := p.TryAcquire(ctx, "h")
+	la.Release()
+	lb, err := p.TryAcquire(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		l, err := p.AcquireOrDefer(ctx, "b", time.Now())
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool { return p.Waiting() == 1 }, "b waits")
+	lh.Release()
+	if err := <-got; !errors.Is(err, ErrUserLimit) {
+		t.Fatalf("b: err %v, want ErrUserLimit", err)
+	}
+	if p.Waiting() != 0 {
+		t.Fatal("b still waiting")
+	}
+	go func() {
+		l, err := p.AcquireOrDefer(ctx, "c", time.Now())
+		if err == nil {
+			l.Release()
+		}
+		got <- err
+	}()
+	if err := <-got; err != nil {
+		t.Fatalf("c with room: %v", err)
+	}
+	lb.Release()
+}

@@ -47,3 +47,16 @@ type Stats struct {
 type Queued interface {
 	AcquireSince(ctx context.Context, user string, since time.Time) (Lease, error)
 }
+
+// Deferrer is a Pool that can turn a waiter away while its user is at the
+// per-user limit instead of keeping it in line for that user's next slot.
+// Workers use it so that a job whose user has no room does not hold a
+// worker slot (docs/QUEUE.md, "Fairness"): it is set aside and the worker
+// takes a job of another identity.
+//
+// AcquireOrDefer waits like AcquireSince, but only for a global slot: it
+// returns an error wrapping ErrUserLimit at once when user holds its
+// per-user limit, and as soon as that happens while it waits.
+type Deferrer interface {
+	AcquireOrDefer(ctx context.Context, user string, since time.Time) (Lease, error)
+}

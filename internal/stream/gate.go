@@ -20,8 +20,8 @@ type Gate interface {
 	// nil, or the problem to refuse it with (queue-overflow; a lower
 	// priority is refused at a smaller backlog).
 	MayQueue(prio protocol.Priority) *protocol.Problem
-	// QueueFirst says whether jobs wait for a worker, so a new request
-	// must queue behind them rather than take a freed slot.
+	// QueueFirst says whether jobs wait that could use the slot a new
+	// request would take, so it must queue behind them rather than take it.
 	QueueFirst() bool
 	// RetryAfter is advised to a client refused because the pool is full.
 	RetryAfter() time.Duration

@@ -21,7 +21,7 @@ var (
 	// ErrNoUpstream means no upstream serving the model may take a call
 	// now: each is full, sitting out or out of quota. The caller treats it
 	// like a full pool: the request goes to the queue, a worker waits.
-	ErrNoUpstream = errors.New("upstream: no upstream can take the call now")
+	ErrNoUpstream = fmt.Errorf("upstream: no upstream can take the call now: %w", llm.ErrNoCapacity)
 	// ErrUnknownModel means no configured upstream serves the requested
 	// model; the request is a client error (400).
 	ErrUnknownModel = errors.New("upstream: no upstream serves the model")
@@ -245,11 +245,16 @@ func (r *Reservation) Release() {
 	r.b.release(r)
 }
 
-// Stream implements llm.Provider: TryAcquire, then the reservation's
-// Stream. It returns an error wrapping ErrNoUpstream when no upstream can
+// Stream implements llm.Provider: TryAcquire (Acquire when ctx was marked
+// by llm.WithCapacityWait), then the reservation's Stream. It returns an error wrapping ErrNoUpstream when no upstream can
 // take the call now, before calling anything.
 func (b *Balancer) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
-	r, err := b.TryAcquire(ctx, req)
+	acquire := b.TryAcquire
+	if llm.CapacityWait(ctx) {
+		// A queue worker waits for an upstream slot (llm.WithCapacityWait).
+		acquire = b.Acquire
+	}
+	r, err := acquire(ctx, req)
 	if err != nil {
 		return llm.Result{}, err
 	}

@@ -18,7 +18,7 @@ source "$(dirname "$0")/lib.sh"
 export RESULTS BIN BENCH_PROFILE
 require_tools go jq curl redis-server redis-cli ss timeout
 
-SCENARIOS=${SCENARIOS:-direct queued waiting flood}
+SCENARIOS=${SCENARIOS:-direct queued waiting flood noisy}
 
 log "building into $BIN"
 (cd "$ROOT" && go build -o "$BIN/" ./cmd/...)
@@ -39,7 +39,7 @@ done
 
 # Summary: the issue's goals, each met or missed and by how much.
 files=()
-for s in direct queued waiting flood; do [[ -f $RESULTS/$s.json ]] && files+=("$RESULTS/$s.json"); done
+for s in direct queued waiting flood noisy; do [[ -f $RESULTS/$s.json ]] && files+=("$RESULTS/$s.json"); done
 jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 	(map({key: .scenario, value: .}) | from_entries) as $s
 	| def goal(name; value; limit; unit):
@@ -66,11 +66,14 @@ jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 			goal("(not default) queued, QUEUE_FAILOVER_CHUNK_BATCH_SIZE=1, added p50 at 200 concurrent"; $s.queued.c200_b1.median.added_p50; 3; "ms"),
 			goal("(not default) queued, QUEUE_FAILOVER_CHUNK_BATCH_SIZE=1, added p99 at 200 concurrent"; $s.queued.c200_b1.median.added_p99; 15; "ms")
 		 else empty end),
+		(if $s.noisy then
+			goal("noisy neighbour: others first chunk p99 under a 10x flood minus alone"; ($s.noisy.others_under_flood.first_chunk_p99_ms - $s.noisy.others_baseline.first_chunk_p99_ms); 100; "ms")
+		 else empty end),
 		(if $s.waiting then goal("RSS per waiting stream at \($s.waiting.settings.streams)"; $s.waiting.kib_per_stream; 64; "KiB") else empty end),
 		goal("lost streams, every scenario";
 			([$s.direct.c1.lost, $s.direct.c200.lost, $s.direct.c1_local_pool.lost, $s.direct.c200_local_pool.lost, $s.queued.c1.lost, $s.queued.c200.lost, $s.queued.c1_b1.lost,
 			  $s.queued.c200_b1.lost, ($s.queued.throughput // {} | [.[].lost] | add),
-			  $s.waiting.outcome.lost, $s.flood.outcome.lost] | map(select(. != null)) | add); 0; "streams")
+			  $s.waiting.outcome.lost, $s.flood.outcome.lost, $s.noisy.outcome.lost] | map(select(. != null)) | add); 0; "streams")
 	 ],
 	 scenarios: $s}' "${files[@]}" >"$RESULTS/summary.json"
 

@@ -9,8 +9,11 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 )
 
-// fetcher is the fetch loop: it fetches as many jobs as there are free
-// slots of Concurrency and starts each on its own goroutine.
+// fetcher is the fetch loop: it fetches as many jobs as the scheduler has
+// room for and starts each on its own goroutine. Jobs parked behind their
+// identity's per-user limit do not count against that room (up to
+// MaxParked of them), which is what lets a worker reach other identities'
+// jobs behind one identity's backlog.
 type fetcher struct {
 	cfg      Config
 	consumer failover.Consumer
@@ -29,25 +32,17 @@ func newFetcher(cfg Config, c failover.Consumer, log *slog.Logger) *fetcher {
 }
 
 // run fetches until ctx ends and starts handle for each delivery on a
-// goroutine counted in jobs; the caller waits for them.
-func (f *fetcher) run(ctx context.Context, jobs *sync.WaitGroup, handle func(failover.Delivery)) {
-	slots := make(chan struct{}, f.cfg.Concurrency)
+// goroutine counted in jobs; the caller waits for them. It fetches only
+// as many jobs as sched has room for.
+func (f *fetcher) run(ctx context.Context, sched *scheduler, jobs *sync.WaitGroup, handle func(failover.Delivery)) {
 	for ctx.Err() == nil {
-		// Wait for at least one free slot, then fetch as many jobs as are free.
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			continue
-		}
-		free := 1
-	fill:
-		for free < f.cfg.Concurrency {
+		free := sched.room()
+		if free == 0 {
 			select {
-			case slots <- struct{}{}:
-				free++
-			default:
-				break fill
+			case <-sched.changed:
+			case <-ctx.Done():
 			}
+			continue
 		}
 		ds, err := f.consumer.Fetch(ctx, free)
 		if err != nil && ctx.Err() == nil {
@@ -57,17 +52,15 @@ func (f *fetcher) run(ctx context.Context, jobs *sync.WaitGroup, handle func(fai
 			case <-ctx.Done():
 			}
 		}
-		for range free - len(ds) {
-			<-slots
-		}
+		sched.took(len(ds))
 		for _, d := range ds {
 			if !f.claim(d.ID) {
 				f.log.Warn("own job reclaimed while still running; keeping the running answer", "delivery", d.ID)
-				<-slots
+				sched.finished()
 				continue
 			}
 			jobs.Go(func() {
-				defer func() { <-slots }()
+				defer sched.finished()
 				defer f.unclaim(d.ID)
 				handle(d)
 			})

@@ -2,6 +2,9 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
@@ -9,9 +12,16 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
+// deferRecheck is how long an identity found at its per-user limit is
+// passed over before its parked jobs try again. Releases of its slots by
+// this worker end the wait at once; the recheck covers slots released
+// elsewhere (the api's direct streams, other consumers).
+const deferRecheck = 200 * time.Millisecond
+
 // waitSlot waits for a pool slot for job: until the job's deadline on
 // first delivery, for QueueTimeout more when the job was taken over (its
-// client has been waiting already, and was told so by a reset).
+// client has been waiting already, and was told so by a reset). The job
+// waits in the scheduler, parked, holding no worker slot until its turn.
 func (w *Worker) waitSlot(ctx context.Context, job protocol.Job, d failover.Delivery) (pool.Lease, error) {
 	deadline := job.Deadline
 	if d.Attempt > 1 {
@@ -19,10 +29,290 @@ func (w *Worker) waitSlot(ctx context.Context, job protocol.Job, d failover.Deli
 	}
 	slotCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	if qp, ok := w.deps.Pool.(pool.Queued); ok {
-		// Slots go to jobs in the order they were queued, not the order
-		// this process's goroutines reach the pool.
-		return qp.AcquireSince(slotCtx, job.UserID, job.EnqueueTime)
+	return w.sched.acquire(slotCtx, job.UserID, job.EnqueueTime)
+}
+
+// scheduler decides which fetched job gets a worker slot next
+// (docs/QUEUE.md, "Fairness"). Jobs wait parked in one FIFO per identity;
+// a free worker slot goes to the next identity in round-robin order that
+// has a parked job and is not known to be at its per-user limit, and to
+// that identity's oldest job. The job then asks the pool, holding the
+// worker slot, only for a global slot (pool.Deferrer): if its identity
+// has no room it goes back to the front of its FIFO, the worker slot is
+// given to another identity, and the identity is passed over until one of
+// its slots is released here or deferRecheck passed. So a job that cannot
+// start never holds a worker slot, and slots go round-robin between
+// identities with work waiting, FIFO within one.
+//
+// Safe for concurrent use by the job goroutines; it starts no goroutine
+// except the recheck timer, which stop ends.
+type scheduler struct {
+	pool      pool.Pool
+	limit     int // worker slots: jobs holding one or asking the pool
+	maxParked int
+
+	// changed is signalled (cap 1) whenever room may have grown.
+	changed chan struct{}
+
+	mu      sync.Mutex
+	inHand  int // fetched jobs not finished
+	busy    int
+	queues  map[string][]*ticket // parked jobs per identity, oldest first
+	ring    []string             // identities with parked jobs, in turn order
+	next    int                  // index in ring of the next turn
+	blocked map[string]bool      // at the per-user limit: passed over
+	timer   *time.Timer          // recheck of blocked identities
+	stopped bool
+}
+
+// ticket is one parked job.
+type ticket struct {
+	user string
+	turn chan struct{} // buffered 1: its turn came, a worker slot is its
+}
+
+func newScheduler(p pool.Pool, limit, maxParked int) *scheduler {
+	return &scheduler{pool: p, limit: limit, maxParked: maxParked, changed: make(chan struct{}, 1),
+		queues: make(map[string][]*ticket), blocked: make(map[string]bool)}
+}
+
+// room returns how many jobs the fetch loop may fetch now: as many as
+// could start at once, counting the jobs in hand except those parked
+// behind their identity's per-user limit, and no more than keeps the
+// parked jobs within maxParked. Jobs are not fetched only to wait for a
+// worker slot here while another consumer may have one free.
+func (s *scheduler) room() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held := 0
+	for user, q := range s.queues {
+		if s.blocked[user] {
+			held += len(q)
+		}
 	}
-	return w.deps.Pool.Acquire(slotCtx, job.UserID)
+	return max(0, min(s.limit-(s.inHand-held), s.limit+s.maxParked-s.inHand))
+}
+
+// took counts n fetched jobs in hand; finished counts one out.
+func (s *scheduler) took(n int) {
+	s.mu.Lock()
+	s.inHand += n
+	s.mu.Unlock()
+}
+
+func (s *scheduler) finished() {
+	s.mu.Lock()
+	s.inHand--
+	s.mu.Unlock()
+	s.signal()
+}
+
+// signal tells the fetch loop that room may have grown.
+func (s *scheduler) signal() {
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// acquire parks a job of user, waits for its turn, and returns a lease
+// that also holds the job's worker slot until released. It returns ctx's
+// error when ctx ends first.
+func (s *scheduler) acquire(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	t := &ticket{user: user, turn: make(chan struct{}, 1)}
+	s.mu.Lock()
+	s.parkLocked(t, false)
+	s.dispatchLocked()
+	s.mu.Unlock()
+	for {
+		select {
+		case <-t.turn:
+		case <-ctx.Done():
+			s.mu.Lock()
+			select {
+			case <-t.turn: // its turn came as it gave up: pass the slot on
+				s.busy--
+			default:
+				s.unparkLocked(t)
+			}
+			s.dispatchLocked()
+			s.mu.Unlock()
+			return nil, ctx.Err()
+		}
+		l, err := s.ask(ctx, user, since)
+		s.mu.Lock()
+		switch {
+		case err == nil:
+			s.mu.Unlock()
+			return &slotLease{s: s, user: user, lease: l}, nil
+		case errors.Is(err, pool.ErrUserLimit) && ctx.Err() == nil:
+			// Cannot start: back to the front of its line, worker slot to
+			// another identity.
+			s.busy--
+			s.blockLocked(user)
+			s.parkLocked(t, true)
+			s.dispatchLocked()
+			s.mu.Unlock()
+		default:
+			s.busy--
+			s.dispatchLocked()
+			s.mu.Unlock()
+			return nil, err
+		}
+	}
+}
+
+// ask asks the pool for a slot for user, turned away at once when user is
+// at its limit if the pool can do that.
+func (s *scheduler) ask(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	switch p := s.pool.(type) {
+	case pool.Deferrer:
+		return p.AcquireOrDefer(ctx, user, since)
+	case pool.Queued:
+		return p.AcquireSince(ctx, user, since)
+	default:
+		return s.pool.Acquire(ctx, user)
+	}
+}
+
+// parkLocked puts t in its identity's line, at the front when it had its
+// turn already.
+func (s *scheduler) parkLocked(t *ticket, front bool) {
+	q := s.queues[t.user]
+	if len(q) == 0 && !slices.Contains(s.ring, t.user) {
+		s.ring = append(s.ring, t.user)
+	}
+	if front {
+		q = slices.Insert(q, 0, t)
+	} else {
+		q = append(q, t)
+	}
+	s.queues[t.user] = q
+}
+
+// unparkLocked takes t out of its line.
+func (s *scheduler) unparkLocked(t *ticket) {
+	q := slices.DeleteFunc(s.queues[t.user], func(x *ticket) bool { return x == t })
+	if len(q) == 0 {
+		delete(s.queues, t.user)
+		s.dropLocked(t.user)
+		return
+	}
+	s.queues[t.user] = q
+}
+
+// dropLocked takes user out of the ring, keeping the turn order of the rest.
+func (s *scheduler) dropLocked(user string) {
+	i := slices.Index(s.ring, user)
+	if i < 0 {
+		return
+	}
+	s.ring = slices.Delete(s.ring, i, i+1)
+	if i < s.next {
+		s.next--
+	}
+	if s.next >= len(s.ring) {
+		s.next = 0
+	}
+}
+
+// dispatchLocked gives free worker slots to the parked jobs whose turn it is.
+func (s *scheduler) dispatchLocked() {
+	s.signal()
+	for s.busy < s.limit && len(s.ring) > 0 {
+		found := false
+		for i := range len(s.ring) {
+			j := (s.next + i) % len(s.ring)
+			user := s.ring[j]
+			if s.blocked[user] {
+				continue
+			}
+			q := s.queues[user]
+			t := q[0]
+			s.busy++
+			t.turn <- struct{}{}
+			if len(q) == 1 {
+				delete(s.queues, user)
+				s.ring = slices.Delete(s.ring, j, j+1)
+				s.next = j
+			} else {
+				s.queues[user] = q[1:]
+				s.next = j + 1
+			}
+			if s.next >= len(s.ring) {
+				s.next = 0
+			}
+			found = true
+			break
+		}
+		if !found {
+			return
+		}
+	}
+}
+
+// blockLocked passes user over until one of its slots is released here or
+// deferRecheck passed.
+func (s *scheduler) blockLocked(user string) {
+	s.blocked[user] = true
+	s.signal()
+	if s.timer == nil && !s.stopped {
+		s.timer = time.AfterFunc(deferRecheck, s.recheck)
+	}
+}
+
+// recheck lets every blocked identity try again.
+func (s *scheduler) recheck() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.timer = nil
+	clear(s.blocked)
+	s.dispatchLocked()
+}
+
+// released frees a worker slot and lets user's parked jobs try again.
+func (s *scheduler) released(user string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.busy--
+	delete(s.blocked, user)
+	s.dispatchLocked()
+}
+
+// stop ends the recheck timer; the worker calls it once no job is left.
+func (s *scheduler) stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	if s.timer != nil {
+		s.timer.Stop()
+		s.timer = nil
+	}
+}
+
+// parked returns how many jobs wait for their turn.
+func (s *scheduler) parked() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, q := range s.queues {
+		n += len(q)
+	}
+	return n
+}
+
+// slotLease is a pool lease that also holds a worker slot.
+type slotLease struct {
+	s     *scheduler
+	user  string
+	lease pool.Lease
+	once  sync.Once
+}
+
+// Release gives back the pool slot, then the worker slot.
+func (l *slotLease) Release() {
+	l.once.Do(func() {
+		l.lease.Release()
+		l.s.released(l.user)
+	})
 }

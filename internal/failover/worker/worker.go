@@ -2,7 +2,8 @@
 // path"): it takes jobs from a failover.Consumer, waits for a pool slot,
 // streams the answer from the provider and publishes it on the job's
 // result channel, on the failover contracts alone. One file per background
-// component: fetch.go (fetch loop), slot.go (slot wait), retry.go (retry
+// component: fetch.go (fetch loop), slot.go (fair scheduling of worker
+// and pool slots across identities), retry.go (retry
 // policy), publish.go (publisher and batching), heartbeat.go (heartbeats
 // and claim refresh), cancel.go (cancel watch), settle.go (ack and dead
 // letter); job.go runs one job through them. Run states the stop order.
@@ -28,8 +29,16 @@ const DefaultStopGrace = 20 * time.Second
 // Config configures a worker. Zero fields take the stated defaults; the
 // others are required.
 type Config struct {
-	// Concurrency is jobs at once (WORKER_CONCURRENCY).
+	// Concurrency is jobs running at once (WORKER_CONCURRENCY): jobs that
+	// hold a worker slot, that is a pool slot or a turn to ask for one.
 	Concurrency int
+	// MaxParked bounds the fetched jobs that wait, parked, because their
+	// identity is at its per-user limit; the fetch loop fetches no more
+	// while it is reached. Parking lets a
+	// worker reach past one identity's backlog to other identities' jobs
+	// (docs/QUEUE.md, "Fairness"); its memory is at most MaxParked job
+	// bodies. Default 4 × Concurrency.
+	MaxParked int
 	// Heartbeat is WORKER_HEARTBEAT_SECONDS: how often a running job tells
 	// its client and the queue that it is alive.
 	Heartbeat time.Duration
@@ -58,6 +67,9 @@ func (c Config) withDefaults() Config {
 	if c.StopGrace == 0 {
 		c.StopGrace = DefaultStopGrace
 	}
+	if c.MaxParked == 0 {
+		c.MaxParked = 4 * c.Concurrency
+	}
 	return c
 }
 
@@ -69,8 +81,8 @@ func (c Config) baseDelay() time.Duration { return cmp.Or(c.Retry.BaseDelay, llm
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
-	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxRetries < 0 {
-		errs = append(errs, errors.New("worker: Concurrency and BatchSize must be positive, MaxRetries not negative"))
+	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxRetries < 0 || c.MaxParked < 0 {
+		errs = append(errs, errors.New("worker: Concurrency and BatchSize must be positive, MaxRetries and MaxParked not negative"))
 	}
 	if c.Heartbeat <= 0 || c.BatchTimeout <= 0 || c.QueueTimeout <= 0 || c.StopGrace < 0 {
 		errs = append(errs, errors.New("worker: durations must be positive"))
@@ -137,6 +149,7 @@ type Worker struct {
 
 	cancels *cancelWatch
 	fetcher *fetcher
+	sched   *scheduler
 }
 
 // New returns a worker.
@@ -153,6 +166,7 @@ func New(cfg Config, deps Deps) (*Worker, error) {
 	w := &Worker{cfg: cfg.withDefaults(), deps: deps, log: deps.Log, m: deps.Metrics}
 	w.cancels = newCancelWatch(deps.Cancels, deps.Log)
 	w.fetcher = newFetcher(w.cfg, deps.Consumer, deps.Log)
+	w.sched = newScheduler(deps.Pool, w.cfg.Concurrency, w.cfg.MaxParked)
 	return w, nil
 }
 
@@ -175,7 +189,8 @@ var (
 //     errStopping and left unacknowledged, so another worker takes them
 //     over (docs/QUEUE.md, "Takeover"). Jobs run on a context that
 //     outlives ctx for this.
-//  3. The cancel watch stops, last: until the last job ended, a client
+//  3. The scheduler's recheck timer stops: no job is left to schedule.
+//  4. The cancel watch stops, last: until the last job ended, a client
 //     that leaves must still cancel it.
 func (w *Worker) Run(ctx context.Context) error {
 	jobsCtx, cancelJobs := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -184,7 +199,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	var jobs sync.WaitGroup
-	w.fetcher.run(ctx, &jobs, func(d failover.Delivery) { w.handle(jobsCtx, d) })
+	w.fetcher.run(ctx, w.sched, &jobs, func(d failover.Delivery) { w.handle(jobsCtx, d) })
 
 	w.log.Info("worker stopping: waiting for running jobs", "grace", w.cfg.StopGrace.String())
 	finished := make(chan struct{})
@@ -196,6 +211,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		cancelJobs(errStopping)
 		<-finished
 	}
+	w.sched.stop()
 	w.cancels.terminate()
 	cancelJobs(errStopping)
 	return nil

@@ -22,7 +22,8 @@
 -- of several waiters of one user only as many as it has free slots count.
 -- A direct request is refused (code 3) while the eligible waiters are at
 -- least as many as the free slots. A waiter is granted only when fewer
--- than `free` eligible waiters are older than it.
+-- than `free` eligible waiters come before it in round-robin order between
+-- users (the user with fewest live leases first), FIFO within one user.
 --
 -- Returns {code, in_use, enqueued}: code 0 granted, 1 pool exhausted (or,
 -- for a waiter, free slots belong to older waiters), 2 user limit, 3 free
@@ -118,10 +119,33 @@ end
 if free <= 0 then
   return {1, in_use, enqueued}
 end
-local rank = redis.call('ZRANK', KEYS[3], waiter)
-if rank >= free then
-  if eligible(redis.call('ZRANGE', KEYS[3], 0, rank - 1), free) >= free then
-    return {1, in_use, enqueued}
+-- Round-robin between users, FIFO within one: a waiter's turn key is its
+-- user's live leases plus the number of that user's waiters older than it,
+-- so the user holding fewest slots goes first, ties to the oldest waiter.
+-- A waiter is eligible while its key is below the per-user limit. This one
+-- is granted when fewer than `free` eligible waiters come before it.
+local members = redis.call('ZRANGE', KEYS[3], 0, -1)
+local used, seen, keys = {}, {}, {}
+local mine_k, mine_pos = nil, nil
+for i, m in ipairs(members) do
+  local u = string.sub(m, 18)
+  if used[u] == nil then
+    used[u] = redis.call('ZCOUNT', user_prefix .. u, '(' .. now_ms, '+inf')
+    seen[u] = 0
+  end
+  keys[i] = used[u] + seen[u]
+  seen[u] = seen[u] + 1
+  if m == waiter then
+    mine_k, mine_pos = keys[i], i
+  end
+end
+local ahead = 0
+for i, k in ipairs(keys) do
+  if i ~= mine_pos and k < per_user and (k < mine_k or (k == mine_k and i < mine_pos)) then
+    ahead = ahead + 1
+    if ahead >= free then
+      return {1, in_use, enqueued}
+    end
   end
 end
 redis.call('ZREM', KEYS[3], waiter)

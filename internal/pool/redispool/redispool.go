@@ -19,11 +19,17 @@
 // count). With free = Size - live leases:
 //   - a direct request (TryAcquire) is refused with ErrPoolExhausted while
 //     the eligible waiters are at least as many as the free slots;
-//   - a waiter is granted only when fewer than free eligible waiters are
-//     older than it (and its own user has room).
+//   - a waiter is granted only when fewer than free eligible waiters come
+//     before it (and its own user has room), in round-robin order between
+//     users, FIFO within one: a waiter's turn is its user's live leases
+//     plus its user's older waiters, so the user holding fewest slots goes
+//     first, ties to the oldest (docs/QUEUE.md, "Fairness").
 //
 // So a waiter held back only by its own per-user limit never blocks
-// anybody. Within a process, waiters are tried oldest first by one
+// anybody. Workers wait with AcquireOrDefer, which goes further: such a
+// waiter is turned away with pool.ErrUserLimit and withdrawn, so the
+// worker can give its slot to another identity's job (docs/QUEUE.md,
+// "Fairness"). Within a process, waiters are tried oldest first by one
 // dispatcher goroutine, which runs on every release anywhere in the
 // cluster (release.lua publishes on NotifyChannel), and at the latest every
 // second for what Pub/Sub cannot report (leases that expired, messages
@@ -196,8 +202,9 @@ type Pool struct {
 }
 
 var (
-	_ pool.Pool   = (*Pool)(nil)
-	_ pool.Queued = (*Pool)(nil)
+	_ pool.Pool     = (*Pool)(nil)
+	_ pool.Queued   = (*Pool)(nil)
+	_ pool.Deferrer = (*Pool)(nil)
 )
 
 // New returns a Pool on client. It does no I/O and starts no goroutine;
@@ -273,6 +280,19 @@ func (p *Pool) Acquire(ctx context.Context, user string) (pool.Lease, error) {
 // AcquireSince is Acquire with the waiter placed in line, cluster-wide, by
 // since (when its work was queued) instead of by when it called.
 func (p *Pool) AcquireSince(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	return p.acquire(ctx, user, since, false)
+}
+
+// AcquireOrDefer is AcquireSince that waits only for a global slot: while
+// user is at its per-user limit, at the call or later while it waits, it
+// returns an error wrapping pool.ErrUserLimit and leaves the line, so a
+// job that cannot start holds neither a worker nor a place that counts
+// (docs/QUEUE.md, "Fairness").
+func (p *Pool) AcquireOrDefer(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	return p.acquire(ctx, user, since, true)
+}
+
+func (p *Pool) acquire(ctx context.Context, user string, since time.Time, deferring bool) (pool.Lease, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, err)
@@ -284,9 +304,9 @@ func (p *Pool) AcquireSince(ctx context.Context, user string, since time.Time) (
 		var l pool.Lease
 		var err error
 		if fb {
-			l, err = p.acquireLocal(ctx, user, changed)
+			l, err = p.acquireLocal(ctx, user, since, deferring, changed)
 		} else {
-			l, err = p.acquireRedis(ctx, user, since.UnixMicro(), changed)
+			l, err = p.acquireRedis(ctx, user, since.UnixMicro(), deferring, changed)
 		}
 		if !errors.Is(err, errModeChanged) {
 			return l, err

@@ -763,3 +763,133 @@ func TestWaiterLeftInOutageWithdrawnOnReturn(t *testing.T) {
 	}
 	dl.Release()
 }
+
+// AcquireOrDefer turns a waiter away at once while its user is at the
+// per-user limit, and also when the limit is reached while it waits for a
+// global slot (another process's waiter of the same user was served), and
+// leaves no waiter entry behind that would hold free slots back.
+func TestAcquireOrDeferTurnsAwayAtUserLimit(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 1, LeaseTTL: 5 * time.Second}
+	ctx := context.Background()
+	elsewhere := newTestPool(t, s.Addr, cfg, nil, nil)
+	wp1 := newTestPool(t, s.Addr, cfg, nil, nil)
+	wp2 := newTestPool(t, s.Addr, cfg, nil, nil)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+
+	la, err := elsewhere.TryAcquire(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wp1.AcquireOrDefer(wctx, "a", time.Now()); !errors.Is(err, pool.ErrUserLimit) {
+		t.Fatalf("a at its limit: err %v, want ErrUserLimit", err)
+	}
+	if n := zcard(t, admin, WaitersKey(cfg.Prefix)); n != 0 {
+		t.Fatalf("%d waiters registered for a job turned away", n)
+	}
+	lh, err := elsewhere.TryAcquire(ctx, "h") // pool full
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		l   pool.Lease
+		err error
+	}
+	got := make(chan result, 2)
+	for _, p := range []*Pool{wp1, wp2} {
+		go func() {
+			l, err := p.AcquireOrDefer(wctx, "b", time.Now())
+			got <- result{l, err}
+		}()
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return zcard(t, admin, WaitersKey(cfg.Prefix)) == 2
+	}, "two waiters of b, in two processes, wait for a global slot")
+	la.Release() // one slot: one of b's waiters gets it, the other is turned away
+	var leases, turnedAway int
+	for range 2 {
+		r := recv(t, got, 10*time.Second, "b's waiters answered")
+		switch {
+		case r.err == nil:
+			leases++
+			defer r.l.Release()
+		case errors.Is(r.err, pool.ErrUserLimit):
+			turnedAway++
+		default:
+			t.Fatalf("b: %v", r.err)
+		}
+	}
+	if leases != 1 || turnedAway != 1 {
+		t.Fatalf("%d granted, %d turned away; want one each", leases, turnedAway)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		return zcard(t, admin, WaitersKey(cfg.Prefix)) == 0
+	}, "the turned-away waiter's entry removed")
+	lh.Release() // the freed slot is anyone's: c takes it directly
+	lc, err := elsewhere.TryAcquire(ctx, "c")
+	if err != nil {
+		t.Fatalf("c: %v", err)
+	}
+	lc.Release()
+}
+
+// Across processes, waiters are served round-robin between users (the
+// user holding fewest slots first), FIFO within one: with u holding a
+// slot and two older waiters of u queued before v's, a freed slot goes to
+// v's waiter.
+func TestWaitersRoundRobinBetweenUsers(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 3, LeaseTTL: 5 * time.Second}
+	ctx := context.Background()
+	holder := newTestPool(t, s.Addr, cfg, nil, nil)
+	wp := newTestPool(t, s.Addr, cfg, nil, nil)
+	lu, err := holder.TryAcquire(ctx, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lh, err := holder.TryAcquire(ctx, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	type grant struct {
+		name string
+		l    pool.Lease
+	}
+	granted := make(chan grant, 3)
+	base := time.Now()
+	for i, name := range []string{"u1", "u2", "v1"} {
+		go func() {
+			l, err := wp.AcquireSince(wctx, name[:1], base.Add(time.Duration(i)*time.Millisecond))
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+				return
+			}
+			granted <- grant{name, l}
+		}()
+		testutil.Eventually(t, 5*time.Second, func() bool {
+			return zcard(t, admin, WaitersKey(cfg.Prefix)) == int64(i+1)
+		}, name+" registered")
+	}
+	lh.Release()
+	g := recv(t, granted, 5*time.Second, "a waiter served")
+	if g.name != "v1" {
+		t.Fatalf("%s served first, want v1 (u holds a slot already)", g.name)
+	}
+	g.l.Release()
+	// Now u holds 1, v holds 0 again with nothing waiting: u's oldest next.
+	g = recv(t, granted, 5*time.Second, "u served")
+	if g.name != "u1" {
+		t.Fatalf("%s served, want u1 (FIFO within u)", g.name)
+	}
+	g.l.Release()
+	lu.Release()
+	g = recv(t, granted, 5*time.Second, "u2 served")
+	g.l.Release()
+}

@@ -23,6 +23,9 @@ type waiter struct {
 	seq    uint64 // arrival order in this process
 	since  int64  // place in line: when its work was queued (µs since the epoch)
 	ready  chan result
+	// deferring: turned away with pool.ErrUserLimit instead of waiting
+	// while its user is at the per-user limit (AcquireOrDefer).
+	deferring bool
 
 	// Guarded by Pool.mu.
 	registered bool  // Redis has (or may have) the entry
@@ -38,7 +41,7 @@ type result struct {
 
 // acquireLocal waits in the fallback pool until a slot, ctx's end, or the
 // next backend switch (errModeChanged).
-func (p *Pool) acquireLocal(ctx context.Context, user string, changed <-chan struct{}) (pool.Lease, error) {
+func (p *Pool) acquireLocal(ctx context.Context, user string, since time.Time, deferring bool, changed <-chan struct{}) (pool.Lease, error) {
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan struct{})
@@ -52,9 +55,18 @@ func (p *Pool) acquireLocal(ctx context.Context, user string, changed <-chan str
 		case <-lctx.Done():
 		}
 	}()
-	l, err := p.local.Acquire(lctx, user)
+	var l pool.Lease
+	var err error
+	if deferring {
+		l, err = p.local.AcquireOrDefer(lctx, user, since)
+	} else {
+		l, err = p.local.AcquireSince(lctx, user, since)
+	}
 	cancel()
 	<-done
+	if errors.Is(err, pool.ErrUserLimit) {
+		return nil, err
+	}
 	if err != nil && ctx.Err() == nil {
 		if p.isClosed() {
 			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
@@ -66,17 +78,19 @@ func (p *Pool) acquireLocal(ctx context.Context, user string, changed <-chan str
 
 // acquireRedis waits in Redis until a slot, ctx's end, Close, or the next
 // backend switch (errModeChanged).
-func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, changed <-chan struct{}) (pool.Lease, error) {
+func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, deferring bool, changed <-chan struct{}) (pool.Lease, error) {
 	p.mu.Lock()
 	queued := len(p.waiters) > 0
 	p.mu.Unlock()
-	if !queued {
+	if !queued || deferring {
 		// Like a direct request: granted only when no waiter is deprived.
 		l, err := p.tryRedis(ctx, user)
 		var ue *unavailableError
 		switch {
 		case err == nil:
 			return l, nil
+		case deferring && errors.Is(err, pool.ErrUserLimit):
+			return nil, err
 		case errors.As(err, &ue):
 			p.setFallback(true, err)
 			return nil, errModeChanged
@@ -85,7 +99,7 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, chang
 		}
 	}
 
-	w := &waiter{user: user, member: newID() + ":" + user, since: since, ready: make(chan result, 1)}
+	w := &waiter{user: user, member: newID() + ":" + user, since: since, deferring: deferring, ready: make(chan result, 1)}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -261,10 +275,10 @@ func (p *Pool) subscribe() (*redis.PubSub, <-chan any) {
 	return ps, ps.ChannelWithSubscriptions()
 }
 
-// pass tries this process's waiters oldest first. A refusal for lack of
-// slots ends it: every younger waiter would be refused too. A per-user
-// refusal does not. Waiters not yet registered are still tried, which
-// registers them.
+// pass tries each of this process's waiters, oldest first. A refusal for
+// lack of slots does not end it: in round-robin order (acquire.lua) a
+// younger waiter of a user holding fewer slots may come first. Waiters not
+// yet registered are tried too, which registers them.
 func (p *Pool) pass() {
 	if fb, _ := p.mode(); fb {
 		return
@@ -288,7 +302,6 @@ func (p *Pool) pass() {
 	})
 	p.mu.Unlock()
 
-	blocked := false
 	for _, w := range ws {
 		select {
 		case <-p.closing:
@@ -296,7 +309,7 @@ func (p *Pool) pass() {
 		default:
 		}
 		p.mu.Lock()
-		if w.gone || (blocked && w.registered) {
+		if w.gone {
 			p.mu.Unlock()
 			continue
 		}
@@ -308,6 +321,7 @@ func (p *Pool) pass() {
 
 		var res *result
 		var ue *unavailableError
+		turnedAway := false
 		p.mu.Lock()
 		w.inflight = false
 		gone := w.gone
@@ -323,12 +337,15 @@ func (p *Pool) pass() {
 		case rep.code == codeGranted:
 			w.registered = false
 			res = &result{lease: p.grantLocked(id, w.user)}
+		case rep.code == codeUserLimit && w.deferring:
+			// Turned away: the entry the script registered goes too, so a
+			// job that cannot start holds nothing back.
+			w.registered = false
+			res = &result{err: fmt.Errorf("redispool: acquire for %s: %w", w.user, pool.ErrUserLimit)}
+			turnedAway = true
 		default:
 			w.registered, w.enqueued = true, rep.enqueued
 			p.startRenewalLocked() // keeps the registration alive
-			if rep.code != codeUserLimit {
-				blocked = true
-			}
 		}
 		if res != nil && !gone {
 			p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
@@ -336,13 +353,11 @@ func (p *Pool) pass() {
 		}
 		p.mu.Unlock()
 
-		if gone {
-			switch {
-			case res != nil && res.lease != nil:
-				res.lease.Release()
-			case err == nil:
-				p.leave(w.member)
-			}
+		switch {
+		case gone && res != nil && res.lease != nil:
+			res.lease.Release()
+		case gone && err == nil, turnedAway:
+			p.leave(w.member)
 		}
 	}
 }

@@ -1,0 +1,108 @@
+package app
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/upstream"
+)
+
+// Several upstreams (docs/UPSTREAMS.md): with LLM_PROVIDER=openai the
+// provider is a Balancer whenever there is more than one upstream, or one
+// with a cap, a quota or a model list; a single plain upstream keeps the
+// bare client, which is what every earlier setup had.
+
+// usesBalancer reports whether cfg's upstreams need the Balancer.
+func usesBalancer(cfg *config.Config) bool {
+	if cfg.LLMProvider != config.ProviderOpenAI {
+		return false
+	}
+	if len(cfg.Upstreams) > 1 {
+		return true
+	}
+	for _, s := range cfg.Upstreams {
+		if s.MaxConcurrency > 0 || s.RPM > 0 || s.TPM > 0 || len(s.Models) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// newBalancer builds the Balancer over cfg's upstreams. Its caps, health
+// and quotas are shared through Redis when the pool is (every api and
+// consumer process then counts against one cap per upstream), and kept in
+// this process otherwise. The workers' view waits for an upstream slot as
+// it waits for a pool slot; the api's only tries, and a request that finds
+// every upstream full is handed to the queue like one that finds the pool
+// full (upstream.ErrNoUpstream is retryable, llm.ErrNoCapacity).
+func (d *deps) newBalancer(role string) (*upstream.Balancer, error) {
+	cfg := d.cfg
+	specs := cfg.Upstreams
+	var (
+		caps   upstream.Caps
+		health upstream.Health
+		quota  upstream.Quota
+	)
+	log := d.log.With("component", "upstreams")
+	if cfg.PoolBackend == config.PoolBackendRedis {
+		prefix := cfg.QueuePrefix + "upstream:"
+		rc, err := upstream.NewRedisCaps(d.rdb, specs, upstream.RedisConfig{Prefix: prefix, LeaseTTL: cfg.LeaseTTL(), Holder: d.name}, log)
+		if err != nil {
+			return nil, fmt.Errorf("app: upstream caps: %w", err)
+		}
+		d.closers = append(d.closers, func() { _ = rc.Close() })
+		rh, err := upstream.NewRedisHealth(d.rdb, specs, prefix, UpstreamHealthConfig(cfg), log)
+		if err != nil {
+			return nil, fmt.Errorf("app: upstream health: %w", err)
+		}
+		d.closers = append(d.closers, func() { _ = rh.Close() })
+		rq, err := upstream.NewRedisQuota(d.rdb, specs, prefix, log)
+		if err != nil {
+			return nil, fmt.Errorf("app: upstream quotas: %w", err)
+		}
+		caps, health, quota = rc, rh, rq
+	} else {
+		caps = upstream.NewLocalCaps(specs)
+		health = upstream.NewLocalHealth(len(specs), UpstreamHealthConfig(cfg), nil)
+		quota = upstream.NewLocalQuota(specs)
+	}
+	m, err := upstream.NewPrometheus(d.obs.reg)
+	if err != nil {
+		return nil, fmt.Errorf("app: upstream metrics: %w", err)
+	}
+	b, err := upstream.New(specs, BalancerConfig(cfg), upstream.Deps{
+		NewProvider: func(s upstream.Spec) (llm.Provider, error) {
+			oc := OpenAIConfig(cfg)
+			oc.BaseURL, oc.APIKey = s.BaseURL, s.APIKey
+			return llm.NewOpenAI(oc)
+		},
+		Caps: caps, Health: health, Quota: quota, Metrics: m, Log: log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("app: upstreams: %w", err)
+	}
+	// The balancer stops before the caps and health it uses (closers run
+	// newest first).
+	d.closers = append(d.closers, func() { _ = b.Close() })
+	names := make([]string, len(specs))
+	for i, s := range specs {
+		names[i] = s.Name
+	}
+	d.log.Info("several upstreams", "role", role, "upstreams", names, "routing", cfg.LLMRouting,
+		"shared", cfg.PoolBackend == config.PoolBackendRedis)
+	return b, nil
+}
+
+// waitingProvider is the workers' view of the provider: a call marks its
+// context so that a provider with limited capacity (the Balancer) waits
+// for an upstream slot, within the job's deadline, as a worker waits for
+// a pool slot, instead of failing with llm.ErrNoCapacity.
+type waitingProvider struct{ llm.Provider }
+
+// Stream calls the provider with a context that asks it to wait.
+func (w waitingProvider) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+	return w.Provider.Stream(llm.WithCapacityWait(ctx), req, emit)
+}

@@ -1,0 +1,230 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+)
+
+func newLocalPool(tb testing.TB, size, perUser int) *pool.Local {
+	tb.Helper()
+	p, err := pool.NewLocal(size, perUser)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return p
+}
+
+// The fairness property (docs/QUEUE.md, "Fairness"): with work waiting
+// from several identities, worker slots go round-robin between them in the
+// order they first had work waiting, FIFO within one identity.
+func TestSchedulerRoundRobinBetweenIdentitiesFIFOWithin(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newScheduler(newLocalPool(t, 10, 10), 1, 10)
+		// A job holds the only worker slot while the others park.
+		blocker, err := s.acquire(t.Context(), "zed", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var order []string
+		var wg sync.WaitGroup
+		for _, name := range []string{"alice 1", "alice 2", "alice 3", "bob 1", "bob 2", "carol 1"} {
+			wg.Go(func() {
+				user := name[:len(name)-2]
+				l, err := s.acquire(t.Context(), user, time.Now())
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					return
+				}
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+				time.Sleep(time.Second) // runs for a second on the fake clock
+				l.Release()
+			})
+			synctest.Wait() // parked in this order
+		}
+		if n := s.parked(); n != 6 {
+			t.Fatalf("%d parked, want 6", n)
+		}
+		blocker.Release()
+		wg.Wait()
+		want := []string{"alice 1", "bob 1", "carol 1", "alice 2", "bob 2", "alice 3"}
+		if !slices.Equal(order, want) {
+			t.Fatalf("start order %v, want %v", order, want)
+		}
+	})
+}
+
+// A job whose identity is at its per-user limit holds no worker slot:
+// another identity's job starts at once with the only worker slot, and the
+// set-aside job starts as soon as its identity has room again.
+func TestSchedulerNeverHoldsAWorkerSlotForAJobThatCannotStart(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := newLocalPool(t, 10, 1)
+		s := newScheduler(p, 1, 10)
+		defer s.stop()
+		// alice holds her one slot elsewhere (a direct stream on the api).
+		elsewhere, err := p.TryAcquire(t.Context(), "alice")
+		if err != nil {
+			t.Fatal(err)
+		}
+		aliceStarted := make(chan time.Time, 1)
+		go func() {
+			l, err := s.acquire(t.Context(), "alice", time.Now())
+			if err != nil {
+				t.Errorf("alice: %v", err)
+				return
+			}
+			aliceStarted <- time.Now()
+			l.Release()
+		}()
+		synctest.Wait()
+		s.mu.Lock()
+		busy := s.busy
+		s.mu.Unlock()
+		if busy != 0 {
+			t.Fatalf("%d worker slots held while alice's job cannot start", busy)
+		}
+		start := time.Now()
+		bob, err := s.acquire(t.Context(), "bob", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited != 0 {
+			t.Fatalf("bob waited %v for the only worker slot", waited)
+		}
+		bob.Release()
+		synctest.Wait()
+		select {
+		case <-aliceStarted:
+			t.Fatal("alice's job started while alice was at her limit")
+		default:
+		}
+		released := time.Now()
+		elsewhere.Release() // released outside this worker: the recheck finds it
+		select {
+		case at := <-aliceStarted:
+			if d := at.Sub(released); d > deferRecheck {
+				t.Fatalf("alice started %v after her slot was freed, want within %v", d, deferRecheck)
+			}
+		case <-time.After(time.Minute):
+			t.Fatal("alice's job never started")
+		}
+	})
+}
+
+// A release by this worker lets the identity's next job start at once,
+// without waiting for the recheck.
+func TestSchedulerOwnReleaseStartsTheIdentitysNextJobAtOnce(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newScheduler(newLocalPool(t, 10, 1), 4, 10)
+		defer s.stop()
+		first, err := s.acquire(t.Context(), "alice", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan time.Time, 1)
+		go func() {
+			l, err := s.acquire(t.Context(), "alice", time.Now())
+			if err == nil {
+				got <- time.Now()
+				l.Release()
+			}
+		}()
+		synctest.Wait()
+		time.Sleep(time.Millisecond) // off the recheck's beat
+		released := time.Now()
+		first.Release()
+		if at := <-got; at != released {
+			t.Fatalf("next job started %v after the release", at.Sub(released))
+		}
+	})
+}
+
+// A parked job whose context ends leaves the line and holds nothing.
+func TestSchedulerParkedJobGivesUpOnItsDeadline(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := newLocalPool(t, 10, 1)
+		s := newScheduler(p, 2, 10)
+		defer s.stop()
+		held, err := s.acquire(t.Context(), "alice", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		defer cancel()
+		if _, err := s.acquire(ctx, "alice", time.Now()); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err %v, want the deadline", err)
+		}
+		if n := s.parked(); n != 0 {
+			t.Fatalf("%d still parked", n)
+		}
+		held.Release()
+		s.mu.Lock()
+		busy := s.busy
+		s.mu.Unlock()
+		if busy != 0 || p.Stats().InUse != 0 {
+			t.Fatalf("busy %d, pool in use %d after everything ended", busy, p.Stats().InUse)
+		}
+	})
+}
+
+// room: jobs parked behind their identity's limit do not count against
+// the worker slots, up to maxParked; jobs waiting for a worker slot do.
+func TestSchedulerRoom(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := newLocalPool(t, 10, 1)
+		s := newScheduler(p, 2, 3)
+		defer s.stop()
+		if r := s.room(); r != 2 {
+			t.Fatalf("room %d when empty, want 2", r)
+		}
+		// alice runs one job and parks three more behind her limit.
+		s.took(1)
+		run, err := s.acquire(t.Context(), "alice", time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		for range 3 {
+			s.took(1)
+			wg.Go(func() {
+				defer s.finished()
+				if l, err := s.acquire(t.Context(), "alice", time.Now()); err == nil {
+					l.Release()
+				}
+			})
+		}
+		synctest.Wait()
+		if r := s.room(); r != 1 {
+			t.Fatalf("room %d with one running and three parked behind the limit, want 1", r)
+		}
+		s.took(1) // one more parked behind the limit reaches maxParked
+		go func() {
+			defer s.finished()
+			if l, err := s.acquire(t.Context(), "alice", time.Now()); err == nil {
+				l.Release()
+			}
+		}()
+		synctest.Wait()
+		if r := s.room(); r != 0 {
+			t.Fatalf("room %d with maxParked parked, want 0", r)
+		}
+		run.Release()
+		s.finished()
+		wg.Wait()
+	})
+}

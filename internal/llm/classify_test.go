@@ -1,0 +1,22 @@
+package llm
+
+import (
+	"fmt"
+	"testing"
+)
+
+// ErrNoCapacity (every upstream full) is retried at once, never counts
+// against the breaker, and is labelled throttled.
+func TestNoCapacity(t *testing.T) {
+	t.Parallel()
+	err := fmt.Errorf("upstream: none free: %w", ErrNoCapacity)
+	if !IsRetryable(err) || CountsAgainstBreaker(err) || IsClientError(err) || Reason(err) != ReasonThrottled {
+		t.Fatalf("retryable %v, breaker %v, client %v, reason %q", IsRetryable(err), CountsAgainstBreaker(err), IsClientError(err), Reason(err))
+	}
+	if d, ok := (RetryPolicy{}).Delay(err, 3); !ok || d != 0 {
+		t.Fatalf("delay %s, %v; want 0, true", d, ok)
+	}
+	if CapacityWait(t.Context()) || !CapacityWait(WithCapacityWait(t.Context())) {
+		t.Fatal("CapacityWait does not follow WithCapacityWait")
+	}
+}
