@@ -4,7 +4,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test deps vet fmt-check build bench fuzz run clean
+.PHONY: test deps vet fmt-check build bench fuzz faults run clean
 
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
@@ -45,6 +45,12 @@ build:
 bench: deps build
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
 	@if [ -x scripts/bench/run.sh ]; then scripts/bench/run.sh; fi
+
+# faults runs the fault-injection suite (docs/RELIABILITY.md) FAULTS_COUNT
+# times and prints each scenario's figures; `make test` runs it once.
+FAULTS_COUNT ?= 3
+faults: deps
+	$(GO) test -race -count=$(FAULTS_COUNT) -timeout 10m -v ./internal/faults/ | grep -E 'FIGURES|^(---|ok|FAIL|PASS)'
 
 # fuzz runs each decoder fuzz target for FUZZTIME (default 30s).
 FUZZTIME ?= 30s

@@ -26,13 +26,48 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.SlogLevel()})).With("process", "api")
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := shutdownContext(log)
 	defer stop()
 	if err := run(ctx, cfg, *pprofAddr, log); err != nil {
 		log.Error("api stopped", "err", err)
 		os.Exit(1)
 	}
 }
+
+// shutdownContext is cancelled by the first SIGTERM or SIGINT, which
+// starts the bounded drain; a second one exits at once, for an operator
+// who will not wait (docs/OPERATIONS.md, "Shutdown and drain").
+// signal.NotifyContext cannot see the second signal, hence the channel.
+func shutdownContext(log *slog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sigs:
+		case <-done:
+			return
+		}
+		log.Info("signal received: draining; a second signal exits at once")
+		cancel()
+		select {
+		case <-sigs:
+			log.Warn("second signal: exiting without waiting for the drain")
+			os.Exit(exitSecondSignal)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel()
+	}
+}
+
+// exitSecondSignal is the exit status after a second signal cut the drain
+// short.
+const exitSecondSignal = 3
 
 // run serves profiles on pprofAddr, when set, while the api runs.
 func run(ctx context.Context, cfg *config.Config, pprofAddr string, log *slog.Logger) error {

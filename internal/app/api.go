@@ -31,9 +31,6 @@ import (
 const (
 	readHeaderTimeout = 10 * time.Second
 	idleTimeout       = 120 * time.Second
-	// shutdownSlack is how long past the grace Shutdown may wait for the
-	// streams Drain ended to finish writing.
-	shutdownSlack = 10 * time.Second
 	// readyTimeout bounds one /readyz check of every dependency.
 	readyTimeout = 2 * time.Second
 	// notReadyRetryAfter is advised, in seconds, while a dependency is
@@ -46,6 +43,7 @@ type API struct {
 	*deps
 	handler *stream.Handler
 	engine  *gin.Engine
+	drain   *drainer                      // the stream routes' requests, for the shutdown
 	ready   []func(context.Context) error // readiness checks
 	// background runs for the life of Serve and stops after the HTTP
 	// drain (in-process workers, the overflow gate's depth refresh).
@@ -60,7 +58,7 @@ func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &API{deps: d}
+	a := &API{deps: d, drain: newDrainer()}
 	if err := a.build(); err != nil {
 		a.Close()
 		return nil, err
@@ -112,8 +110,12 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		return nil, nil, err
 	}
 	a.own = append(a.own, func() { _ = sub.Close() })
+	quota, err := admission.NewQuota(QuotaConfig(cfg), a.rdb)
+	if err != nil {
+		return nil, nil, err
+	}
 	gw, err := gateway.New(GatewayConfig(cfg), gateway.Deps{
-		Producer: q.Queue, Results: sub, Canceller: sub, Metrics: m, Log: log,
+		Producer: q.Queue, Results: sub, Canceller: sub, Quota: quota, Metrics: m, Log: log,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -157,6 +159,10 @@ func (a *API) routes() *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
+	// POST /v1/stream/ gets a 404 problem, not a 307 that a client would
+	// follow by sending the body again, or not at all.
+	e.RedirectTrailingSlash = false
+	e.RedirectFixedPath = false
 	// CORS first: refusals, 404/405 and panics must carry its headers too.
 	if p := cors.New(cors.Config{AllowedOrigins: a.cfg.CORSAllowedOrigins}); p.Enabled() {
 		e.Use(p.Gin())
@@ -168,9 +174,13 @@ func (a *API) routes() *gin.Engine {
 		stream.WriteProblem(c.Writer, protocol.RequestFailed(), c.Request.URL.Path)
 		c.Abort()
 	}))
-	streamHandler := gin.WrapH(a.handler)
+	e.Use(limitHeaders)
+	streamHandler := gin.WrapH(a.drain.guard(a.handler))
 	e.POST("/v1/stream", streamHandler)
 	e.POST("/stream", streamHandler)
+	oa := stream.NewOpenAI(a.handler, OpenAIModels(a.cfg))
+	e.POST("/v1/chat/completions", gin.WrapF(oa.ChatCompletions))
+	e.GET("/v1/models", gin.WrapF(oa.Models))
 	e.GET("/healthz", gin.WrapF(healthz))
 	e.GET("/readyz", a.readyz)
 	e.GET("/metrics", gin.WrapH(a.obs.metricsHandler()))
@@ -187,6 +197,12 @@ func (a *API) routes() *gin.Engine {
 }
 
 func (a *API) readyz(c *gin.Context) {
+	// Not ready from the first moment of a drain, so a load balancer
+	// stops sending requests while open streams finish.
+	if a.drain.isDraining() {
+		stream.WriteProblem(c.Writer, protocol.ShuttingDown(notReadyRetryAfter), c.Request.URL.Path)
+		return
+	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), readyTimeout)
 	defer cancel()
 	for _, check := range a.ready {
@@ -200,19 +216,24 @@ func (a *API) readyz(c *gin.Context) {
 }
 
 // Serve answers on ln until ctx ends, then shuts down. Stop order, and
-// why: the listener closes and open streams get SHUTDOWN_GRACE_SECONDS to
-// finish; then Drain ends the rest with an `error` event (shutting-down);
-// only once every stream ended do the background components stop, since
-// queued streams still open need the in-process workers. Close, after
-// Serve, releases the clients.
+// why (docs/OPERATIONS.md, "Shutdown and drain"): /readyz turns 503 and
+// new streams are refused at once, while the listener stays open so the
+// load balancer sees it; open streams get SHUTDOWN_GRACE_SECONDS to
+// finish; then Drain ends the rest with an `error` event (shutting-down),
+// the listener closes, and after a short slack every connection is
+// closed, half-sent bodies and stalled readers included. Only once every
+// stream ended do the background components stop, since queued streams
+// still open need the in-process workers. Close, after Serve, releases
+// the clients.
 func (a *API) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout}
+	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
+		MaxHeaderBytes: serverMaxHeaderBytes}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	for _, run := range a.background {
 		background.Go(func() { run(bgCtx) })
 	}
-	err := a.serveHTTP(ctx, srv, ln)
+	err := a.serveHTTP(ctx, srv, newLimitListener(ln, a.cfg.MaxConnections))
 	stopBackground()
 	background.Wait()
 	return err
@@ -228,19 +249,26 @@ func (a *API) serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) 
 	case <-ctx.Done():
 	}
 	grace := a.cfg.ShutdownGrace()
-	a.log.Info("shutting down: draining open streams", "grace", grace.String())
-	drainTimer := time.AfterFunc(grace, a.handler.Drain)
-	defer drainTimer.Stop()
-	// Shutdown closes the listener at once and waits for streams to end;
-	// after the grace period Drain ends them, so this returns soon after.
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), grace+shutdownSlack)
-	defer cancel()
-	err := srv.Shutdown(shutdownCtx)
-	a.handler.Drain()
-	a.handler.Wait()
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("app: shutdown: %w", err)
+	a.log.Info("shutting down: not ready, draining open streams", "grace", grace.String())
+	idle := a.drain.begin()
+	graceTimer := time.NewTimer(grace)
+	select {
+	case <-idle:
+	case <-graceTimer.C:
 	}
-	<-errc
+	graceTimer.Stop()
+	a.handler.Drain()
+	// Shutdown closes the listener and waits for the drained streams to
+	// write their last event; Close then cuts whatever is left.
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeSlack)
+	defer cancel()
+	if err := srv.Shutdown(closeCtx); err != nil {
+		a.log.Warn("closing every connection left after the grace", "err", err)
+		_ = srv.Close()
+	}
+	a.handler.Wait()
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("app: serve: %w", err)
+	}
 	return nil
 }

@@ -313,13 +313,14 @@ func TestGracefulShutdownWithOpenStreams(t *testing.T) {
 }
 
 // With API_KEYS set, a request needs a valid bearer key (plain or as its
-// sha256 digest); anything else is 401 problem+json.
+// sha256: digest; a bare 64-hex entry is a key); anything else is 401
+// problem+json.
 func TestAPIKeys(t *testing.T) {
 	t.Parallel()
 	_, upstream := startSimllm(t, fastSim())
 	digest := sha256.Sum256([]byte("hashed-key"))
 	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{
-		"API_KEYS": "plain-key," + hex.EncodeToString(digest[:]),
+		"API_KEYS": "plain-key,sha256:" + hex.EncodeToString(digest[:]) + "=high," + strings.Repeat("ab", 32),
 	})))
 	for _, tc := range []struct {
 		name, auth string
@@ -331,6 +332,8 @@ func TestAPIKeys(t *testing.T) {
 		{"the digest itself is not a key", "Bearer " + hex.EncodeToString(digest[:]), http.StatusUnauthorized},
 		{"plain key", "Bearer plain-key", http.StatusOK},
 		{"key given as its sha256", "Bearer hashed-key", http.StatusOK},
+		{"scheme in any case", "BEARER plain-key", http.StatusOK},
+		{"64-hex key", "Bearer " + strings.Repeat("ab", 32), http.StatusOK},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -35,21 +35,22 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-var buildOnce sync.Once
-var buildErr error
+// builds holds one build per command, so a test that needs only the
+// consumer does not wait for the api's build too.
+var builds sync.Map // command name -> func() error
 
 // binary returns the path of a command of this module, built on first use.
 func binary(tb testing.TB, name string) string {
 	tb.Helper()
-	buildOnce.Do(func() {
-		cmd := exec.Command("go", "build", "-o", binDir+string(os.PathSeparator), "../../cmd/consumer")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+	build, _ := builds.LoadOrStore(name, sync.OnceValue(func() error {
+		cmd := exec.Command("go", "build", "-o", binDir+string(os.PathSeparator), "../../cmd/"+name)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", name, err, out)
 		}
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
+		return nil
+	}))
+	if err := build.(func() error)(); err != nil {
+		tb.Fatal(err)
 	}
 	return filepath.Join(binDir, name)
 }

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"slices"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/admission"
@@ -84,6 +85,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
+// QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
+func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
+	return admission.QuotaConfig{Prefix: cfg.QueuePrefix, MaxPerIdentity: cfg.QueueMaxPerIdentity, MaxBytes: cfg.QueueMaxBytes}
+}
+
 // RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
 // settings give; holder names this process.
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
@@ -96,7 +102,8 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
-	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle()}
+	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(),
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload}
 }
 
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
@@ -126,6 +133,7 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
 }
 
@@ -137,8 +145,13 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
-		PriorityMax:       protocol.Priority(cfg.PriorityMax),
-		Retry:             RetryPolicy(cfg),
+		// Zero trusts the header, matching TRUST_USER_ID_HEADER's default.
+		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
+		TrustedProxies:     cfg.TrustedProxies,
+		Models:             cfg.LLMModels,
+		BodyReadTimeout:    cfg.BodyReadTimeout(),
+		PriorityMax:        protocol.Priority(cfg.PriorityMax),
+		Retry:              RetryPolicy(cfg),
 	}
 }
 
@@ -154,4 +167,23 @@ func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
 func BalancerConfig(cfg *config.Config) upstream.Config {
 	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
 		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
+}
+
+// OpenAIModels are the models GET /v1/models lists: the simulator's name
+// with LLM_PROVIDER=sim; with upstreams, the union of the models they list
+// (none when every upstream takes any model it knows; docs/API.md,
+// "OpenAI-compatible API").
+func OpenAIModels(cfg *config.Config) []string {
+	if cfg.LLMProvider == "sim" {
+		return []string{"sim"}
+	}
+	var models []string
+	for _, s := range cfg.Upstreams {
+		for _, m := range s.Models {
+			if !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+		}
+	}
+	return models
 }

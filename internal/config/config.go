@@ -66,6 +66,12 @@ type Config struct {
 	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
 	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
 	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
+	// DeadLetterMaxLen bounds the dead-letter stream (XADD MAXLEN ~). Default 10000.
+	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN" envDefault:"10000"`
+	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record. Default 168.
+	DeadLetterTTLHours int `env:"DEAD_LETTER_TTL_HOURS" envDefault:"168"`
+	// DeadLetterKeepPayload stores the job's prompt in a dead letter; false keeps a digest and sizes only. Default false.
+	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD" envDefault:"false"`
 	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
 	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`
 	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again. Default 500.
@@ -78,6 +84,10 @@ type Config struct {
 	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
 	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
 	QueueDepthCacheTTLMS int `env:"QUEUE_DEPTH_CACHE_TTL_MS" envDefault:"1000"`
+	// QueueMaxPerIdentity is queued jobs per identity before 429 too-many-queued. Default 100.
+	QueueMaxPerIdentity int `env:"QUEUE_MAX_PER_IDENTITY" envDefault:"100"`
+	// QueueMaxBytes bounds the bytes of the jobs waiting, cluster-wide, before 503 queue-overflow. Default 268435456 (256 MiB).
+	QueueMaxBytes int64 `env:"QUEUE_MAX_BYTES" envDefault:"268435456"`
 	// QueuePrefix prefixes every queue key and channel. Default "queue:".
 	QueuePrefix string `env:"QUEUE_PREFIX" envDefault:"queue:"`
 
@@ -109,15 +119,24 @@ type Config struct {
 	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"32768"`
 	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
 	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
+	// BodyReadTimeoutSeconds bounds reading a request body. Default 10.
+	BodyReadTimeoutSeconds int `env:"BODY_READ_TIMEOUT_SECONDS" envDefault:"10"`
+	// MaxConnections bounds the api's open client connections; more get 503. Default 20000.
+	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"20000"`
 
 	// RateLimitRPS is requests per second per identity; 0 is off. Default 0.
 	RateLimitRPS float64 `env:"RATE_LIMIT_RPS" envDefault:"0"`
 	// RateLimitBurst is the burst per identity. Default 0.
 	RateLimitBurst int `env:"RATE_LIMIT_BURST" envDefault:"0"`
-	// APIKeys are accepted bearer keys (or sha256 hex of them); empty means no auth.
+	// APIKeys are accepted bearer keys, or sha256:<hex> digests of them,
+	// each optionally ending in =high|normal|low; empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
 	// PriorityMax is the highest X-Priority a caller without a key maximum may ask for. Default normal.
 	PriorityMax string `env:"PRIORITY_MAX" envDefault:"normal"`
+	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it). Default true.
+	TrustUserIDHeader bool `env:"TRUST_USER_ID_HEADER" envDefault:"true"`
+	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP count. Default empty.
+	TrustedProxies []string `env:"TRUSTED_PROXIES" envSeparator:","`
 
 	// BreakerFailures opens the provider's circuit after this many
 	// failures in a row. Default 5.
@@ -138,6 +157,8 @@ type Config struct {
 	LLMBaseURL string `env:"LLM_BASE_URL"`
 	// LLMAPIKey is sent as a bearer token upstream.
 	LLMAPIKey string `env:"LLM_API_KEY"`
+	// LLMModels, when set, are the only models a request may ask for. Default empty (any).
+	LLMModels []string `env:"LLM_MODELS" envSeparator:","`
 	// LLMFirstTokenTimeoutSeconds is the longest wait for an upstream
 	// call's first chunk. Default 60.
 	LLMFirstTokenTimeoutSeconds int `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS" envDefault:"60"`
@@ -276,9 +297,17 @@ func (c *Config) WorkerHeartbeat() time.Duration { return seconds(c.WorkerHeartb
 // it over (QUEUE_RECLAIM_IDLE_SECONDS).
 func (c *Config) QueueReclaimIdle() time.Duration { return seconds(c.QueueReclaimIdleSeconds) }
 
+// DeadLetterTTL is DEAD_LETTER_TTL_HOURS as a duration.
+func (c *Config) DeadLetterTTL() time.Duration {
+	return time.Duration(c.DeadLetterTTLHours) * time.Hour
+}
+
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).
 func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
+
+// BodyReadTimeout bounds reading a request body (BODY_READ_TIMEOUT_SECONDS).
+func (c *Config) BodyReadTimeout() time.Duration { return seconds(c.BodyReadTimeoutSeconds) }
 
 // ShutdownGrace is the drain time for open streams (SHUTDOWN_GRACE_SECONDS).
 func (c *Config) ShutdownGrace() time.Duration { return seconds(c.ShutdownGraceSeconds) }

@@ -83,6 +83,8 @@ func Load(path string, environ map[string]string) (*Config, error) {
 	c.RedisClusterAddrs = cleanList(c.RedisClusterAddrs)
 	c.RedisSentinelAddrs = cleanList(c.RedisSentinelAddrs)
 	c.APIKeys = cleanList(c.APIKeys)
+	c.TrustedProxies = cleanList(c.TrustedProxies)
+	c.LLMModels = cleanList(c.LLMModels)
 	c.CORSAllowedOrigins = cleanList(c.CORSAllowedOrigins)
 	if c.CORSAllowedOrigins == nil && c.Embedded() {
 		c.CORSAllowedOrigins = []string{CORSAnyOrigin}

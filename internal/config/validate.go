@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -40,6 +41,9 @@ const (
 	minDepthCacheTTLMS     = 10
 	minPoolLeaseTTLSeconds = 2
 	maxQueueShards         = 64
+	// maxModelName is the longest `model` a request may carry
+	// (internal/protocol), so a longer LLM_MODELS item could never match.
+	maxModelName = 256
 )
 
 // Validate reports every bad value at once, joined with errors.Join, each a
@@ -122,6 +126,8 @@ func (c *Config) Validate() error {
 			c.QueueReclaimIdleSeconds, c.WorkerHeartbeatSeconds)
 	}
 	v.atLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeoutSeconds, 1)
+	v.atLeast("DEAD_LETTER_MAX_LEN", c.DeadLetterMaxLen, 1)
+	v.atLeast("DEAD_LETTER_TTL_HOURS", c.DeadLetterTTLHours, 1)
 	v.atLeast("QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 0)
 	v.atLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelayMS, 1)
 	if c.QueueFailoverMaxDelayMS < c.QueueFailoverBaseDelayMS {
@@ -153,6 +159,25 @@ func (c *Config) Validate() error {
 	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
 	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
 	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
+	v.atLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 1)
+	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
+	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)
+	// A backlog bound below one body would refuse every queued request.
+	if c.QueueMaxBytes < c.MaxBodyBytes {
+		v.fail("QUEUE_MAX_BYTES", "(%d) must be at least MAX_BODY_BYTES (%d)", c.QueueMaxBytes, c.MaxBodyBytes)
+	}
+	// The entries may be secrets: the errors name them by position only.
+	if _, err := identity.ParseKeys(c.APIKeys); err != nil {
+		v.fail("API_KEYS", "has a bad entry (keys, or sha256:<64 hex digits>, optionally ending in =high, =normal or =low): %v", err)
+	}
+	if _, err := identity.ParseProxies(c.TrustedProxies); err != nil {
+		v.fail("TRUSTED_PROXIES", "must be a comma list of CIDRs or addresses: %v", err)
+	}
+	for _, m := range c.LLMModels {
+		if len(m) > maxModelName {
+			v.fail("LLM_MODELS", "item of %d bytes is longer than a model name may be (%d)", len(m), maxModelName)
+		}
+	}
 
 	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
 		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)

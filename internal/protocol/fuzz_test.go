@@ -20,6 +20,13 @@ var (
 		`SIGNAL:ERROR:{"type":"https://spillway.dev/errors/queue-timeout","title":"Queue Timeout","status":503,"detail":"no worker started the request in time","retry_after_seconds":2}`,
 		`SIGNAL:HEARTBEAT`,
 		`SIGNAL:RESET:{"attempt":2}`,
+		`BATCH:3:[{"seq":4,"content":"lo"},{"seq":5,"content":","}]`,
+		`SIGNAL:DONE:1:60`,
+		`SIGNAL:DONE:12:7:{"request_id":"req-1","finish_reason":"stop"}`,
+		`SIGNAL:ERROR:2:{"type":"https://spillway.dev/errors/stream-gap","title":"Stream Gap","status":503}`,
+		`SIGNAL:HEARTBEAT:7`,
+		`BATCH:01:[{"seq":1,"content":"a"}]`,
+		`SIGNAL:DONE:2:5:`,
 		`SIGNAL:RETRYING:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
 		`SIGNAL:RETRYING:{"attempt":2,"retry_in_seconds":0.1,"reason":"server_error"}`,
 		`SIGNAL:RETRYING:{"attempt":0,"retry_in_seconds":1,"reason":"x"}`,
@@ -79,6 +86,12 @@ func FuzzDecodeResult(f *testing.F) {
 // checkResult checks what a successful DecodeResult promises.
 func checkResult(tb testing.TB, r Result) {
 	tb.Helper()
+	if r.Attempt < 0 || r.Attempt > MaxAttempt || r.Count < 0 || r.Count > MaxCount || (r.Attempt == 0 && r.Count != 0) {
+		tb.Fatalf("attempt %d or count %d out of range", r.Attempt, r.Count)
+	}
+	if r.Count != 0 && r.Kind != KindDone {
+		tb.Fatalf("%s carries a count", r.Kind)
+	}
 	switch r.Kind {
 	case KindBatch:
 		if len(r.Chunks) == 0 || r.Chunks[0].Seq < 1 {
@@ -101,11 +114,11 @@ func checkResult(tb testing.TB, r Result) {
 			tb.Fatalf("error result with bad problem: %+v", r.Problem)
 		}
 	case KindHeartbeat:
-		if !reflect.DeepEqual(r, Result{Kind: KindHeartbeat}) {
+		if !reflect.DeepEqual(r, Result{Kind: KindHeartbeat, Attempt: r.Attempt}) {
 			tb.Fatalf("heartbeat carries payloads: %+v", r)
 		}
 	case KindReset:
-		if r.Reset == nil || r.Reset.Attempt < 1 {
+		if r.Reset == nil || r.Reset.Attempt < 1 || r.Attempt != r.Reset.Attempt {
 			tb.Fatalf("reset with bad payload: %+v", r.Reset)
 		}
 	case KindRetrying:

@@ -22,10 +22,15 @@ const (
 	ProblemProviderUnavailable = "provider-unavailable"
 	ProblemProviderRejected    = "provider-rejected"
 	ProblemWorkerLost          = "worker-lost"
+	ProblemStreamGap           = "stream-gap"
 	ProblemShuttingDown        = "shutting-down"
 	ProblemSlowClient          = "slow-client"
 	ProblemNotReady            = "not-ready"
 	ProblemInternal            = "internal"
+	ProblemTooManyQueued       = "too-many-queued"
+	ProblemRequestTimeout      = "request-timeout"
+	ProblemHeadersTooLarge     = "headers-too-large"
+	ProblemTooManyConnections  = "too-many-connections"
 )
 
 // Problem is an RFC 9457 problem document. It is what a refused request

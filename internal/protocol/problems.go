@@ -57,10 +57,15 @@ var Problems = catalogue(
 	pt(ProblemProviderUnavailable, "Provider Unavailable", http.StatusServiceUnavailable),
 	pt(ProblemProviderRejected, "Provider Rejected the Request", http.StatusUnprocessableEntity),
 	pt(ProblemWorkerLost, "Worker Lost", http.StatusServiceUnavailable),
+	pt(ProblemStreamGap, "Stream Gap", http.StatusServiceUnavailable),
 	pt(ProblemShuttingDown, "Shutting Down", http.StatusServiceUnavailable),
 	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
 	pt(ProblemNotReady, "Not Ready", http.StatusServiceUnavailable),
 	pt(ProblemInternal, "Internal Error", http.StatusInternalServerError),
+	pt(ProblemTooManyQueued, "Too Many Queued Requests", http.StatusTooManyRequests),
+	pt(ProblemRequestTimeout, "Request Timeout", http.StatusRequestTimeout),
+	pt(ProblemHeadersTooLarge, "Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge),
+	pt(ProblemTooManyConnections, "Too Many Connections", http.StatusServiceUnavailable),
 )
 
 // problem returns an occurrence of the catalogued type slug advising a
@@ -166,6 +171,13 @@ func WorkerLost(retryAfterSeconds int) *Problem {
 		retryAfterSeconds)
 }
 
+// StreamGap ends a queued stream in which chunks went missing and were not
+// made good in time: the client has part of an answer, never a `done`.
+func StreamGap(retryAfterSeconds int) *Problem {
+	return problem(ProblemStreamGap, "Part of the answer was lost on the way from the worker; retry the request.",
+		retryAfterSeconds)
+}
+
 // SlowClient ends a stream whose client did not read fast enough.
 func SlowClient(retryAfterSeconds int) *Problem {
 	return problem(ProblemSlowClient, "The stream was ended because the client did not read it fast enough.", retryAfterSeconds)
@@ -189,4 +201,32 @@ func StreamFailed() *Problem {
 // RequestFailed answers a request whose handler panicked (a bug).
 func RequestFailed() *Problem {
 	return problem(ProblemInternal, "The request failed unexpectedly; retry it.", 0)
+}
+
+// TooManyQueued refuses a request whose identity already has
+// QUEUE_MAX_PER_IDENTITY jobs waiting.
+func TooManyQueued(retryAfterSeconds int) *Problem {
+	return problem(ProblemTooManyQueued, "This client already has the most requests allowed waiting in the queue; retry after the advised delay.",
+		retryAfterSeconds)
+}
+
+// RequestTimeout refuses a request whose body did not arrive within
+// BODY_READ_TIMEOUT_SECONDS.
+func RequestTimeout() *Problem {
+	return problem(ProblemRequestTimeout, "The request body did not arrive in time.", 0)
+}
+
+// HeadersTooLarge refuses a request whose header block is over the limit.
+func HeadersTooLarge(limit int) *Problem {
+	return problem(ProblemHeadersTooLarge, fmt.Sprintf("The request headers must be at most %d bytes.", limit), 0)
+}
+
+// TooManyConnections refuses a connection over MAX_CONNECTIONS.
+func TooManyConnections(retryAfterSeconds int) *Problem {
+	return problem(ProblemTooManyConnections, "The server has too many open connections; retry shortly.", retryAfterSeconds)
+}
+
+// ModelNotAllowed refuses a model outside LLM_MODELS.
+func ModelNotAllowed() *Problem {
+	return problem(ProblemBadRequest, "This model is not offered here; ask for one of the configured models.", 0)
 }

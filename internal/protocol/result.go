@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 )
 
 // MaxResultBytes bounds one result-channel message; larger ones are refused
@@ -46,16 +47,36 @@ func (k ResultKind) String() string {
 }
 
 // Result is one message on a request's result channel, as a worker publishes
-// it: `BATCH:[…]`, `SIGNAL:DONE[:{json}]`, `SIGNAL:ERROR:{problem}`,
-// `SIGNAL:HEARTBEAT`, `SIGNAL:RESET:{json}` or `SIGNAL:RETRYING:{json}`.
+// it (docs/QUEUE.md, "Result messages"). Fenced forms carry the attempt
+// that wrote them: `BATCH:{attempt}:[…]`, `SIGNAL:DONE:{attempt}:{chunks}[:{json}]`,
+// `SIGNAL:ERROR:{attempt}:{problem}`, `SIGNAL:HEARTBEAT:{attempt}` and
+// `SIGNAL:RESET:{json}` (whose JSON holds the attempt). The unfenced forms
+// of earlier workers, `BATCH:[…]`, `SIGNAL:DONE[:{json}]`,
+// `SIGNAL:ERROR:{problem}` and `SIGNAL:HEARTBEAT`, still decode, with
+// Attempt 0; so does `SIGNAL:RETRYING:{json}`, which is never fenced.
 type Result struct {
-	Kind     ResultKind
+	Kind ResultKind
+	// Attempt is the fencing token of the delivery that wrote the message
+	// (failover.Delivery.Attempt), at least 1; 0 for an unfenced message.
+	// For KindReset it is Reset.Attempt (EncodeResult also takes 0 there).
+	Attempt int
+	// Count is, for a fenced KindDone, how many chunks the attempt's
+	// answer has since its last reset: the relay checks it received them
+	// all before it lets `done` through.
+	Count    int
 	Chunks   []Chunk   // KindBatch
 	Done     *Done     // KindDone, may be nil
 	Problem  *Problem  // KindError
 	Reset    *Reset    // KindReset
 	Retrying *Retrying // KindRetrying
 }
+
+// MaxAttempt bounds the attempt of a fenced message; nine digits keep the
+// header parse simple and no job is delivered a billion times.
+const MaxAttempt = 999_999_999
+
+// MaxCount bounds the chunk count of a fenced SIGNAL:DONE.
+const MaxCount = 999_999_999
 
 // ErrMalformed is wrapped by every decoding error of this package.
 var ErrMalformed = errors.New("protocol: malformed message")
@@ -77,24 +98,51 @@ func EncodeResult(r Result) ([]byte, error) {
 		out []byte
 		err error
 	)
+	if r.Attempt < 0 || r.Attempt > MaxAttempt || r.Count < 0 || r.Count > MaxCount {
+		return nil, fmt.Errorf("protocol: encode %s: attempt %d or count %d out of range", r.Kind, r.Attempt, r.Count)
+	}
+	if r.Attempt == 0 && r.Count != 0 {
+		return nil, fmt.Errorf("protocol: encode %s: a count needs an attempt", r.Kind)
+	}
+	// fenced appends "{attempt}:" to prefix when the result carries one.
+	fenced := func(prefix []byte) []byte {
+		b := append([]byte(nil), prefix...)
+		if r.Attempt > 0 {
+			b = append(strconv.AppendInt(b, int64(r.Attempt), 10), ':')
+		}
+		return b
+	}
 	switch r.Kind {
 	case KindBatch:
 		if err = checkBatch(r.Chunks); err == nil {
-			out, err = appendJSON(prefixBatch, r.Chunks)
+			out, err = appendJSON(fenced(prefixBatch), r.Chunks)
 		}
 	case KindDone:
-		if r.Done == nil {
-			return append([]byte(nil), prefixDone...), nil
+		head := append([]byte(nil), prefixDone...)
+		if r.Attempt > 0 {
+			head = append(head, ':')
+			head = strconv.AppendInt(head, int64(r.Attempt), 10)
+			head = append(head, ':')
+			head = strconv.AppendInt(head, int64(r.Count), 10)
 		}
-		out, err = appendJSON(append(append([]byte(nil), prefixDone...), ':'), r.Done)
+		if r.Done == nil {
+			return head, nil
+		}
+		out, err = appendJSON(append(head, ':'), r.Done)
 	case KindError:
 		if err = checkProblem(r.Problem); err == nil {
-			out, err = appendJSON(prefixError, r.Problem)
+			out, err = appendJSON(fenced(prefixError), r.Problem)
 		}
 	case KindHeartbeat:
-		return append([]byte(nil), prefixHeartbeat...), nil
+		if r.Attempt == 0 {
+			return append([]byte(nil), prefixHeartbeat...), nil
+		}
+		return strconv.AppendInt(append(append([]byte(nil), prefixHeartbeat...), ':'), int64(r.Attempt), 10), nil
 	case KindReset:
-		if err = checkReset(r.Reset); err == nil {
+		if err = checkReset(r.Reset); err == nil && r.Attempt != 0 && r.Attempt != r.Reset.Attempt {
+			err = fmt.Errorf("attempt %d differs from the reset's %d", r.Attempt, r.Reset.Attempt)
+		}
+		if err == nil {
 			out, err = appendJSON(prefixReset, r.Reset)
 		}
 	case KindRetrying:
@@ -163,61 +211,140 @@ func checkRetrying(r *Retrying) error {
 	return nil
 }
 
-// DecodeResult parses one result-channel message. It never panics; any input
-// it cannot accept gives an error wrapping ErrMalformed.
+// DecodeResult parses one result-channel message, fenced or not. It never
+// panics; any input it cannot accept gives an error wrapping ErrMalformed.
 func DecodeResult(msg []byte) (Result, error) {
 	if len(msg) > MaxResultBytes {
 		return Result{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrMalformed, len(msg), MaxResultBytes)
 	}
+	r, err := decodeResult(msg)
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	return r, nil
+}
+
+func decodeResult(msg []byte) (Result, error) {
 	switch {
 	case bytes.HasPrefix(msg, prefixBatch):
+		rest := msg[len(prefixBatch):]
+		attempt, rest, err := fence(rest)
+		if err != nil {
+			return Result{}, fmt.Errorf("batch: %v", err)
+		}
 		var chunks []Chunk
-		if err := strictUnmarshal(msg[len(prefixBatch):], &chunks); err != nil {
-			return Result{}, fmt.Errorf("%w: batch: %v", ErrMalformed, err)
+		if err := strictUnmarshal(rest, &chunks); err != nil {
+			return Result{}, fmt.Errorf("batch: %v", err)
 		}
 		if err := checkBatch(chunks); err != nil {
-			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+			return Result{}, err
 		}
-		return Result{Kind: KindBatch, Chunks: chunks}, nil
+		return Result{Kind: KindBatch, Attempt: attempt, Chunks: chunks}, nil
 	case bytes.Equal(msg, prefixHeartbeat):
 		return Result{Kind: KindHeartbeat}, nil
+	case bytes.HasPrefix(msg, prefixHeartbeat) && len(msg) > len(prefixHeartbeat) && msg[len(prefixHeartbeat)] == ':':
+		attempt, rest, ok := number(msg[len(prefixHeartbeat)+1:], MaxAttempt)
+		if !ok || attempt < 1 || len(rest) != 0 {
+			return Result{}, errors.New("heartbeat: bad attempt")
+		}
+		return Result{Kind: KindHeartbeat, Attempt: attempt}, nil
 	case bytes.Equal(msg, prefixDone):
 		return Result{Kind: KindDone}, nil
 	case bytes.HasPrefix(msg, prefixDone) && len(msg) > len(prefixDone) && msg[len(prefixDone)] == ':':
-		var d Done
-		if err := strictUnmarshal(msg[len(prefixDone)+1:], &d); err != nil {
-			return Result{}, fmt.Errorf("%w: done: %v", ErrMalformed, err)
+		rest := msg[len(prefixDone)+1:]
+		var r Result
+		r.Kind = KindDone
+		if len(rest) > 0 && rest[0] >= '0' && rest[0] <= '9' {
+			var ok bool
+			r.Attempt, rest, ok = number(rest, MaxAttempt)
+			if !ok || r.Attempt < 1 || len(rest) == 0 || rest[0] != ':' {
+				return Result{}, errors.New("done: bad attempt")
+			}
+			r.Count, rest, ok = number(rest[1:], MaxCount)
+			if !ok {
+				return Result{}, errors.New("done: bad count")
+			}
+			if len(rest) == 0 {
+				return r, nil
+			}
+			if rest[0] != ':' {
+				return Result{}, errors.New("done: bad count")
+			}
+			rest = rest[1:]
 		}
-		return Result{Kind: KindDone, Done: &d}, nil
+		var d Done
+		if err := strictUnmarshal(rest, &d); err != nil {
+			return Result{}, fmt.Errorf("done: %v", err)
+		}
+		r.Done = &d
+		return r, nil
 	case bytes.HasPrefix(msg, prefixError):
+		attempt, rest, err := fence(msg[len(prefixError):])
+		if err != nil {
+			return Result{}, fmt.Errorf("error: %v", err)
+		}
 		var p Problem
-		if err := strictUnmarshal(msg[len(prefixError):], &p); err != nil {
-			return Result{}, fmt.Errorf("%w: error: %v", ErrMalformed, err)
+		if err := strictUnmarshal(rest, &p); err != nil {
+			return Result{}, fmt.Errorf("error: %v", err)
 		}
 		if err := checkProblem(&p); err != nil {
-			return Result{}, fmt.Errorf("%w: error: %v", ErrMalformed, err)
+			return Result{}, fmt.Errorf("error: %v", err)
 		}
-		return Result{Kind: KindError, Problem: &p}, nil
+		return Result{Kind: KindError, Attempt: attempt, Problem: &p}, nil
 	case bytes.HasPrefix(msg, prefixReset):
 		var r Reset
 		if err := strictUnmarshal(msg[len(prefixReset):], &r); err != nil {
-			return Result{}, fmt.Errorf("%w: reset: %v", ErrMalformed, err)
+			return Result{}, fmt.Errorf("reset: %v", err)
 		}
 		if err := checkReset(&r); err != nil {
-			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+			return Result{}, err
 		}
-		return Result{Kind: KindReset, Reset: &r}, nil
+		if r.Attempt > MaxAttempt {
+			return Result{}, fmt.Errorf("reset attempt %d exceeds %d", r.Attempt, MaxAttempt)
+		}
+		return Result{Kind: KindReset, Attempt: r.Attempt, Reset: &r}, nil
 	case bytes.HasPrefix(msg, prefixRetrying):
 		var r Retrying
 		if err := strictUnmarshal(msg[len(prefixRetrying):], &r); err != nil {
-			return Result{}, fmt.Errorf("%w: retrying: %v", ErrMalformed, err)
+			return Result{}, fmt.Errorf("retrying: %v", err)
 		}
 		if err := checkRetrying(&r); err != nil {
-			return Result{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+			return Result{}, err
 		}
 		return Result{Kind: KindRetrying, Retrying: &r}, nil
 	}
-	return Result{}, fmt.Errorf("%w: unknown prefix", ErrMalformed)
+	return Result{}, errors.New("unknown prefix")
+}
+
+// fence reads the optional "{attempt}:" header in front of a JSON payload.
+// JSON starts with `[` or `{`, never a digit, so a digit means a header;
+// no header gives attempt 0 (an unfenced message of an earlier worker).
+func fence(b []byte) (int, []byte, error) {
+	if len(b) == 0 || b[0] < '0' || b[0] > '9' {
+		return 0, b, nil
+	}
+	attempt, rest, ok := number(b, MaxAttempt)
+	if !ok || attempt < 1 || len(rest) == 0 || rest[0] != ':' {
+		return 0, nil, errors.New("bad attempt header")
+	}
+	return attempt, rest[1:], nil
+}
+
+// number reads a decimal of at most nine digits, without a leading zero
+// (except "0" itself) and at most limit, from the front of b.
+func number(b []byte, limit int) (int, []byte, bool) {
+	n, i := 0, 0
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		if i == 9 || (i == 1 && b[0] == '0') {
+			return 0, nil, false
+		}
+		n = n*10 + int(b[i]-'0')
+		i++
+	}
+	if i == 0 || n > limit {
+		return 0, nil, false
+	}
+	return n, b[i:], true
 }
 
 // strictUnmarshal decodes exactly one JSON value with nothing but white

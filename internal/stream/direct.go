@@ -3,7 +3,6 @@ package stream
 import (
 	"context"
 	"errors"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,17 +15,17 @@ import (
 // direct streams from the provider in this process while holding lease
 // (docs/ARCHITECTURE.md, "Direct path"). A retryable failure before the
 // first chunk is handed to the queue on the same response (handOff).
-func (h *Handler) direct(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, prio protocol.Priority, lease pool.Lease, start time.Time) {
+func (h *Handler) direct(x *exchange, lease pool.Lease) {
 	release := sync.OnceFunc(lease.Release)
 	defer release()
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx, cancel := context.WithCancel(x.r.Context())
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
-	p := &directProducer{h: h, req: req, requestID: requestID, user: user, prio: prio, release: release, frames: frames}
+	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, prio: x.prio, release: release, frames: frames}
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
 	began := time.Now()
-	s := &session{h: h, w: w, requestID: requestID, path: protocol.PathDirect, start: start, frames: frames}
+	s := &session{h: h, w: x.w, open: x.open, requestID: x.requestID, path: protocol.PathDirect, start: x.start, frames: frames}
 	outcome, _ := s.serve(ctx)
 	held := time.Since(began)
 	// The provider call (or the hand-off's relay) ends before the lease is

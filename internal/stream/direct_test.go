@@ -95,7 +95,7 @@ func TestHandlerDirectHandsThrottledCallToQueue(t *testing.T) {
 		if rel[0] != 1 {
 			t.Errorf("%d slots released when the job was spilled, want 1: the wait and the queue hold none", rel[0])
 		}
-		if job := sp.jobs[0]; job.UserID != "u1" || job.RequestID != requestID || requestID == "" || len(job.Payload.Messages) != 1 ||
+		if job := sp.jobs[0]; job.UserID != "user:u1" || job.RequestID != requestID || requestID == "" || len(job.Payload.Messages) != 1 ||
 			job.Priority != protocol.PriorityLow {
 			t.Errorf("spilled job %+v, want the request's id, user, payload and priority", job)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -24,6 +25,9 @@ const (
 	// DefaultPoolRetryAfter is advised when the pool is full and no queue
 	// takes the request, unless a Gate advises otherwise.
 	DefaultPoolRetryAfter = time.Second
+	// DefaultBodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS).
+	DefaultBodyReadTimeout = 10 * time.Second
 	// DefaultFrameBuffer is how many frames a producer may be ahead of
 	// the client; with the gateway's buffer (gateway.DefaultBuffer) and
 	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
@@ -49,9 +53,19 @@ type Config struct {
 	// PoolRetryAfter is the Retry-After advised when the pool is full and
 	// no queue takes the request, when there is no Gate. Default 1s.
 	PoolRetryAfter time.Duration
-	// APIKeys are the accepted bearer keys, or sha256 hex digests of them;
-	// empty means no authentication (API_KEYS).
+	// APIKeys are the accepted bearer keys, or `sha256:<hex>` digests of
+	// them, each optionally ending in =high|normal|low; empty means no
+	// authentication (API_KEYS).
 	APIKeys []string
+	// IgnoreUserIDHeader makes X-User-ID count for nothing
+	// (TRUST_USER_ID_HEADER=false). Zero: the header names the user.
+	IgnoreUserIDHeader bool
+	// TrustedProxies are CIDRs whose X-Forwarded-For and X-Real-IP are
+	// believed (TRUSTED_PROXIES). Empty: the peer is the client.
+	TrustedProxies []string
+	// Models, when not empty, are the only `model` values accepted
+	// (LLM_MODELS); empty passes any through.
+	Models []string
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
@@ -59,6 +73,9 @@ type Config struct {
 	// may ask for; a higher ask is lowered to it (PRIORITY_MAX). Default
 	// normal: an anonymous caller cannot jump the queue.
 	PriorityMax protocol.Priority
+	// BodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
+	BodyReadTimeout time.Duration
 	// Retry is the delay before a direct request that failed before its
 	// first chunk is handed to the queue, and the Retry-After advised when
 	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
@@ -79,6 +96,9 @@ func (c Config) withDefaults() Config {
 	if c.PriorityMax == "" {
 		c.PriorityMax = protocol.PriorityNormal
 	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
 	return c
 }
 
@@ -92,8 +112,11 @@ func (c Config) Validate() error {
 	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
 		errs = append(errs, errors.New("stream: limits must be positive"))
 	}
-	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
-		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter and FrameBuffer not negative"))
+	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 || c.BodyReadTimeout < 0 {
+		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter, FrameBuffer and BodyReadTimeout not negative"))
+	}
+	if _, err := newResolver(c); err != nil {
+		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
 	}
 	if _, err := protocol.ParsePriority(string(c.PriorityMax)); err != nil {
 		errs = append(errs, fmt.Errorf("stream: PriorityMax: %w", err))
@@ -132,7 +155,8 @@ type Handler struct {
 	gate     Gate
 	m        Metrics
 	log      *slog.Logger
-	keys     apiKeys
+	ids      *identity.Resolver
+	models   map[string]bool // nil: any model
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -154,8 +178,19 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	if deps.Metrics == nil {
 		deps.Metrics = nopMetrics{}
 	}
+	ids, err := newResolver(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("stream: identity settings: %w", err)
+	}
+	var models map[string]bool
+	for _, m := range cfg.Models {
+		if models == nil {
+			models = make(map[string]bool)
+		}
+		models[m] = true
+	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, keys: newAPIKeys(cfg.APIKeys), draining: make(chan struct{})}, nil
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, draining: make(chan struct{})}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -168,33 +203,48 @@ func (h *Handler) Wait() { h.wg.Wait() }
 // instanceOf is the problem `instance` of a request (docs/API.md).
 func instanceOf(requestID string) string { return "urn:spillway:request:" + requestID }
 
+// exchange is one request on its way through the handler's steps.
+type exchange struct {
+	w         http.ResponseWriter
+	r         *http.Request
+	d         dialect
+	requestID string
+	start     time.Time
+	req       protocol.ChatRequest
+	user      string            // the identity's name: pool, queue and limits key on it
+	id        identity.Identity // who is asking (docs/API.md, "Identity")
+	open      opener            // set once the request was read
+	prio      protocol.Priority // effective priority, after the caller's maximum
+}
+
 // ServeHTTP parses the request, finds the caller's identity and streams
 // the answer on the direct or queued path.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve(w, r, native{}) }
+
+// serve runs one request of dialect d through the steps every endpoint
+// shares: identity, admission, path choice.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	h.wg.Add(1)
 	defer h.wg.Done()
-	start := time.Now()
-	requestID := uuid.NewString()
-	instance := instanceOf(requestID)
-	setRequestID(w.Header(), requestID)
+	x := &exchange{w: w, r: r, d: d, requestID: uuid.NewString(), start: time.Now()}
+	setRequestID(w.Header(), x.requestID)
 
-	req, user, prob := h.parseRequest(w, r)
-	var prio protocol.Priority
+	prob := h.parseRequest(x)
 	if prob == nil {
-		prio, prob = h.priority(r, user)
+		x.prio, prob = h.priority(x)
 	}
 	if prob == nil {
-		prob = h.gate.Admit(r.Context(), user, prio)
+		prob = h.gate.Admit(r.Context(), x.user, x.prio)
 	}
 	if prob != nil {
-		h.refuse(w, prob, instance, "")
+		h.refuse(x, prob, "")
 		return
 	}
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
-		lease, err := h.pool.TryAcquire(r.Context(), user)
+		lease, err := h.pool.TryAcquire(r.Context(), x.user)
 		if err == nil {
-			h.direct(w, r, req, requestID, user, prio, lease, start)
+			h.direct(x, lease)
 			return
 		}
 		limit := "global"
@@ -206,10 +256,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// Either limit sends the request to the queue, where a worker waits for
 	// a slot that fits both; without a queue it is refused.
 	if h.spill == nil {
-		h.refuse(w, protocol.PoolExhausted(h.retryAfter()), instance, protocol.PathDirect)
+		h.refuse(x, protocol.PoolExhausted(h.retryAfter()), protocol.PathDirect)
 		return
 	}
-	h.queued(w, r, req, requestID, user, prio, start)
+	h.queued(x)
 }
 
 // behindBacklog reports whether jobs wait in the queue, so a new request
@@ -228,9 +278,9 @@ func (h *Handler) retryAfter() int {
 
 // refuse answers with p before any stream opened; path is empty when the
 // request was refused before a path was chosen.
-func (h *Handler) refuse(w http.ResponseWriter, p *protocol.Problem, instance, path string) {
+func (h *Handler) refuse(x *exchange, p *protocol.Problem, path string) {
 	if path != "" {
 		h.m.StreamEnded(path, OutcomeRefused)
 	}
-	WriteProblem(w, p, instance)
+	x.d.refuse(x.w, p, instanceOf(x.requestID))
 }

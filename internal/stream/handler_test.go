@@ -228,7 +228,7 @@ func TestHandlerDirectPath(t *testing.T) {
 		}
 	}
 	asked, released := p.state()
-	if len(asked) != 1 || asked[0] != "alice" || released != 1 {
+	if len(asked) != 1 || asked[0] != "user:alice" || released != 1 {
 		t.Errorf("pool asked for %q, released %d; want alice once, released once", asked, released)
 	}
 	if len(gate.served) != 1 {
@@ -255,7 +255,7 @@ func TestHandlerQueuedPath(t *testing.T) {
 		t.Errorf("stream %q lacks the relayed chunk or done", body)
 	}
 	// The header is set with its documented spelling, so read it by key.
-	if ids := w.Header()[stream.RequestIDHeader]; len(sp.jobs) != 1 || sp.jobs[0].UserID != "bob" || len(ids) != 1 || sp.jobs[0].RequestID != ids[0] {
+	if ids := w.Header()[stream.RequestIDHeader]; len(sp.jobs) != 1 || sp.jobs[0].UserID != "user:bob" || len(ids) != 1 || sp.jobs[0].RequestID != ids[0] {
 		t.Errorf("jobs %+v, want one for bob with the response's request id", sp.jobs)
 	}
 	if completed := <-relay.closed; !completed {
@@ -325,19 +325,52 @@ func TestHandlerRefusals(t *testing.T) {
 	}
 }
 
-// With API keys, the identity is the key's digest, and a configured digest
-// accepts the key it digests.
+// With API keys, the identity is the key's digest with X-User-ID scoped
+// under it, and a configured sha256: digest accepts the key it digests.
 func TestHandlerAPIKeyIdentity(t *testing.T) {
 	t.Parallel()
 	sum := sha256.Sum256([]byte("secret"))
 	p := &fakePool{free: 1}
-	h := newHandler(t, deps{pool: p, provider: &fakeProvider{}, gate: &fakeGate{}, keys: []string{" ", hex.EncodeToString(sum[:])}})
-	w := post(h, validBody, map[string]string{"Authorization": "Bearer secret", "X-User-ID": "ignored"})
+	h := newHandler(t, deps{pool: p, provider: &fakeProvider{}, gate: &fakeGate{}, keys: []string{" ", "sha256:" + hex.EncodeToString(sum[:]) + "=high"}})
+	w := post(h, validBody, map[string]string{"Authorization": "bearer secret", "X-User-ID": "alice"})
 	if w.Code != http.StatusOK {
 		t.Fatalf("HTTP %d %q with the right key", w.Code, w.Body.String())
 	}
-	if asked, _ := p.state(); len(asked) != 1 || asked[0] != "key:"+hex.EncodeToString(sum[:6]) {
-		t.Errorf("identity %q, want the key's digest", asked)
+	if asked, _ := p.state(); len(asked) != 1 || asked[0] != "key:"+hex.EncodeToString(sum[:6])+"/user:alice" {
+		t.Errorf("identity %q, want the key's digest with the user under it", asked)
+	}
+}
+
+// A malformed API_KEYS entry fails New with a message naming no secret.
+func TestHandlerRejectsBadKeyEntry(t *testing.T) {
+	t.Parallel()
+	_, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		APIKeys: []string{"sha256:nothex"}}, stream.Deps{Pool: &fakePool{}, Provider: &fakeProvider{}, Log: testutil.DiscardLogger()})
+	if err == nil || strings.Contains(err.Error(), "nothex") {
+		t.Fatalf("err = %v, want a refusal that does not echo the entry", err)
+	}
+}
+
+// LLM_MODELS refuses another model with a 400 before any slot or call.
+func TestHandlerModelAllowlist(t *testing.T) {
+	t.Parallel()
+	p := &fakePool{free: 1}
+	prov := &fakeProvider{chunks: []string{"x"}}
+	h, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		DirectPathEnabled: true, Models: []string{"gpt-a", "gpt-b"}},
+		stream.Deps{Pool: p, Provider: prov, Gate: &fakeGate{}, Log: testutil.DiscardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := post(h, `{"model":"gpt-c","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if pr := problemOf(t, w); w.Code != http.StatusBadRequest || pr.Slug() != protocol.ProblemBadRequest {
+		t.Fatalf("HTTP %d %+v, want 400 bad-request", w.Code, pr)
+	}
+	if asked, _ := p.state(); len(asked) != 0 || prov.calls != 0 {
+		t.Errorf("pool asked %q, provider called %d times for a refused model", asked, prov.calls)
+	}
+	if w := post(h, `{"model":"gpt-b","messages":[{"role":"user","content":"hi"}]}`, nil); w.Code != http.StatusOK {
+		t.Errorf("allowed model: HTTP %d %q", w.Code, w.Body.String())
 	}
 }
 

@@ -1,8 +1,6 @@
 package stream
 
 import (
-	"net/http"
-
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -10,9 +8,9 @@ import (
 // a value other than high, normal or low is a 400, and an ask above the
 // caller's maximum is lowered to it rather than refused, so a client that
 // always asks for high still gets served.
-func (h *Handler) priority(r *http.Request, user string) (protocol.Priority, *protocol.Problem) {
+func (h *Handler) priority(x *exchange) (protocol.Priority, *protocol.Problem) {
 	ask := protocol.PriorityNormal
-	if v, ok := r.Header["X-Priority"]; ok {
+	if v, ok := x.r.Header["X-Priority"]; ok {
 		if len(v) != 1 {
 			return "", protocol.BadRequest("Send X-Priority at most once: high, normal or low.")
 		}
@@ -22,10 +20,15 @@ func (h *Handler) priority(r *http.Request, user string) (protocol.Priority, *pr
 		}
 		ask = p
 	}
-	return ask.AtMost(h.priorityMax(user)), nil
+	return ask.AtMost(h.priorityMax(x)), nil
 }
 
-// priorityMax is the highest priority the caller may ask for. Every
-// caller's maximum is PRIORITY_MAX today; this is the one place a
-// per-API-key maximum (API_KEYS entries such as key=high) feeds in.
-func (h *Handler) priorityMax(string) protocol.Priority { return h.cfg.PriorityMax }
+// priorityMax is the highest priority the caller may ask for: its API
+// key's maximum (API_KEYS entries such as key=high) when it has one, else
+// PRIORITY_MAX.
+func (h *Handler) priorityMax(x *exchange) protocol.Priority {
+	if m := protocol.Priority(x.id.MaxPriority); m != "" {
+		return m
+	}
+	return h.cfg.PriorityMax
+}

@@ -84,3 +84,22 @@ func TestConfigPriorityMax(t *testing.T) {
 		t.Fatal("stream.New with PriorityMax urgent: nil error")
 	}
 }
+
+// An API key's own maximum (API_KEYS entry key=high) overrides PRIORITY_MAX.
+func TestHandlerPriorityKeyMaximum(t *testing.T) {
+	t.Parallel()
+	for key, want := range map[string]protocol.Priority{"hi": protocol.PriorityHigh, "plain": protocol.PriorityNormal, "lo": protocol.PriorityLow} {
+		relay := newFakeRelay(protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop"}})
+		sp := &fakeSpiller{relay: relay}
+		h := newHandler(t, deps{pool: &fakePool{err: pool.ErrPoolExhausted}, provider: &fakeProvider{}, spiller: sp,
+			gate: &fakeGate{}, keys: []string{"hi=high", "plain", "lo=low"}})
+		w := post(h, validBody, map[string]string{"Authorization": "Bearer " + key, "X-Priority": "high"})
+		if w.Code != http.StatusOK {
+			t.Fatalf("key %s: HTTP %d body %q", key, w.Code, w.Body.String())
+		}
+		<-relay.closed
+		if len(sp.jobs) != 1 || sp.jobs[0].Priority != want {
+			t.Errorf("key %s asking high: jobs %+v, want priority %q", key, sp.jobs, want)
+		}
+	}
+}

@@ -2,8 +2,6 @@ package stream
 
 import (
 	"errors"
-	"net/http"
-	"time"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -11,29 +9,28 @@ import (
 // queued hands the request to the queue and relays what the workers
 // publish (docs/ARCHITECTURE.md, "Queued path"). The relay is subscribed
 // before the job is enqueued.
-func (h *Handler) queued(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, requestID, user string, prio protocol.Priority, start time.Time) {
-	instance := instanceOf(requestID)
-	if p := h.gate.MayQueue(prio); p != nil {
-		h.refuse(w, p, instance, protocol.PathQueued)
+func (h *Handler) queued(x *exchange) {
+	if p := h.gate.MayQueue(x.prio); p != nil {
+		h.refuse(x, p, protocol.PathQueued)
 		return
 	}
-	relay, err := h.spill.Spill(r.Context(), protocol.Job{
-		RequestID: requestID, UserID: user, ThreadID: req.ThreadID, Payload: req, Priority: prio,
+	relay, err := h.spill.Spill(x.r.Context(), protocol.Job{
+		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, Payload: x.req, Priority: x.prio,
 	})
 	if err != nil {
 		var p *protocol.Problem
 		if !errors.As(err, &p) {
-			h.log.Error("queue refused job", "request_id", requestID, "err", err)
+			h.log.Error("queue refused job", "request_id", x.requestID, "err", err)
 			p = protocol.QueueUnavailable(h.retryAfter())
 		}
-		h.refuse(w, p, instance, protocol.PathQueued)
+		h.refuse(x, p, protocol.PathQueued)
 		return
 	}
 	finished := false
 	// Close runs on every exit: a job whose client left is skipped or
 	// cancelled by the workers.
 	defer func() { relay.Close(finished) }()
-	s := &session{h: h, w: w, requestID: requestID, path: protocol.PathQueued, start: start,
+	s := &session{h: h, w: x.w, open: x.open, requestID: x.requestID, path: protocol.PathQueued, start: x.start,
 		frames: relay.Results(), relayDone: relay.Done(), relayProblem: relay.Problem}
-	_, finished = s.serve(r.Context())
+	_, finished = s.serve(x.r.Context())
 }

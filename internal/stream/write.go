@@ -20,6 +20,7 @@ const shuttingDownRetryAfter = 1
 type session struct {
 	h         *Handler
 	w         http.ResponseWriter
+	open      opener // the dialect's writer of this answer; nil is /v1/stream's
 	requestID string
 	path      string // protocol.PathDirect or PathQueued
 	start     time.Time
@@ -29,7 +30,7 @@ type session struct {
 	relayDone    <-chan struct{}
 	relayProblem func() *protocol.Problem
 
-	sw         *Writer
+	sw         eventWriter
 	firstChunk bool
 }
 
@@ -37,7 +38,11 @@ type session struct {
 // the client leaves, the relay gives up or the server drains. It returns
 // the outcome, and whether the source itself finished (sent done or error).
 func (s *session) serve(ctx context.Context) (string, bool) {
-	s.sw = NewWriter(s.w, s.h.cfg.WriteTimeout)
+	open := s.open
+	if open == nil {
+		open = openNative
+	}
+	s.sw = open(s.w, s.h.cfg.WriteTimeout)
 	closed := s.h.m.StreamOpened(s.path)
 	defer closed()
 	outcome, finished := s.pump(ctx)
@@ -85,6 +90,9 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 			return OutcomeCancelled, false
 		case <-h.draining:
 			return s.fail(protocol.ShuttingDown(shuttingDownRetryAfter)), false
+		}
+		if errors.Is(err, errAnswerEnded) {
+			return OutcomeError, false
 		}
 		if err != nil {
 			var ne net.Error

@@ -6,9 +6,11 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
@@ -84,6 +86,17 @@ func (nopMetrics) QueueRejected(string, protocol.Priority) {}
 func (nopMetrics) MalformedMessage(string)                 {}
 func (nopMetrics) SubscriptionLost(string)                 {}
 
+// Quota bounds what waits in the queue, per identity and in bytes, across
+// every api process; admission.Quota implements it. Safe for concurrent
+// use.
+type Quota interface {
+	// Reserve counts a job for at most wait: nil, nil when it may queue; a
+	// problem when a bound refuses it; an error when the count failed.
+	Reserve(ctx context.Context, identity, requestID string, bytes int, wait time.Duration) (*protocol.Problem, error)
+	// Release uncounts the job once it left the queue; twice is harmless.
+	Release(ctx context.Context, identity, requestID string) error
+}
+
 // Deps are what a Gateway uses; it closes none of them.
 type Deps struct {
 	// Producer enqueues jobs. Required.
@@ -92,6 +105,9 @@ type Deps struct {
 	Results failover.ResultSubscriber
 	// Canceller tells workers a client left. Required.
 	Canceller failover.Canceller
+	// Quota, when set, bounds the jobs waiting per identity and their
+	// bytes (QUEUE_MAX_PER_IDENTITY, QUEUE_MAX_BYTES).
+	Quota Quota
 	// Metrics defaults to counting nothing.
 	Metrics Metrics
 	// Log is required.
@@ -134,8 +150,12 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		g.deps.Metrics.QueueRejected("too_large", job.Priority)
 		return nil, protocol.TooLargeToQueue()
 	}
+	if p, err := g.reserve(ctx, job, len(body)); p != nil || err != nil {
+		return nil, cmp.Or(p, protocol.QueueUnavailable(g.retryAfter()))
+	}
 	sub, err := g.deps.Results.SubscribeResults(ctx, job.RequestID)
 	if err != nil {
+		g.release(job)
 		g.deps.Metrics.QueueRejected("subscribe_failed", job.Priority)
 		g.deps.Log.Error("subscribe to result channel failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
@@ -144,9 +164,45 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	// (docs/QUEUE.md, invariant 1).
 	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
+		g.release(job)
 		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	return startRelay(g, job, sub), nil
+}
+
+// reserve counts the job against the quota: a problem refuses it, an
+// error means the count failed (then the queue, on the same Redis, would
+// most likely fail too: the caller answers queue-unavailable).
+func (g *Gateway) reserve(ctx context.Context, job protocol.Job, bytes int) (*protocol.Problem, error) {
+	if g.deps.Quota == nil {
+		return nil, nil
+	}
+	p, err := g.deps.Quota.Reserve(ctx, job.UserID, job.RequestID, bytes, g.cfg.QueueTimeout)
+	switch {
+	case err != nil:
+		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
+		g.deps.Log.Error("queue quota failed", "request_id", job.RequestID, "err", err)
+	case p != nil && p.Status == http.StatusTooManyRequests:
+		g.deps.Metrics.QueueRejected("too_many_queued", job.Priority)
+	case p != nil:
+		g.deps.Metrics.QueueRejected("overflow", job.Priority)
+	}
+	return p, err
+}
+
+// release uncounts the job: it started, expired, was cancelled or never
+// made it into the queue. It runs after the request may have ended, on a
+// context of its own.
+func (g *Gateway) release(job protocol.Job) {
+	if g.deps.Quota == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cancelTimeout)
+	defer cancel()
+	if err := g.deps.Quota.Release(ctx, job.UserID, job.RequestID); err != nil {
+		// The entry expires at the job's deadline anyway.
+		g.deps.Log.Warn("queue quota release failed", "request_id", job.RequestID, "err", err)
+	}
 }

@@ -426,3 +426,105 @@ func TestGatewayRefusesJobTooLargeToQueue(t *testing.T) {
 		}
 	})
 }
+
+// TestGatewayGapEndsStream: a chunk that never comes ends the stream with
+// stream-gap one heartbeat after the gap opened, and the done behind the
+// gap never reaches the client.
+func TestGatewayGapEndsStream(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		g := e.gateway(e.q)
+		r := spill(t, g, "gap-1")
+		e.publish("gap-1", `BATCH:1:[{"seq":1,"content":"a"}]`)
+		if res := nextResult(t, r, time.Second); res.Kind != protocol.KindBatch {
+			t.Fatalf("result %+v, want the first batch", res)
+		}
+		e.publish("gap-1", `BATCH:1:[{"seq":3,"content":"c"}]`)
+		e.publish("gap-1", `SIGNAL:DONE:1:3`)
+		opened := time.Now()
+		synctest.Wait()
+		select {
+		case res := <-r.Results():
+			t.Fatalf("relay passed %+v across a gap", res)
+		default:
+		}
+		select {
+		case <-r.Done():
+		case res := <-r.Results():
+			t.Fatalf("relay passed %+v across a gap", res)
+		case <-time.After(time.Minute):
+			t.Fatal("relay did not give up on a gap")
+		}
+		if waited := time.Since(opened); waited != gwHeartbeat {
+			t.Errorf("gave up %v after the gap opened, want one heartbeat (%v)", waited, gwHeartbeat)
+		}
+		if p := r.Problem(); p == nil || p.Slug() != protocol.ProblemStreamGap || p.Status != http.StatusServiceUnavailable {
+			t.Fatalf("problem %+v, want stream-gap 503", p)
+		}
+	})
+}
+
+// TestGatewayGapHeals: the missing batch arriving late (a retried publish
+// overtaken) closes the gap, and the answer completes.
+func TestGatewayGapHeals(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		g := e.gateway(e.q)
+		r := spill(t, g, "heal-1")
+		e.publish("heal-1", `BATCH:1:[{"seq":1,"content":"a"}]`)
+		e.publish("heal-1", `BATCH:1:[{"seq":3,"content":"c"}]`)
+		testutil.AdvanceFakeClock(gwHeartbeat / 2)
+		e.publish("heal-1", `BATCH:1:[{"seq":2,"content":"b"}]`)
+		e.publish("heal-1", `SIGNAL:DONE:1:3`)
+		var got string
+		for {
+			res := nextResult(t, r, time.Second)
+			if res.Kind == protocol.KindDone {
+				break
+			}
+			for _, c := range res.Chunks {
+				got += c.Content
+			}
+		}
+		if got != "abc" {
+			t.Errorf("answer %q, want abc", got)
+		}
+	})
+}
+
+// TestGatewayFencesOlderAttempt: after a takeover, the old worker's
+// chunks and done are dropped and do not count as signs of life.
+func TestGatewayFencesOlderAttempt(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		g := e.gateway(e.q)
+		r := spill(t, g, "fence-1")
+		e.publish("fence-1", `BATCH:1:[{"seq":1,"content":"a"}]`)
+		nextResult(t, r, time.Second)
+		e.publish("fence-1", `SIGNAL:HEARTBEAT:2`)
+		e.publish("fence-1", `SIGNAL:RESET:{"attempt":2}`)
+		e.publish("fence-1", `BATCH:1:[{"seq":2,"content":"b"}]`)
+		e.publish("fence-1", `SIGNAL:DONE:1:2`)
+		e.publish("fence-1", `BATCH:2:[{"seq":1,"content":"x"}]`)
+		e.publish("fence-1", `SIGNAL:DONE:2:1`)
+		var kinds []string
+		var got string
+		for {
+			res := nextResult(t, r, time.Second)
+			kinds = append(kinds, res.Kind.String())
+			if res.Kind == protocol.KindDone {
+				break
+			}
+			for _, c := range res.Chunks {
+				got += c.Content
+			}
+		}
+		want := []string{"reset", "heartbeat", "batch", "done"}
+		if fmt.Sprint(kinds) != fmt.Sprint(want) || got != "x" {
+			t.Errorf("relay passed %v with chunks %q, want %v and %q", kinds, got, want, "x")
+		}
+	})
+}

@@ -12,9 +12,12 @@ import (
 
 // relay turns one subscription into decoded results and watches the
 // worker's liveness. Its goroutine is owned by Close, which waits for it.
+// It keeps only the job's names and deadline, never its payload: a
+// waiting stream must cost little (docs/BENCHMARKS.md).
 type relay struct {
 	g       *Gateway
-	job     protocol.Job
+	job     waitingJob
+	left    sync.Once // the job left the queue: its quota is released
 	sub     failover.ResultSubscription
 	results chan protocol.Result
 	done    chan struct{} // closed when the relay gave up; problem says why
@@ -24,8 +27,15 @@ type relay struct {
 	once    sync.Once
 }
 
+// waitingJob is what the relay needs of a job.
+type waitingJob struct {
+	RequestID, UserID string
+	Deadline          time.Time
+	Priority          protocol.Priority
+}
+
 func startRelay(g *Gateway, job protocol.Job, sub failover.ResultSubscription) *relay {
-	r := &relay{g: g, job: job, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
+	r := &relay{g: g, job: waitingJob{RequestID: job.RequestID, UserID: job.UserID, Deadline: job.Deadline, Priority: job.Priority}, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
 		done: make(chan struct{}), stop: make(chan struct{})}
 	r.wg.Go(r.run)
 	return r
@@ -41,6 +51,12 @@ func (r *relay) Problem() *protocol.Problem { return r.problem }
 func (r *relay) giveUp(p *protocol.Problem) {
 	r.problem = p
 	close(r.done)
+}
+
+// leftQueue releases the job's quota once: it started, expired or its
+// client left.
+func (r *relay) leftQueue() {
+	r.left.Do(func() { r.g.release(protocol.Job{RequestID: r.job.RequestID, UserID: r.job.UserID}) })
 }
 
 // silence is how long a started job's worker may stay quiet before the
@@ -59,6 +75,14 @@ func (r *relay) run() {
 	defer watchdog.Stop()
 	started := false
 	subC := r.sub.C()
+	seq := newSequencer()
+	// heal runs while a gap is open: the missing chunks may still come
+	// (a retried publish overtaken by the next) or the worker's reset may
+	// void them; after one heartbeat the gap is final.
+	heal := time.NewTimer(time.Hour)
+	heal.Stop()
+	defer heal.Stop()
+	healing := false
 	for {
 		select {
 		case msg, ok := <-subC:
@@ -72,18 +96,50 @@ func (r *relay) run() {
 				g.deps.Log.Warn("malformed result message skipped", "request_id", r.job.RequestID, "err", err, "bytes", len(msg))
 				continue
 			}
+			v := seq.accept(res)
+			if v.stale {
+				// A worker that lost the job still speaks: fenced off, and
+				// its words are no sign of life of the one that has it.
+				g.deps.Log.Info("result of an older attempt dropped", "request_id", r.job.RequestID,
+					"attempt", res.Attempt, "current", seq.attempt, "kind", res.Kind.String())
+				continue
+			}
 			// Any message means a worker has the job: from now on only
 			// its silence counts. (Workers observe spillway_queue_wait_seconds.)
+			if !started {
+				r.leftQueue()
+			}
 			started = true
 			watchdog.Reset(silence)
-			select {
-			case r.results <- res:
-			case <-r.stop:
+			for _, out := range v.out {
+				select {
+				case r.results <- out:
+				case <-r.stop:
+					return
+				}
+				if out.Kind == protocol.KindDone || out.Kind == protocol.KindError {
+					return
+				}
+			}
+			if v.broken {
+				g.deps.Log.Warn("chunks missing from the answer; ending the stream", "request_id", r.job.RequestID,
+					"attempt", seq.attempt, "next_seq", seq.next)
+				r.giveUp(protocol.StreamGap(g.retryAfter()))
 				return
 			}
-			if res.Kind == protocol.KindDone || res.Kind == protocol.KindError {
-				return
+			switch {
+			case v.waiting && !healing:
+				healing = true
+				heal.Reset(cfg.WorkerHeartbeat)
+			case !v.waiting && healing:
+				healing = false
+				heal.Stop()
 			}
+		case <-heal.C:
+			g.deps.Log.Warn("gap in the answer did not heal; ending the stream", "request_id", r.job.RequestID,
+				"attempt", seq.attempt, "next_seq", seq.next, "wait", cfg.WorkerHeartbeat.String())
+			r.giveUp(protocol.StreamGap(g.retryAfter()))
+			return
 		case <-r.sub.Done():
 			reason, p := "connection_lost", protocol.ResultChannelLost(g.retryAfter())
 			if errors.Is(r.sub.Err(), failover.ErrResultOverflow) {
@@ -117,6 +173,7 @@ func (r *relay) Close(completed bool) {
 		close(r.stop)
 		r.wg.Wait()
 		r.sub.Close()
+		r.leftQueue()
 		if completed {
 			return
 		}

@@ -11,11 +11,19 @@
 -- ARGV[2]  entry id
 -- ARGV[3]  reason
 -- ARGV[4]  attempt
+-- ARGV[5]  consumer name
+-- ARGV[6]  maximum length of the dead-letter stream (XADD MAXLEN ~)
+-- ARGV[7]  seconds the dead-letter stream lives after this record
+-- ARGV[8]  '1' to keep the body; else body_sha1 and body_bytes only
 --
--- Returns 1 when recorded, 0 when the entry was not pending.
+-- Returns 1 when recorded, 0 when the entry was not pending, -1 when
+-- another consumer holds it (fenced off, like ack.lua).
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #p == 0 then
   return 0
+end
+if p[1][2] ~= ARGV[5] then
+  return -1
 end
 local request_id, body = '', ''
 local e = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
@@ -31,9 +39,15 @@ if #e > 0 then
 end
 local t = redis.call('TIME')
 local failed_at_ms = t[1] .. string.format('%03d', math.floor(tonumber(t[2]) / 1000))
-redis.call('XADD', KEYS[2], '*',
-  'request_id', request_id, 'body', body, 'reason', ARGV[3],
+local kept = body
+if ARGV[8] ~= '1' then
+  kept = ''
+end
+redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*',
+  'request_id', request_id, 'body', kept, 'body_sha1', redis.sha1hex(body),
+  'body_bytes', tostring(#body), 'reason', ARGV[3],
   'attempt', ARGV[4], 'source_id', ARGV[2], 'failed_at_ms', failed_at_ms)
+redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 return 1

@@ -16,8 +16,13 @@ type DeadLetter struct {
 	ID string
 	// RequestID is the request id the job was enqueued with.
 	RequestID string
-	// Body is the job exactly as enqueued (empty if the entry had none).
+	// Body is the job exactly as enqueued, when the queue keeps payloads
+	// (DEAD_LETTER_KEEP_PAYLOAD); empty otherwise or if the entry had none.
 	Body []byte
+	// BodySHA1 is the hex SHA-1 of the job as enqueued, kept either way.
+	BodySHA1 string
+	// BodyBytes is the job's size as enqueued.
+	BodyBytes int
 	// Reason is the reason given to DeadLetter.
 	Reason string
 	// Attempt is the delivery attempt that gave up.
@@ -85,7 +90,9 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 		Body:      []byte(field("body")),
 		Reason:    field("reason"),
 		SourceID:  field("source_id"),
+		BodySHA1:  field("body_sha1"),
 	}
+	d.BodyBytes, _ = strconv.Atoi(field("body_bytes"))
 	d.Attempt, _ = strconv.Atoi(field("attempt"))
 	if ms, err := strconv.ParseInt(field("failed_at_ms"), 10, 64); err == nil {
 		d.FailedAt = time.UnixMilli(ms)

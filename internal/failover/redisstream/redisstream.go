@@ -108,12 +108,31 @@ type Config struct {
 	// ReclaimInterval is how often Fetch looks for idle jobs with
 	// XAUTOCLAIM. Default ReclaimIdle/3, between 50ms and 1s.
 	ReclaimInterval time.Duration
+	// DeadLetterMaxLen bounds the dead-letter stream, approximately
+	// (DEAD_LETTER_MAX_LEN). Default 10000.
+	DeadLetterMaxLen int64
+	// DeadLetterTTL is how long the dead-letter stream lives after its
+	// last record (DEAD_LETTER_TTL_HOURS), whole seconds. Default 168h.
+	DeadLetterTTL time.Duration
+	// KeepPayload stores the job's body in a dead letter
+	// (DEAD_LETTER_KEEP_PAYLOAD); false stores its SHA-1 and size only,
+	// so prompts do not pile up in Redis.
+	KeepPayload bool
 }
+
+// Dead-letter bounds by default.
+const (
+	DefaultDeadLetterMaxLen = 10000
+	DefaultDeadLetterTTL    = 168 * time.Hour
+)
 
 // Validate reports whether cfg is usable. It does not change cfg.
 func (cfg Config) Validate() error {
 	c := cfg.withDefaults()
 	var errs []error
+	if cfg.DeadLetterMaxLen < 0 || cfg.DeadLetterTTL < 0 || c.DeadLetterTTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("DeadLetterMaxLen %d must not be negative, DeadLetterTTL %s whole seconds", cfg.DeadLetterMaxLen, cfg.DeadLetterTTL))
+	}
 	if c.Consumer == "" {
 		errs = append(errs, errors.New("Consumer is required"))
 	}
@@ -160,6 +179,12 @@ func (cfg Config) withDefaults() Config {
 	if cfg.ReclaimInterval == 0 {
 		cfg.ReclaimInterval = min(max(cfg.ReclaimIdle/3, 50*time.Millisecond), time.Second)
 	}
+	if cfg.DeadLetterMaxLen == 0 {
+		cfg.DeadLetterMaxLen = DefaultDeadLetterMaxLen
+	}
+	if cfg.DeadLetterTTL == 0 {
+		cfg.DeadLetterTTL = DefaultDeadLetterTTL
+	}
 	return cfg
 }
 
@@ -167,6 +192,10 @@ var (
 	//go:embed touch.lua
 	touchSource string
 	touchScript = redis.NewScript(touchSource)
+
+	//go:embed ack.lua
+	ackSource string
+	ackScript = redis.NewScript(ackSource)
 
 	//go:embed dead_letter.lua
 	deadLetterSource string
@@ -587,22 +616,23 @@ func bodyOf(m redis.XMessage) []byte {
 	return []byte(s)
 }
 
-// Ack acknowledges and deletes the entry in one transaction, so the stream
-// holds only the backlog. Acknowledging an entry that is no longer pending
-// does nothing.
+// Ack acknowledges and deletes the entry atomically (ack.lua), so the
+// stream holds only the backlog, and only while this member holds it: it
+// returns an error wrapping ErrClaimLost when another member took the
+// entry over.
+// Acknowledging an entry that is no longer pending does nothing.
 func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
 	sh, id, err := q.locate(d.ID)
 	if err != nil {
 		return err
 	}
-	_, err = q.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.XAck(ctx, sh.stream, q.cfg.Group, id)
-		p.XDel(ctx, sh.stream, id)
-		return nil
-	})
+	res, err := ackScript.Run(ctx, q.client, []string{sh.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
 	if err != nil {
 		q.noteGroupLost(err)
 		return fmt.Errorf("redisstream: ack %s %s: %w", sh.stream, id, err)
+	}
+	if res < 0 {
+		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
 	}
 	return nil
 }
@@ -634,20 +664,29 @@ func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
 }
 
 // DeadLetter atomically records the job in its shard's dead-letter stream
-// (fields request_id, body, reason, attempt, source_id, failed_at_ms,
-// copied from the stored entry and stamped with Redis time) and
-// acknowledges and deletes it. An entry no longer pending is not recorded
-// again, so a retry after a lost reply is harmless.
+// (fields request_id, body or body_sha1 and body_bytes, reason, attempt,
+// source_id, failed_at_ms, copied from the stored entry and stamped with
+// Redis time) and acknowledges and deletes it, only while this member holds
+// it (else an error wrapping ErrClaimLost). An entry no longer pending is
+// not recorded again, so a retry after a lost reply is harmless.
 func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
 	sh, id, err := q.locate(d.ID)
 	if err != nil {
 		return err
 	}
-	err = deadLetterScript.Run(ctx, q.client, []string{sh.stream, sh.deadLetter},
-		q.cfg.Group, id, reason, strconv.Itoa(d.Attempt)).Err()
+	keep := "0"
+	if q.cfg.KeepPayload {
+		keep = "1"
+	}
+	res, err := deadLetterScript.Run(ctx, q.client, []string{sh.stream, sh.deadLetter},
+		q.cfg.Group, id, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer,
+		q.cfg.DeadLetterMaxLen, int64(q.cfg.DeadLetterTTL/time.Second), keep).Int()
 	if err != nil {
 		q.noteGroupLost(err)
 		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", sh.stream, id, sh.deadLetter, err)
+	}
+	if res < 0 {
+		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
 	}
 	return nil
 }

@@ -21,7 +21,8 @@ const testIdle = 300 * time.Millisecond
 
 func newQueue(tb testing.TB, client redis.UniversalClient, prefix, consumer string) *Queue {
 	tb.Helper()
-	q, err := New(Config{Prefix: prefix, Consumer: consumer, ReclaimIdle: testIdle}, client)
+	// The contract suite checks a dead letter's body: keep it.
+	q, err := New(Config{Prefix: prefix, Consumer: consumer, ReclaimIdle: testIdle, KeepPayload: true}, client)
 	if err != nil {
 		tb.Fatalf("New: %v", err)
 	}
@@ -30,7 +31,8 @@ func newQueue(tb testing.TB, client redis.UniversalClient, prefix, consumer stri
 
 func newShardedQueue(tb testing.TB, client redis.UniversalClient, prefix, consumer string, shards int) *Queue {
 	tb.Helper()
-	q, err := New(Config{Prefix: prefix, Consumer: consumer, ReclaimIdle: testIdle, Shards: shards}, client)
+	// The contract suite checks a dead letter's body: keep it.
+	q, err := New(Config{Prefix: prefix, Consumer: consumer, ReclaimIdle: testIdle, Shards: shards, KeepPayload: true}, client)
 	if err != nil {
 		tb.Fatalf("New: %v", err)
 	}

@@ -11,7 +11,9 @@ import (
 
 // heartbeat publishes SIGNAL:HEARTBEAT and refreshes the queue claim every
 // Heartbeat until ctx ends (docs/QUEUE.md, "Liveness"). A claim another
-// worker took over cancels the job with errClaimLost.
+// worker took over cancels the job with errClaimLost; so does a claim not
+// refreshed for ReclaimIdle minus one heartbeat (the publisher's fence),
+// since by then another worker may hold the job.
 func (w *Worker) heartbeat(ctx context.Context, d failover.Delivery, pub *publisher) {
 	t := time.NewTicker(w.cfg.Heartbeat)
 	defer t.Stop()
@@ -20,7 +22,11 @@ func (w *Worker) heartbeat(ctx context.Context, d failover.Delivery, pub *publis
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			if err := w.deps.Consumer.Touch(ctx, d); err != nil && ctx.Err() == nil {
+			err := w.deps.Consumer.Touch(ctx, d)
+			if err == nil {
+				pub.claimRefreshed()
+			}
+			if err != nil && ctx.Err() == nil {
 				if errors.Is(err, failover.ErrClaimLost) {
 					// Another worker took the job over (this one stalled past
 					// the reclaim time): it answers now, this one stops.
@@ -30,7 +36,9 @@ func (w *Worker) heartbeat(ctx context.Context, d failover.Delivery, pub *publis
 				}
 				pub.log.Warn("could not refresh the job's claim", "err", err)
 			}
-			pub.send(ctx, protocol.Result{Kind: protocol.KindHeartbeat})
+			if err := pub.send(ctx, protocol.Result{Kind: protocol.KindHeartbeat}); errors.Is(err, errFenced) {
+				return
+			}
 		}
 	}
 }

@@ -40,7 +40,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
 	forget := w.cancels.track(job.RequestID, cancel)
-	pub := &publisher{results: w.deps.Results.ResultsFor(job.RequestID), cancel: cancel, log: log}
+	pub := w.newPublisher(d, job.RequestID, cancel, log)
 	// The first heartbeat tells the api a worker has the job, before the
 	// slot wait, so the queue timeout no longer applies.
 	pub.send(jobCtx, protocol.Result{Kind: protocol.KindHeartbeat})
@@ -65,6 +65,8 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 		return
 	case errors.Is(cause, errClaimLost):
 		return
+	case errors.Is(cause, errPublishFailed):
+		outcome = OutcomeError
 	}
 	w.settle(ctx, d, job.RequestID, outcome, reason)
 }

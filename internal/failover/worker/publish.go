@@ -2,65 +2,188 @@ package worker
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
-	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// publishTimeout bounds one publish, which runs even after the job's
-// context ended so a final ERROR still goes out.
-const publishTimeout = 2 * time.Second
+// maxRestarts bounds how often one answer starts again from its first chunk
+// after a batch could not be published (docs/QUEUE.md, "Fencing and gaps").
+const maxRestarts = 3
 
-// publisher sends results on one job's channel. A publish nobody heard
-// means the api stopped listening: the client is gone, so the job is
-// cancelled.
+// Errors of a publish.
+var (
+	// errFenced: the claim was last refreshed too long ago; another worker
+	// may hold the job, so this one must not speak for it any more.
+	errFenced = errors.New("claim not refreshed in time; publishing stopped")
+	// errAnswerBroken: a batch of the answer was lost for good, so no
+	// DONE may follow it.
+	errAnswerBroken = errors.New("a batch of the answer was lost")
+	// errPublishFailed is the cause a job is cancelled with when its
+	// answer could not be delivered even by starting it again.
+	errPublishFailed = errors.New("result publish failed")
+)
+
+// chanMutex is a mutex made of a channel of one. Publishing holds the lock
+// across retries that wait seconds; a goroutine waiting for a channel, unlike
+// one waiting for a sync.Mutex, lets a testing/synctest bubble's clock move.
+type chanMutex chan struct{}
+
+func (m chanMutex) Lock()   { m <- struct{}{} }
+func (m chanMutex) Unlock() { <-m }
+
+// publisher sends results on one job's channel, stamped with the
+// delivery's attempt (the fencing token), retrying a failed publish within
+// budget. A publish nobody heard means the api stopped listening: the
+// client is gone, so the job is cancelled.
 type publisher struct {
-	results failover.ResultSink
-	cancel  context.CancelCauseFunc
-	log     *slog.Logger
-	mu      sync.Mutex // keeps results in order
+	results   failover.ResultSink
+	requestID string
+	attempt   int
+	cancel    context.CancelCauseFunc
+	log       *slog.Logger
+	// budget bounds the retries of one message (Config.PublishBudget).
+	budget time.Duration
+	// fence is how old the last claim refresh may be before publishing
+	// stops: ReclaimIdle minus one heartbeat, 0 for no fence.
+	fence time.Duration
+	// refreshed is when the claim was last known held, in Unix nanoseconds.
+	refreshed atomic.Int64
+
+	mu     chanMutex // keeps results in order
+	count  int       // chunks handed out since the last reset: DONE's count
+	broken bool      // a batch was lost and not made good: no DONE
+	fenced bool
 }
 
-func (p *publisher) send(ctx context.Context, r protocol.Result) {
+func (w *Worker) newPublisher(d failover.Delivery, requestID string, cancel context.CancelCauseFunc, log *slog.Logger) *publisher {
+	p := &publisher{results: w.deps.Results.ResultsFor(requestID), requestID: requestID, attempt: max(d.Attempt, 1), cancel: cancel, log: log,
+		budget: w.cfg.PublishBudget, mu: make(chanMutex, 1)}
+	if w.cfg.ReclaimIdle > 0 {
+		p.fence = w.cfg.ReclaimIdle - w.cfg.Heartbeat
+	}
+	// The delivery was claimed just now, by Fetch.
+	p.claimRefreshed()
+	return p
+}
+
+// claimRefreshed records a successful claim refresh.
+func (p *publisher) claimRefreshed() { p.refreshed.Store(time.Now().UnixNano()) }
+
+// expired reports whether the claim is too old to speak for the job.
+func (p *publisher) expired() bool {
+	return p.fence > 0 && time.Since(time.Unix(0, p.refreshed.Load())) > p.fence
+}
+
+// send publishes r. It returns an error when r did not go out: the worker
+// is fenced off, the answer is broken (for a DONE), or every try within
+// the budget failed.
+func (p *publisher) send(ctx context.Context, r protocol.Result) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fenced || p.expired() {
+		if !p.fenced {
+			p.fenced = true
+			p.log.Warn("claim not refreshed within the reclaim time; stopping", "fence", p.fence.String())
+			p.cancel(errClaimLost)
+		}
+		return errFenced
+	}
+	r.Attempt = p.attempt
+	switch r.Kind {
+	case protocol.KindBatch:
+		p.count = r.Chunks[len(r.Chunks)-1].Seq
+	case protocol.KindDone:
+		if p.broken {
+			return errAnswerBroken
+		}
+		r.Count = p.count
+	case protocol.KindReset:
+		r.Reset = &protocol.Reset{Attempt: p.attempt}
+	}
 	msg, err := protocol.EncodeResult(r)
 	if err != nil {
 		p.log.Error("cannot encode result", "kind", r.Kind.String(), "err", err)
-		return
+		return err
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), publishTimeout)
-	defer cancel()
-	listened, err := p.results.Publish(pctx, msg)
-	switch {
-	case err != nil:
-		p.log.Warn("publish failed", "kind", r.Kind.String(), "err", err)
-	case !listened && ctx.Err() == nil:
+	listened, err := p.publish(ctx, msg)
+	if err != nil {
+		p.log.Warn("publish failed", "kind", r.Kind.String(), "budget", p.budget.String(), "err", err)
+		return err
+	}
+	if r.Kind == protocol.KindReset {
+		p.count, p.broken = 0, false
+	}
+	if !listened && ctx.Err() == nil {
 		p.log.Info("nobody listens on the result channel; cancelling the job")
 		p.cancel(errClientGone)
 	}
+	return nil
+}
+
+// publish sends msg, retrying with backoff until it goes out or the budget
+// is spent. It runs even after the job's context ended, so a final ERROR
+// still goes out. A retried message may arrive twice (its first reply was
+// lost); the api drops the copy by its sequence.
+func (p *publisher) publish(ctx context.Context, msg []byte) (bool, error) {
+	try := max(p.budget/2, time.Millisecond)
+	bo := backoff.NewExponentialBackOff()
+	bo.InitialInterval, bo.MaxInterval = try/10, try/2
+	op := func() (bool, error) {
+		if p.expired() {
+			return false, backoff.Permanent(errFenced)
+		}
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), try)
+		defer cancel()
+		return p.results.Publish(pctx, msg)
+	}
+	listened, err := backoff.Retry(context.WithoutCancel(ctx), op, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(p.budget))
+	if err != nil {
+		return false, fmt.Errorf("publish to %s: %w", p.requestID, err)
+	}
+	return listened, nil
+}
+
+// fail gives the answer up: it could not be delivered even by starting it
+// again. The client is told (if the channel works at all) and the job
+// ends.
+func (p *publisher) fail(ctx context.Context) {
+	p.mu.Lock()
+	p.broken = true
+	p.mu.Unlock()
+	p.log.Error("answer could not be delivered; ending the job")
+	_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.StreamGap(retryAfterSeconds)})
+	p.cancel(errPublishFailed)
 }
 
 // batcher groups chunks into BATCH messages of at most size chunks, sent
 // when full or timeout after the batch's first chunk, whichever first. The
-// answer's very first chunk is sent alone, at once.
+// answer's very first chunk is sent alone, at once. It keeps the whole
+// answer so far, so a batch that could not be published is made good by a
+// reset and the answer again from its first chunk.
 type batcher struct {
 	pub     *publisher
 	size    int
 	timeout time.Duration
 
-	mu    sync.Mutex
-	buf   []protocol.Chunk
-	seq   int
-	sent  int
-	timer *time.Timer
+	mu       chanMutex
+	buf      []protocol.Chunk
+	answer   []protocol.Chunk // every chunk so far, for a restart
+	seq      int
+	sent     int
+	restarts int
+	timer    *time.Timer
 }
 
 func newBatcher(pub *publisher, size int, timeout time.Duration) *batcher {
-	return &batcher{pub: pub, size: size, timeout: timeout, buf: make([]protocol.Chunk, 0, size)}
+	return &batcher{pub: pub, size: size, timeout: timeout, buf: make([]protocol.Chunk, 0, size), mu: make(chanMutex, 1)}
 }
 
 func (b *batcher) add(ctx context.Context, content string) error {
@@ -70,7 +193,9 @@ func (b *batcher) add(ctx context.Context, content string) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.seq++
-	b.buf = append(b.buf, protocol.Chunk{Seq: b.seq, Content: content})
+	c := protocol.Chunk{Seq: b.seq, Content: content}
+	b.buf = append(b.buf, c)
+	b.answer = append(b.answer, c)
 	// The first chunk goes out at once: time to first chunk is what a
 	// waiting user feels; batching pays off on the chunks after it.
 	if b.seq == 1 || len(b.buf) >= b.size {
@@ -101,9 +226,47 @@ func (b *batcher) flushLocked(ctx context.Context) {
 		b.buf = b.buf[:0]
 		return
 	}
-	b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: b.buf})
+	err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: b.buf})
 	b.sent += len(b.buf)
 	b.buf = make([]protocol.Chunk, 0, b.size)
+	if err != nil && !errors.Is(err, errFenced) {
+		b.restartLocked(ctx)
+	}
+}
+
+// restartLocked makes good a batch that could not be published: a reset
+// voids what the client has, then the answer so far goes out again from
+// its first chunk. When even that fails maxRestarts times, the job ends
+// with an error instead of a DONE over a gap.
+func (b *batcher) restartLocked(ctx context.Context) {
+	for b.restarts < maxRestarts && ctx.Err() == nil {
+		b.restarts++
+		b.pub.log.Warn("batch lost; restarting the answer from its first chunk", "restart", b.restarts, "chunks", len(b.answer))
+		if err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindReset}); err != nil {
+			if errors.Is(err, errFenced) {
+				return
+			}
+			continue
+		}
+		if b.replayLocked(ctx) {
+			return
+		}
+	}
+	if ctx.Err() == nil {
+		b.pub.fail(ctx)
+	}
+}
+
+// replayLocked publishes the answer so far in batches; false when one
+// failed.
+func (b *batcher) replayLocked(ctx context.Context) bool {
+	for i := 0; i < len(b.answer); i += b.size {
+		batch := b.answer[i:min(i+b.size, len(b.answer))]
+		if err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: batch}); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // discard drops unsent chunks and returns how many were published.

@@ -26,6 +26,9 @@ import (
 // DefaultStopGrace is the default Config.StopGrace.
 const DefaultStopGrace = 20 * time.Second
 
+// DefaultPublishBudget is the default Config.PublishBudget.
+const DefaultPublishBudget = 2 * time.Second
+
 // Config configures a worker. Zero fields take the stated defaults; the
 // others are required.
 type Config struct {
@@ -61,6 +64,15 @@ type Config struct {
 	// StopGrace is how long running jobs may finish after Run's context
 	// ends; the rest stay pending for takeover. Default 20s.
 	StopGrace time.Duration
+	// ReclaimIdle is QUEUE_RECLAIM_IDLE_SECONDS. A job whose claim was
+	// last refreshed longer than ReclaimIdle minus one Heartbeat ago
+	// publishes nothing more: another worker may have taken it over
+	// (docs/QUEUE.md, "Fencing and gaps"). 0 turns the fence off.
+	ReclaimIdle time.Duration
+	// PublishBudget bounds the retries of one result message; a batch
+	// not out within it makes the answer start again after a reset.
+	// Default 2s.
+	PublishBudget time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -69,6 +81,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxParked == 0 {
 		c.MaxParked = 4 * c.Concurrency
+	}
+	if c.PublishBudget == 0 {
+		c.PublishBudget = DefaultPublishBudget
 	}
 	return c
 }
@@ -89,6 +104,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("worker: %w", err))
+	}
+	if c.PublishBudget < 0 || (c.ReclaimIdle != 0 && c.ReclaimIdle <= c.Heartbeat) {
+		errs = append(errs, errors.New("worker: PublishBudget must not be negative, ReclaimIdle (when set) must exceed Heartbeat"))
 	}
 	return errors.Join(errs...)
 }

@@ -1,0 +1,124 @@
+package admission
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// Defaults of zero QuotaConfig fields, the settings' defaults
+// (docs/OPERATIONS.md, QUEUE_MAX_PER_IDENTITY and QUEUE_MAX_BYTES).
+const (
+	DefaultQueueMaxPerIdentity = 100
+	DefaultQueueMaxBytes       = 256 << 20
+)
+
+// DefaultQuotaRetryAfter is advised to a refused client: about the time
+// for some of its own jobs to start.
+const DefaultQuotaRetryAfter = 2 * time.Second
+
+// QuotaConfig configures the queue quota.
+type QuotaConfig struct {
+	// Prefix is QUEUE_PREFIX. Required.
+	Prefix string
+	// MaxPerIdentity is QUEUE_MAX_PER_IDENTITY. Default 100.
+	MaxPerIdentity int
+	// MaxBytes is QUEUE_MAX_BYTES. Default 256 MiB.
+	MaxBytes int64
+	// RetryAfter is advised with a refusal. Default 2s.
+	RetryAfter time.Duration
+}
+
+func (c QuotaConfig) withDefaults() QuotaConfig {
+	if c.MaxPerIdentity == 0 {
+		c.MaxPerIdentity = DefaultQueueMaxPerIdentity
+	}
+	if c.MaxBytes == 0 {
+		c.MaxBytes = DefaultQueueMaxBytes
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultQuotaRetryAfter
+	}
+	return c
+}
+
+// Validate reports bad values without changing c.
+func (c QuotaConfig) Validate() error {
+	c = c.withDefaults()
+	if c.Prefix == "" || c.MaxPerIdentity < 0 || c.MaxBytes < 0 || c.RetryAfter < 0 {
+		return errors.New("admission: quota needs a prefix, and limits not negative")
+	}
+	return nil
+}
+
+var (
+	//go:embed quota_reserve.lua
+	quotaReserveLua string
+	//go:embed quota_release.lua
+	quotaReleaseLua string
+
+	quotaReserve = redis.NewScript(quotaReserveLua)
+	quotaRelease = redis.NewScript(quotaReleaseLua)
+)
+
+// Quota counts the jobs waiting in the queue, per identity and in bytes,
+// across every api process (docs/OPERATIONS.md, "Isolation"). It lives
+// in Redis, which embedded mode runs in process (miniredis). Each entry
+// expires at its job's queue deadline, so an api that dies between
+// Reserve and Release leaks nothing past that. Safe for concurrent use.
+type Quota struct {
+	cfg QuotaConfig
+	rdb redis.Scripter
+}
+
+// NewQuota returns the quota on rdb, which it does not close.
+func NewQuota(cfg QuotaConfig, rdb redis.Scripter) (*Quota, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if rdb == nil {
+		return nil, errors.New("admission: quota needs a Redis client")
+	}
+	return &Quota{cfg: cfg.withDefaults(), rdb: rdb}, nil
+}
+
+// Every key carries the {quota} hash tag: the scripts touch an identity's
+// set and the shared ones together, so they must share a cluster slot.
+func (q *Quota) keys(identity string) []string {
+	p := q.cfg.Prefix + "{quota}:"
+	return []string{p + "id:" + identity, p + "jobs", p + "bytes", p + "total"}
+}
+
+// Reserve counts the job requestID of identity, of size bytes, for at
+// most wait. A bound that refuses it gives the problem to answer:
+// too-many-queued (429) for the identity's limit, queue-overflow (503)
+// for the bytes; err is a Redis failure (an OOM, an outage), wrapped.
+func (q *Quota) Reserve(ctx context.Context, identity, requestID string, bytes int, wait time.Duration) (*protocol.Problem, error) {
+	res, err := quotaReserve.Run(ctx, q.rdb, q.keys(identity),
+		requestID, bytes, max(1, wait.Milliseconds()), q.cfg.MaxPerIdentity, q.cfg.MaxBytes).Int()
+	if err != nil {
+		return nil, fmt.Errorf("admission: reserve queue quota: %w", err)
+	}
+	retryAfter := max(1, int(q.cfg.RetryAfter/time.Second))
+	switch res {
+	case 1:
+		return protocol.TooManyQueued(retryAfter), nil
+	case 2:
+		return protocol.QueueOverflow(retryAfter), nil
+	}
+	return nil, nil
+}
+
+// Release uncounts the job; releasing twice changes nothing.
+func (q *Quota) Release(ctx context.Context, identity, requestID string) error {
+	if err := quotaRelease.Run(ctx, q.rdb, q.keys(identity), requestID).Err(); err != nil {
+		return fmt.Errorf("admission: release queue quota: %w", err)
+	}
+	return nil
+}

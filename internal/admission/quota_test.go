@@ -1,0 +1,135 @@
+package admission
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// quotaBackends runs f against real Redis and against miniredis, which
+// embedded mode uses.
+func quotaBackends(t *testing.T, f func(t *testing.T, rdb redis.UniversalClient, prefix string)) {
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		f(t, srv.Client(t), redistest.Prefix(t))
+	})
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		mr := miniredis.RunT(t)
+		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		t.Cleanup(func() { _ = rdb.Close() })
+		f(t, rdb, "q:")
+	})
+}
+
+func TestQuotaPerIdentity(t *testing.T) {
+	t.Parallel()
+	quotaBackends(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		q, err := NewQuota(QuotaConfig{Prefix: prefix, MaxPerIdentity: 2, MaxBytes: 1 << 20, RetryAfter: 3 * time.Second}, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for _, id := range []string{"r1", "r2"} {
+			if p, err := q.Reserve(ctx, "user:alice", id, 10, time.Minute); p != nil || err != nil {
+				t.Fatalf("reserve %s: %v %v", id, p, err)
+			}
+		}
+		p, err := q.Reserve(ctx, "user:alice", "r3", 10, time.Minute)
+		if err != nil || p == nil || p.Status != http.StatusTooManyRequests || p.Slug() != protocol.ProblemTooManyQueued || p.RetryAfterSeconds != 3 {
+			t.Fatalf("third: %+v %v, want 429 too-many-queued advising 3s", p, err)
+		}
+		if p, err := q.Reserve(ctx, "user:bob", "r4", 10, time.Minute); p != nil || err != nil {
+			t.Fatalf("bob refused: %v %v", p, err)
+		}
+		// Releasing twice frees one place only.
+		for range 2 {
+			if err := q.Release(ctx, "user:alice", "r1"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if p, err := q.Reserve(ctx, "user:alice", "r5", 10, time.Minute); p != nil || err != nil {
+			t.Fatalf("after release: %v %v", p, err)
+		}
+		if p, _ := q.Reserve(ctx, "user:alice", "r6", 10, time.Minute); p == nil {
+			t.Fatal("a double release freed two places")
+		}
+	})
+}
+
+func TestQuotaBytes(t *testing.T) {
+	t.Parallel()
+	quotaBackends(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		q, err := NewQuota(QuotaConfig{Prefix: prefix, MaxPerIdentity: 100, MaxBytes: 100}, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if p, err := q.Reserve(ctx, "a", "r1", 60, time.Minute); p != nil || err != nil {
+			t.Fatalf("first: %v %v", p, err)
+		}
+		p, err := q.Reserve(ctx, "b", "r2", 41, time.Minute)
+		if err != nil || p == nil || p.Status != http.StatusServiceUnavailable || p.Slug() != protocol.ProblemQueueOverflow {
+			t.Fatalf("over the bytes: %+v %v, want 503 queue-overflow", p, err)
+		}
+		if p, err := q.Reserve(ctx, "b", "r3", 40, time.Minute); p != nil || err != nil {
+			t.Fatalf("exactly at the bound: %v %v", p, err)
+		}
+		if err := q.Release(ctx, "a", "r1"); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := q.Reserve(ctx, "b", "r2", 41, time.Minute); p != nil || err != nil {
+			t.Fatalf("after release: %v %v", p, err)
+		}
+	})
+}
+
+// An entry never released (its api died) stops counting at its deadline,
+// for the identity and for the bytes.
+func TestQuotaEntriesExpire(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	q, err := NewQuota(QuotaConfig{Prefix: redistest.Prefix(t), MaxPerIdentity: 1, MaxBytes: 10}, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if p, err := q.Reserve(ctx, "a", "dead", 10, 200*time.Millisecond); p != nil || err != nil {
+		t.Fatalf("%v %v", p, err)
+	}
+	if p, _ := q.Reserve(ctx, "a", "r2", 1, time.Minute); p == nil {
+		t.Fatal("second job counted while the first waits")
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		p, err := q.Reserve(ctx, "a", "r2", 10, time.Minute)
+		return p == nil && err == nil
+	}, "the unreleased entry expired")
+}
+
+// A Redis failure is an error, not a refusal: the caller answers
+// queue-unavailable.
+func TestQuotaRedisFailure(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
+	defer rdb.Close()
+	q, err := NewQuota(QuotaConfig{Prefix: "q:"}, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := q.Reserve(context.Background(), "a", "r", 1, time.Second); p != nil || err == nil {
+		t.Fatalf("%v %v, want an error", p, err)
+	}
+	if _, err := NewQuota(QuotaConfig{}, rdb); err == nil {
+		t.Fatal("a quota without a prefix was built")
+	}
+}

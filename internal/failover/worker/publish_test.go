@@ -1,0 +1,274 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+var errInjected = errors.New("injected publish failure")
+
+// flakyResults is a ResultPublisher that fails the publishes fail says
+// to, and records every message tried.
+type flakyResults struct {
+	failover.ResultPublisher
+	mu    sync.Mutex
+	tried []protocol.Result
+	fail  func(n int, r protocol.Result) bool // n counts tries from 0
+}
+
+func (f *flakyResults) ResultsFor(id string) failover.ResultSink {
+	return flakySink{f: f, next: f.ResultPublisher.ResultsFor(id)}
+}
+
+type flakySink struct {
+	f    *flakyResults
+	next failover.ResultSink
+}
+
+func (s flakySink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	f := s.f
+	r, err := protocol.DecodeResult(msg)
+	if err != nil {
+		return false, err
+	}
+	f.mu.Lock()
+	n := len(f.tried)
+	f.tried = append(f.tried, r)
+	f.mu.Unlock()
+	if f.fail(n, r) {
+		return false, errInjected
+	}
+	return s.next.Publish(ctx, msg)
+}
+
+func (f *flakyResults) triedKinds() map[protocol.ResultKind]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[protocol.ResultKind]int{}
+	for _, r := range f.tried {
+		out[r.Kind]++
+	}
+	return out
+}
+
+// startWith runs a worker like startWorker, publishing through results.
+func (e *env) startWith(cfg worker.Config, c failover.Consumer, p llm.Provider, results failover.ResultPublisher) {
+	e.tb.Helper()
+	w, err := worker.New(cfg, worker.Deps{
+		Consumer: c, Pool: e.pool, Provider: p, Results: results, Cancels: e.res, Metrics: e.m,
+		Log: testutil.DiscardLogger(),
+	})
+	if err != nil {
+		e.tb.Fatalf("worker.New: %v", err)
+	}
+	watchers := e.res.Watchers()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := w.Run(ctx); err != nil {
+			e.tb.Errorf("Run: %v", err)
+		}
+	}()
+	e.tb.Cleanup(func() { cancel(); <-done })
+	testutil.Eventually(e.tb, 10*time.Second, func() bool { return e.res.Watchers() > watchers }, "worker watching cancellations")
+}
+
+// answerAfterLastReset is the content the client keeps: the chunks after
+// the last reset, which must count 1, 2, 3…; and how many resets came.
+func answerAfterLastReset(tb testing.TB, rs []received) (string, int) {
+	tb.Helper()
+	var b strings.Builder
+	resets, next := 0, 1
+	for _, r := range rs {
+		switch r.res.Kind {
+		case protocol.KindReset:
+			resets++
+			b.Reset()
+			next = 1
+		case protocol.KindBatch:
+			for _, c := range r.res.Chunks {
+				if c.Seq != next {
+					tb.Fatalf("chunk seq %d, want %d, in %s", c.Seq, next, describe(rs))
+				}
+				next++
+				b.WriteString(c.Content)
+			}
+		case protocol.KindDone:
+			if r.res.Count != next-1 {
+				tb.Fatalf("DONE counts %d chunks, %d arrived", r.res.Count, next-1)
+			}
+		}
+	}
+	return b.String(), resets
+}
+
+// TestWorkerRetriesFailedPublish: a batch whose publish fails once is
+// retried and the answer arrives whole, without a reset.
+func TestWorkerRetriesFailedPublish(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 12, Seed: 3})
+		failed := 0
+		f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
+			if r.Kind == protocol.KindBatch && r.Chunks[0].Seq == 2 && failed < 1 {
+				failed++
+				return true
+			}
+			return false
+		}}
+		job := newJob("retry-pub-1")
+		l := e.listen(job.RequestID)
+		e.startWith(workerConfig(), e.q.Consumer("w1"), sim, f)
+		e.enqueue(job)
+		rs := l.untilEnd(10 * time.Second)
+		got, resets := answerAfterLastReset(t, rs)
+		if want := strings.Join(llm.SimChunks(job.Payload.Messages, 3, 12), ""); got != want || resets != 0 {
+			t.Fatalf("answer %q after %d resets, want %q after none", got, resets, want)
+		}
+		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Attempt != 1 {
+			t.Fatalf("last message %+v, want DONE of attempt 1", end)
+		}
+		if failed != 1 {
+			t.Fatalf("%d publishes failed, want 1", failed)
+		}
+	})
+}
+
+// TestWorkerRestartsAnswerAfterLostBatch: a batch not out within the
+// publish budget is made good by a reset of the same attempt and the
+// answer again from its first chunk; the DONE counts the chunks.
+func TestWorkerRestartsAnswerAfterLostBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 20, Seed: 5})
+		cfg := workerConfig()
+		cfg.PublishBudget = 400 * time.Millisecond
+		var outageEnds time.Time
+		f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
+			// Redis refuses writes for longer than the budget from the
+			// third batch on.
+			if outageEnds.IsZero() && r.Kind == protocol.KindBatch && r.Chunks[0].Seq > 6 {
+				outageEnds = time.Now().Add(cfg.PublishBudget + 100*time.Millisecond)
+			}
+			return !outageEnds.IsZero() && time.Now().Before(outageEnds)
+		}}
+		job := newJob("restart-1")
+		l := e.listen(job.RequestID)
+		e.startWith(cfg, e.q.Consumer("w1"), sim, f)
+		e.enqueue(job)
+		rs := l.untilEnd(10 * time.Second)
+		got, resets := answerAfterLastReset(t, rs)
+		if want := strings.Join(llm.SimChunks(job.Payload.Messages, 5, 20), ""); got != want || resets != 1 {
+			t.Fatalf("answer %q after %d resets, want %q after one (%s)", got, resets, want, describe(rs))
+		}
+		for _, r := range rs {
+			if r.res.Kind == protocol.KindReset && (r.res.Attempt != 1 || r.res.Reset.Attempt != 1) {
+				t.Errorf("reset %q, want one of attempt 1 (the same attempt restarting)", r.raw)
+			}
+		}
+		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != 20 {
+			t.Fatalf("last message %+v, want DONE counting 20 chunks", end)
+		}
+		synctest.Wait()
+		if got := e.settled(); got[metrics.JobDone] != 1 {
+			t.Errorf("job outcomes %v, want done", got)
+		}
+	})
+}
+
+// TestWorkerNeverSendsDoneOverLostBatch: when publishing never recovers,
+// the worker gives the answer up: no DONE is even tried after the lost
+// batch, and the job is settled as an error.
+func TestWorkerNeverSendsDoneOverLostBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 20, Seed: 5})
+		cfg := workerConfig()
+		cfg.PublishBudget = 300 * time.Millisecond
+		f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
+			return r.Kind != protocol.KindHeartbeat && (r.Kind != protocol.KindBatch || r.Chunks[0].Seq > 1)
+		}}
+		job := newJob("lost-1")
+		l := e.listen(job.RequestID)
+		e.startWith(cfg, e.q.Consumer("w1"), sim, f)
+		e.enqueue(job)
+		testutil.Eventually(t, time.Minute, func() bool { return e.jobs(metrics.JobError) == 1 }, "job settled as an error")
+		synctest.Wait()
+		if n := f.triedKinds()[protocol.KindDone]; n != 0 {
+			t.Errorf("tried %d DONE after a batch was lost for good", n)
+		}
+		if n := f.triedKinds()[protocol.KindError]; n == 0 {
+			t.Error("never tried to tell the client with an ERROR")
+		}
+		for _, r := range l.drain() {
+			if r.res.Kind == protocol.KindDone {
+				t.Errorf("client got %q", r.raw)
+			}
+		}
+	})
+}
+
+// refreshFails is a Consumer whose claim refreshes fail (Redis
+// unreachable), without telling of a takeover.
+type refreshFails struct{ failover.Consumer }
+
+func (refreshFails) Touch(context.Context, failover.Delivery) error {
+	return errors.New("injected: redis unreachable")
+}
+
+// TestWorkerFenceStopsPublishing: a worker that cannot refresh its claim
+// publishes nothing once the last refresh is older than ReclaimIdle minus
+// one heartbeat, and leaves the job unsettled for a takeover.
+func TestWorkerFenceStopsPublishing(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const reclaimIdle = 3 * time.Second
+		e := newEnv(t, time.Hour, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 50 * time.Millisecond, Tokens: 1000, Seed: 2})
+		cfg := workerConfig()
+		cfg.ReclaimIdle = reclaimIdle
+		job := newJob("fence-1")
+		l := e.listen(job.RequestID)
+		e.startWith(cfg, &fetchOnce{Consumer: refreshFails{e.q.Consumer("a")}}, sim, e.res)
+		e.enqueue(job)
+		start := l.must(time.Second).at
+		testutil.AdvanceFakeClock(10 * time.Second)
+		synctest.Wait()
+		fence := start.Add(reclaimIdle - cfg.Heartbeat)
+		var last time.Time
+		for _, r := range l.drain() {
+			if r.at.After(fence) {
+				t.Errorf("published %q %v after the fence", r.raw, r.at.Sub(fence))
+			}
+			if r.res.Kind == protocol.KindDone || r.res.Kind == protocol.KindError {
+				t.Errorf("published %q for a job whose claim it could not keep", r.raw)
+			}
+			last = r.at
+		}
+		if fence.Sub(last) > 100*time.Millisecond {
+			t.Errorf("last message %v before the fence: streaming should go on until it", fence.Sub(last))
+		}
+		if got := e.settled(); len(got) != 0 {
+			t.Errorf("job outcomes %v: a fenced-off job must be left for takeover", got)
+		}
+		if s := e.pool.Stats(); s.InUse != 0 {
+			t.Errorf("%d pool slots in use after the fence", s.InUse)
+		}
+	})
+}

@@ -1,0 +1,278 @@
+package stream
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/openaiwire"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// OpenAI serves the OpenAI-compatible endpoints, POST /v1/chat/completions
+// and GET /v1/models (docs/API.md, "OpenAI-compatible API"), through the
+// Handler's steps: the same identity, admission, pool, path choice, queue
+// and overload as /v1/stream; only the request body and the output
+// format differ. The Handler's Drain and Wait cover its streams.
+type OpenAI struct {
+	h       *Handler
+	d       openaiDialect
+	models  []byte // the GET /v1/models body
+	started int64
+}
+
+// NewOpenAI returns the OpenAI-compatible endpoints of h. models are the
+// model ids GET /v1/models lists; the first one is the model named in
+// answers to requests that name none.
+func NewOpenAI(h *Handler, models []string) *OpenAI {
+	started := time.Now().Unix()
+	body, _ := json.Marshal(openaiwire.NewModelList(models, started)) // strings and ints only
+	d := openaiDialect{}
+	if len(models) > 0 {
+		d.defaultModel = models[0]
+	}
+	return &OpenAI{h: h, d: d, models: append(body, '\n'), started: started}
+}
+
+// ChatCompletions serves POST /v1/chat/completions.
+func (o *OpenAI) ChatCompletions(w http.ResponseWriter, r *http.Request) { o.h.serve(w, r, o.d) }
+
+// Models serves GET /v1/models. It asks for the same credentials as the
+// other endpoints, as OpenAI's does.
+func (o *OpenAI) Models(w http.ResponseWriter, r *http.Request) {
+	if _, p := o.h.identity(r); p != nil {
+		o.d.refuse(w, p, r.URL.Path)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(o.models)
+}
+
+// openaiDialect reads OpenAI's chat completion request and answers with
+// chat.completion.chunk events or one chat.completion object.
+type openaiDialect struct {
+	defaultModel string
+}
+
+func (d openaiDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatRequest, opener, error) {
+	req, err := openaiwire.DecodeRequest(body, lim)
+	if err != nil {
+		return protocol.ChatRequest{}, nil, err
+	}
+	model := req.Chat.Model
+	if model == "" {
+		model = d.defaultModel
+	}
+	if req.Stream {
+		return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) eventWriter {
+			return &openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: model, includeUsage: req.IncludeUsage}
+		}, nil
+	}
+	return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) eventWriter {
+		return &openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: model}
+	}, nil
+}
+
+func (openaiDialect) refuse(w http.ResponseWriter, p *protocol.Problem, _ string) {
+	writeOpenAIError(w, p)
+}
+
+// writeOpenAIError answers p in OpenAI's error shape, with the problem's
+// status and Retry-After, so SDKs raise their usual errors (a 429 is a
+// rate-limit error) and honour the delay.
+func writeOpenAIError(w http.ResponseWriter, p *protocol.Problem) {
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if p.RetryAfterSeconds > 0 {
+		h.Set("Retry-After", strconv.Itoa(p.RetryAfterSeconds))
+	}
+	b, _ := json.Marshal(openaiwire.ErrorBody{Error: openaiwire.ErrorOf(p)}) // strings only
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// answerRestarted ends a streamed answer whose worker was replaced after
+// chunks were sent: OpenAI's format cannot void them, and joining the new
+// attempt to them would mix two answers.
+func answerRestarted() *protocol.Problem {
+	return protocol.Problems[protocol.ProblemWorkerLost].New(
+		"The worker answering the request stopped after part of the answer was sent, and the answer restarted elsewhere; retry the request.")
+}
+
+// openaiChunks writes a streamed answer: chat.completion.chunk events,
+// then `data: [DONE]`. The 200 and the headers are held back until the
+// first thing is written, so a failure before it is still an HTTP error
+// with the problem's status and Retry-After, as a refusal would be.
+type openaiChunks struct {
+	sw           *Writer // SSE framing, flushes and write deadlines
+	w            http.ResponseWriter
+	enc          *openaiwire.ChunkEncoder
+	buf          []byte
+	model        string
+	includeUsage bool
+	requestID    string
+	path         string
+	started      bool // the 200 was sent
+	sentContent  bool // a chunk with content was sent
+}
+
+func (c *openaiChunks) Start(requestID, path string) error {
+	c.requestID, c.path = requestID, path
+	c.enc = openaiwire.NewChunkEncoder(requestID, c.model, time.Now().Unix())
+	h := c.w.Header()
+	setRequestID(h, requestID)
+	h.Set("X-Stream-Path", path)
+	return nil
+}
+
+// begin sends the 200 with the SSE headers, once.
+func (c *openaiChunks) begin() error {
+	if c.started {
+		return nil
+	}
+	c.started = true
+	return c.sw.Start(c.requestID, c.path)
+}
+
+func (c *openaiChunks) write(b []byte, terminal bool) error {
+	if err := c.begin(); err != nil {
+		return err
+	}
+	c.buf = b[:0]
+	return c.sw.write(b, terminal)
+}
+
+func (c *openaiChunks) Chunk(_ int, content string) error {
+	b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
+	c.sentContent = true
+	return c.write(b, false)
+}
+
+// Reset continues seamlessly while nothing of the answer was sent; after
+// that it ends the stream with an error (docs/API.md).
+func (c *openaiChunks) Reset(protocol.Reset) error {
+	if !c.sentContent {
+		return nil
+	}
+	if err := c.write(openaiwire.AppendErrorEvent(c.buf[:0], answerRestarted()), true); err != nil {
+		return err
+	}
+	return errAnswerEnded
+}
+
+// Retrying sends nothing: OpenAI's format has no such event, and the
+// retry's answer follows on the same stream as if it were the first.
+func (c *openaiChunks) Retrying(protocol.Retrying) error { return nil }
+
+func (c *openaiChunks) Done(d protocol.Done) error {
+	if !c.started {
+		// A direct request handed to the queue was answered by a worker
+		// (docs/API.md, "Hand-off to the queue").
+		c.path = d.Path
+	}
+	b := c.buf[:0]
+	if !c.sentContent {
+		// The first delta carries the role, even of an empty answer.
+		b = c.enc.AppendContent(b, "", true)
+	}
+	b = c.enc.AppendFinish(b, d.FinishReason)
+	if c.includeUsage && d.Usage != nil {
+		b = c.enc.AppendUsage(b, *d.Usage)
+	}
+	b = append(b, openaiwire.DoneFrame...)
+	return c.write(b, true)
+}
+
+func (c *openaiChunks) Error(p *protocol.Problem) error {
+	if !c.started {
+		c.started = true
+		c.sw.terminal = true
+		writeOpenAIError(c.w, p)
+		return nil
+	}
+	return c.write(openaiwire.AppendErrorEvent(c.buf[:0], p), true)
+}
+
+func (c *openaiChunks) Ping() error {
+	return c.write(append(c.buf[:0], protocol.PingFrame...), false)
+}
+
+// openaiCompletion collects an answer and writes it as one
+// chat.completion object when it is done. Nothing is sent before, so a
+// failure at any point is an HTTP error, and a restarted answer simply
+// starts over.
+type openaiCompletion struct {
+	w            http.ResponseWriter
+	rc           *http.ResponseController
+	writeTimeout time.Duration
+	model        string
+	requestID    string
+	created      int64
+	content      strings.Builder
+	ended        bool
+}
+
+func (c *openaiCompletion) Start(requestID, path string) error {
+	c.requestID, c.created = requestID, time.Now().Unix()
+	h := c.w.Header()
+	setRequestID(h, requestID)
+	h.Set("X-Stream-Path", path)
+	return nil
+}
+
+func (c *openaiCompletion) Chunk(_ int, content string) error {
+	if c.ended {
+		return ErrTerminated
+	}
+	c.content.WriteString(content)
+	return nil
+}
+
+func (c *openaiCompletion) Reset(protocol.Reset) error {
+	c.content.Reset()
+	return nil
+}
+
+// Retrying sends nothing: the retry's answer is collected as the first.
+func (c *openaiCompletion) Retrying(protocol.Retrying) error { return nil }
+
+// Ping sends nothing: a byte sent would commit the status before the
+// answer is known.
+func (c *openaiCompletion) Ping() error { return nil }
+
+func (c *openaiCompletion) Done(d protocol.Done) error {
+	if c.ended {
+		return ErrTerminated
+	}
+	c.ended = true
+	b, err := json.Marshal(openaiwire.NewCompletion(c.requestID, c.model, c.created, c.content.String(), d.FinishReason, d.Usage))
+	if err != nil {
+		return fmt.Errorf("stream: encode completion: %w", err)
+	}
+	c.w.Header().Set("Content-Type", "application/json")
+	// A direct request handed to the queue was answered by a worker
+	// (docs/API.md, "Hand-off to the queue").
+	c.w.Header().Set("X-Stream-Path", d.Path)
+	if c.writeTimeout > 0 {
+		// As Writer: not every ResponseWriter supports deadlines.
+		_ = c.rc.SetWriteDeadline(time.Now().Add(c.writeTimeout))
+	}
+	c.w.WriteHeader(http.StatusOK)
+	if _, err := c.w.Write(append(b, '\n')); err != nil {
+		return fmt.Errorf("stream: write completion: %w", err)
+	}
+	return nil
+}
+
+func (c *openaiCompletion) Error(p *protocol.Problem) error {
+	if c.ended {
+		return ErrTerminated
+	}
+	c.ended = true
+	writeOpenAIError(c.w, p)
+	return nil
+}
