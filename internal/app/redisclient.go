@@ -1,9 +1,14 @@
 package app
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/url"
+	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -62,5 +67,67 @@ func NewRedisClient(cfg *config.Config) (redis.UniversalClient, error) {
 		}), nil
 	default:
 		return nil, errors.New("app: redis client: embedded mode has no Redis to connect to (set REDIS_URL, REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS)")
+	}
+}
+
+// switchMasterChannel is where Sentinels announce a failover:
+// "<master name> <old ip> <old port> <new ip> <new port>".
+const switchMasterChannel = "+switch-master"
+
+// sentinelRetry paces WatchPrimarySwitch between unreachable Sentinels.
+const sentinelRetry = time.Second
+
+// WatchPrimarySwitch calls onSwitch with the new primary's address each
+// time the Sentinels announce a failover of REDIS_SENTINEL_MASTER, until
+// ctx ends. It listens to one Sentinel at a time and moves to the next
+// when that one fails. It returns at once outside Sentinel mode.
+//
+// The api needs it for its result subscriptions: go-redis moves commands
+// to the new primary by itself but not open Pub/Sub connections, which
+// would stay subscribed on the demoted primary while workers publish on
+// the new one (docs/OPERATIONS.md, "Redis Cluster and Sentinel").
+func WatchPrimarySwitch(ctx context.Context, cfg *config.Config, log *slog.Logger, onSwitch func(addr string)) {
+	if cfg == nil || cfg.RedisMode() != config.RedisModeSentinel {
+		return
+	}
+	for i := 0; ctx.Err() == nil; i++ {
+		addr := cfg.RedisSentinelAddrs[i%len(cfg.RedisSentinelAddrs)]
+		err := watchSentinel(ctx, addr, cfg, onSwitch)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("sentinel watch interrupted; trying the next sentinel", "sentinel", addr, "err", err)
+		t := time.NewTimer(sentinelRetry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// watchSentinel listens on one Sentinel until ctx ends or the connection
+// fails.
+func watchSentinel(ctx context.Context, addr string, cfg *config.Config, onSwitch func(addr string)) error {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: addr, Password: cfg.RedisSentinelPassword, MaxRetries: -1})
+	defer sc.Close()
+	ps := sc.Subscribe(ctx, switchMasterChannel)
+	defer ps.Close()
+	// A blocked read does not watch ctx: closing the PubSub ends it.
+	stop := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer stop()
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		return fmt.Errorf("app: subscribe %s on sentinel: %w", switchMasterChannel, err)
+	}
+	for {
+		msg, err := ps.ReceiveMessage(ctx)
+		if err != nil {
+			return fmt.Errorf("app: read sentinel announcements: %w", err)
+		}
+		f := strings.Fields(msg.Payload)
+		if len(f) == 5 && f[0] == cfg.RedisSentinelMaster {
+			onSwitch(net.JoinHostPort(f[3], f[4]))
+		}
 	}
 }

@@ -22,16 +22,6 @@ import (
 // (docs/OPERATIONS.md lists the settings). A field left out here takes the
 // component's documented default.
 
-// Redis client sizing. Waiting clients hold no connection each (Pub/Sub
-// is multiplexed), but enqueues and cancels need a few under load; a
-// consumer needs about two per running job (publish, touch) and a few for
-// fetching.
-const (
-	apiRedisPoolSize             = 64
-	consumerRedisConnsPerJob     = 2
-	consumerRedisConnsBackground = 8
-)
-
 // kafkaSetupTimeout bounds creating the Kafka topics at start.
 const kafkaSetupTimeout = 10 * time.Second
 
@@ -102,8 +92,10 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
-	return redisstream.Config{Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(),
-		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload}
+	return redisstream.Config{
+		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(), Shards: cfg.QueueShards,
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
+	}
 }
 
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
@@ -121,20 +113,33 @@ func ResultsConfig(cfg *config.Config) results.SubscriberConfig {
 
 // GatewayConfig is the api's queued path.
 func GatewayConfig(cfg *config.Config) gateway.Config {
+	system, name := queueTraceName(cfg)
 	return gateway.Config{
 		QueueTimeout: cfg.QueueFailoverTimeout(), WorkerHeartbeat: cfg.WorkerHeartbeat(), ReclaimIdle: cfg.QueueReclaimIdle(),
+		QueueSystem: system, QueueName: name,
 	}
 }
 
 // WorkerConfig is the worker configuration the settings give.
 func WorkerConfig(cfg *config.Config) worker.Config {
+	system, name := queueTraceName(cfg)
 	return worker.Config{
 		Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat(),
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		QueueSystem: system, QueueName: name,
 		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
+}
+
+// queueTraceName is the queue as the enqueue and job spans name it:
+// messaging.system and the stream or topic (docs/TRACING.md).
+func queueTraceName(cfg *config.Config) (system, name string) {
+	if cfg.QueueType == config.QueueTypeKafka {
+		return "kafka", kafka.DefaultTopic
+	}
+	return "redis", redisstream.StreamKey(cfg.QueuePrefix)
 }
 
 // StreamConfig is the handler of POST /v1/stream.

@@ -57,6 +57,7 @@ type Metrics struct {
 	RateLimited       prometheus.Counter       // spillway_rate_limited_total
 	MalformedMessages *prometheus.CounterVec   // spillway_malformed_messages_total{source}
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
+	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
 }
 
 // latencyBuckets cover sub-millisecond overheads up to minute-long waits.
@@ -124,11 +125,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		SubscriptionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_subscriptions_lost_total", Help: "Result subscriptions ended by the subscriber (overflow, connection_lost).",
 		}, []string{"reason"}),
+		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
+		}),
 	}
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
-		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost)
+		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)

@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Defaults of zero Config fields.
@@ -141,6 +143,8 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// Tracing adds the spans of docs/TRACING.md; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // Handler serves POST /v1/stream (docs/API.md). Its steps, one file each:
@@ -157,6 +161,7 @@ type Handler struct {
 	log      *slog.Logger
 	ids      *identity.Resolver
 	models   map[string]bool // nil: any model
+	tel      *telemetry.Provider
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -190,7 +195,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		models[m] = true
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, ids: ids, models: models, draining: make(chan struct{})}, nil
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, tel: deps.Tracing, draining: make(chan struct{})}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -228,13 +233,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	defer h.wg.Done()
 	x := &exchange{w: w, r: r, d: d, requestID: uuid.NewString(), start: time.Now()}
 	setRequestID(w.Header(), x.requestID)
+	// The server span (otelgin) names the request.
+	telemetry.SetRequest(trace.SpanFromContext(r.Context()), x.requestID, "")
 
 	prob := h.parseRequest(x)
 	if prob == nil {
 		x.prio, prob = h.priority(x)
 	}
 	if prob == nil {
-		prob = h.gate.Admit(r.Context(), x.user, x.prio)
+		prob = h.admit(r.Context(), x.user, x.prio)
 	}
 	if prob != nil {
 		h.refuse(x, prob, "")
@@ -242,8 +249,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	}
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
-		lease, err := h.pool.TryAcquire(r.Context(), x.user)
+		lease, err := h.tryAcquire(r.Context(), x.user)
 		if err == nil {
+			telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
 			h.direct(x, lease)
 			return
 		}
@@ -259,6 +267,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		h.refuse(x, protocol.PoolExhausted(h.retryAfter()), protocol.PathDirect)
 		return
 	}
+	telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathQueued)
 	h.queued(x)
 }
 

@@ -8,7 +8,10 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // shuttingDownRetryAfter is the Retry-After, in seconds, of the
@@ -32,12 +35,17 @@ type session struct {
 
 	sw         eventWriter
 	firstChunk bool
+	// ctx is the request's, holding its server span; problemType is the
+	// type of the problem the stream ended with, for the span's outcome.
+	ctx         context.Context
+	problemType string
 }
 
 // serve opens the SSE response, then relays frames until a terminal one,
 // the client leaves, the relay gives up or the server drains. It returns
 // the outcome, and whether the source itself finished (sent done or error).
 func (s *session) serve(ctx context.Context) (string, bool) {
+	s.ctx = ctx
 	open := s.open
 	if open == nil {
 		open = openNative
@@ -47,12 +55,14 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 	defer closed()
 	outcome, finished := s.pump(ctx)
 	s.h.m.StreamEnded(s.path, outcome)
+	s.traceEnd(outcome)
 	return outcome, finished
 }
 
 // fail ends the stream with p: outcome error, or cancelled when even the
 // error event could not be written.
 func (s *session) fail(p *protocol.Problem) string {
+	s.problemType = p.Type
 	if err := s.sw.Error(p); err != nil {
 		return OutcomeCancelled
 	}
@@ -119,7 +129,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 	case protocol.KindBatch:
 		if s.firstChunk {
 			s.firstChunk = false
-			s.h.m.FirstChunk(s.path, time.Since(s.start))
+			s.firstChunkWritten()
 		}
 		for _, c := range res.Chunks {
 			if err = s.sw.Chunk(c.Seq, c.Content); err != nil {
@@ -128,6 +138,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 		}
 		return "", false, err
 	case protocol.KindReset:
+		telemetry.Reset(trace.SpanFromContext(s.ctx), res.Reset.Attempt)
 		return "", false, s.sw.Reset(*res.Reset)
 	case protocol.KindRetrying:
 		return "", false, s.sw.Retrying(*res.Retrying)

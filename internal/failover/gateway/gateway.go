@@ -15,7 +15,12 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
+
+// queueSystemKafka is the QueueSystem whose jobs carry their trace context
+// in record headers.
+const queueSystemKafka = "kafka"
 
 // Defaults of zero Config fields.
 const (
@@ -45,6 +50,11 @@ type Config struct {
 	RetryAfter time.Duration
 	// Buffer is results held for a slow client. Default 64.
 	Buffer int
+	// QueueSystem is the queue's messaging.system on the enqueue span
+	// ("redis" or "kafka"), QueueName the stream or topic. On "kafka" the
+	// trace context travels in record headers (the Producer writes them
+	// from the context Enqueue gets), not in the job (docs/TRACING.md).
+	QueueSystem, QueueName string
 }
 
 func (c Config) withDefaults() Config {
@@ -112,6 +122,9 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// Tracing starts the enqueue span and carries its context to the
+	// worker; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // Gateway is the api's queued path. Safe for concurrent use.
@@ -145,6 +158,13 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	now := g.now()
 	job.EnqueueTime = now
 	job.Deadline = now.Add(g.cfg.QueueTimeout)
+	// The enqueue span covers subscribe and enqueue; the job carries its
+	// context, so the worker's spans become its children.
+	ctx, span := g.deps.Tracing.StartEnqueue(ctx, g.cfg.QueueSystem, g.cfg.QueueName, job.RequestID)
+	defer span.End()
+	if g.cfg.QueueSystem != queueSystemKafka {
+		job.Trace = g.deps.Tracing.InjectJob(ctx)
+	}
 	body, err := protocol.EncodeJob(job)
 	if err != nil {
 		g.deps.Metrics.QueueRejected("too_large", job.Priority)

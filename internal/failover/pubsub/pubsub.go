@@ -3,7 +3,13 @@
 // number of Redis Pub/Sub connections, returns from Subscribe only once
 // Redis confirmed the subscription (so the job may be enqueued after it),
 // and ends a subscription explicitly when its messages can no longer be
-// trusted to arrive (connection lost, reader too slow).
+// trusted to arrive (connection lost, slot moved, reader too slow).
+//
+// On a Redis Cluster (a *redis.ClusterClient) it uses sharded Pub/Sub
+// (SSUBSCRIBE; the workers SPUBLISH): a sharded channel lives on the
+// primary owning its slot, so the Subscriber keeps one set of Config.Shards
+// connections per primary, made on first use (docs/OPERATIONS.md, "Redis
+// Cluster and Sentinel").
 package pubsub
 
 import (
@@ -15,6 +21,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/failover"
@@ -38,6 +45,11 @@ var (
 	ErrConnectionLost = errors.New("pubsub: redis connection lost")
 	// ErrClosed ends every subscription when the Subscriber is closed.
 	ErrClosed = errors.New("pubsub: subscriber closed")
+	// ErrMoved ends a sharded subscription whose slot left the node it was
+	// made on (a resharding or failover): Redis dropped it, and messages
+	// published during the move may be lost. Subscribe retries a
+	// subscription that was not confirmed yet on the slot's new owner.
+	ErrMoved = errors.New("pubsub: channel's cluster slot moved")
 )
 
 // Defaults applied by New to zero Config fields.
@@ -64,7 +76,8 @@ const healthInterval = 5 * time.Second
 // Config configures a Subscriber. The zero value means all defaults.
 type Config struct {
 	// Shards is the number of Redis Pub/Sub connections, each with its own
-	// reader goroutine. Default 4, at most 256.
+	// reader goroutine; on a Redis Cluster, per primary. Default 4, at most
+	// 256.
 	Shards int
 	// Buffer is the number of messages buffered per subscription before it
 	// ends with ErrOverflow. Each subscription allocates its buffer up
@@ -121,8 +134,9 @@ type Stats struct {
 }
 
 // Subscriber multiplexes result-channel subscriptions over Config.Shards
-// Redis Pub/Sub connections. A channel always maps to the same shard (FNV-1a
-// of its name). Each shard has one reader goroutine, the only caller of its
+// Redis Pub/Sub connections (per cluster primary on a Redis Cluster). A
+// channel always maps to the same shard (FNV-1a of its name) of the node
+// that serves it. Each shard has one reader goroutine, the only caller of its
 // PubSub's Receive, which routes messages without ever blocking on a
 // subscription, and one writer goroutine that batches SUBSCRIBE,
 // UNSUBSCRIBE and PING commands so callers never wait on the connection.
@@ -133,7 +147,14 @@ type Subscriber struct {
 	cfg    Config
 	client redis.UniversalClient
 	log    *slog.Logger
-	shards []*shard
+	shards []*shard // one Redis; nil on a cluster
+
+	// cluster is set when client is a Redis Cluster: channels are sharded
+	// and each primary gets its own shards, made on first use.
+	cluster *redis.ClusterClient
+	mu      sync.Mutex // guards groups and closed
+	groups  map[string][]*shard
+	closed  bool
 
 	// healthInterval is healthInterval except in tests that exercise the
 	// ping path; set before the first Subscribe.
@@ -170,27 +191,83 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger) (*Subscribe
 		healthInterval: healthInterval,
 		quit:           make(chan struct{}),
 	}
-	s.shards = make([]*shard, s.cfg.Shards)
-	for i := range s.shards {
-		s.shards[i] = newShard(s, i)
+	if cc, ok := client.(*redis.ClusterClient); ok {
+		s.cluster = cc
+		s.groups = make(map[string][]*shard)
+		return s, nil
 	}
-	for _, sh := range s.shards {
+	s.shards = s.newShards(client, "", false)
+	return s, nil
+}
+
+// newShards makes Config.Shards shards on client and starts their
+// goroutines; node names the cluster primary ("" for one Redis).
+func (s *Subscriber) newShards(client redis.UniversalClient, node string, sharded bool) []*shard {
+	shards := make([]*shard, s.cfg.Shards)
+	for i := range shards {
+		shards[i] = newShard(s, i, client, node, sharded)
+	}
+	for _, sh := range shards {
 		s.wg.Add(2)
 		go sh.readLoop()
 		go sh.writeLoop()
 	}
-	return s, nil
+	return shards
 }
 
-// shardFor maps a channel to its shard with 32-bit FNV-1a, inlined so the
-// hot path does not allocate a hash.Hash.
-func (s *Subscriber) shardFor(channel string) *shard {
+// shardFor maps a channel to its shard: on a cluster first to the primary
+// owning the channel's slot (which may load the slot map), then within
+// that node's shards with 32-bit FNV-1a, inlined so the hot path does not
+// allocate a hash.Hash.
+func (s *Subscriber) shardFor(ctx context.Context, channel string) (*shard, error) {
+	shards := s.shards
+	if s.cluster != nil {
+		node, err := s.cluster.MasterForKey(ctx, channel)
+		if err != nil {
+			return nil, fmt.Errorf("%w: find the cluster node of the channel: %w", ErrUnavailable, err)
+		}
+		addr := node.Options().Addr
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrClosed)
+		}
+		shards = s.groups[addr]
+		if shards == nil {
+			shards = s.newShards(node, addr, true)
+			s.groups[addr] = shards
+		}
+		s.mu.Unlock()
+	}
 	h := uint32(2166136261)
 	for i := 0; i < len(channel); i++ {
 		h ^= uint32(channel[i])
 		h *= 16777619
 	}
-	return s.shards[h%uint32(len(s.shards))]
+	return shards[h%uint32(len(shards))], nil
+}
+
+// allShards returns every shard made so far.
+func (s *Subscriber) allShards() []*shard {
+	if s.cluster == nil {
+		return s.shards
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var all []*shard
+	for _, g := range s.groups {
+		all = append(all, g...)
+	}
+	return all
+}
+
+// reloadTopology asks the cluster client to refresh its slot map, after a
+// MOVED reply or a lost node connection, so the next subscription of the
+// slot goes to the new owner. A no-op on one Redis.
+func (s *Subscriber) reloadTopology() {
+	if s.cluster != nil {
+		s.cluster.ReloadState(context.Background())
+	}
 }
 
 // Subscribe subscribes to channel and returns once Redis has confirmed the
@@ -208,14 +285,54 @@ func (s *Subscriber) Subscribe(ctx context.Context, channel string) (*Subscripti
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("pubsub: subscribe %q: %w: %w", channel, ErrUnavailable, err)
 	}
-	sh := s.shardFor(channel)
+	deadline := time.NewTimer(s.cfg.SubscribeTimeout)
+	defer deadline.Stop()
+	// Only a cluster retries: a subscription that was not confirmed
+	// because its slot moved, or its node's connection failed (a failover
+	// in progress), is tried again on the slot's owner once the slot map
+	// is reloaded, within the same SubscribeTimeout.
+	var retry backoff.BackOff = &backoff.StopBackOff{}
+	if s.cluster != nil {
+		b := backoff.NewExponentialBackOff()
+		b.InitialInterval = 50 * time.Millisecond
+		b.MaxInterval = time.Second
+		retry = b
+	}
+	for {
+		sub, err := s.subscribeOnce(ctx, channel, deadline.C)
+		if err == nil || !(errors.Is(err, ErrMoved) || errors.Is(err, ErrConnectionLost)) {
+			return sub, err
+		}
+		wait := retry.NextBackOff()
+		if wait == backoff.Stop {
+			return nil, err
+		}
+		s.reloadTopology()
+		pause := time.NewTimer(wait)
+		select {
+		case <-pause.C:
+		case <-ctx.Done():
+			pause.Stop()
+			return nil, fmt.Errorf("pubsub: subscribe %q: %w: %w", channel, ErrUnavailable, ctx.Err())
+		case <-deadline.C:
+			pause.Stop()
+			return nil, fmt.Errorf("pubsub: subscribe %q: %w: not confirmed within %v (last: %w)",
+				channel, ErrUnavailable, s.cfg.SubscribeTimeout, err)
+		}
+	}
+}
+
+// subscribeOnce registers channel on its shard and waits for Redis'
+// confirmation, until ctx ends or deadline fires.
+func (s *Subscriber) subscribeOnce(ctx context.Context, channel string, deadline <-chan time.Time) (*Subscription, error) {
+	sh, err := s.shardFor(ctx, channel)
+	if err != nil {
+		return nil, fmt.Errorf("pubsub: subscribe %q: %w", channel, err)
+	}
 	sub, err := sh.register(channel)
 	if err != nil {
 		return nil, fmt.Errorf("pubsub: subscribe %q: %w", channel, err)
 	}
-
-	timer := time.NewTimer(s.cfg.SubscribeTimeout)
-	defer timer.Stop()
 	select {
 	case <-sub.confirmed:
 		return sub, nil
@@ -224,10 +341,25 @@ func (s *Subscriber) Subscribe(ctx context.Context, channel string) (*Subscripti
 	case <-ctx.Done():
 		sub.Close()
 		return nil, fmt.Errorf("pubsub: subscribe %q: %w: %w", channel, ErrUnavailable, ctx.Err())
-	case <-timer.C:
+	case <-deadline:
 		sub.Close()
 		return nil, fmt.Errorf("pubsub: subscribe %q: %w: not confirmed within %v",
 			channel, ErrUnavailable, s.cfg.SubscribeTimeout)
+	}
+}
+
+// Reset ends every subscription with ErrConnectionLost (wrapping cause)
+// and replaces every connection; the next Subscribe connects afresh. Call
+// it when the Redis primary changed under the client (a Sentinel
+// failover): go-redis moves its command connections to the new primary
+// but leaves Pub/Sub connections on the old one, now a replica, where no
+// worker's PUBLISH is counted or delivered.
+func (s *Subscriber) Reset(cause error) {
+	for _, sh := range s.allShards() {
+		sh.mu.Lock()
+		ps := sh.ps
+		sh.mu.Unlock()
+		sh.lost(ps, cause)
 	}
 }
 
@@ -251,8 +383,12 @@ func (s *Subscriber) Close() error {
 		// ones, so no request waits on a channel that can no longer deliver;
 		// then stop the writers and close the PubSubs, which interrupts the
 		// readers' Receive; last, wait for all shard goroutines.
-		pss := make([]*redis.PubSub, 0, len(s.shards))
-		for _, sh := range s.shards {
+		s.mu.Lock()
+		s.closed = true // no new cluster node shards from here on
+		s.mu.Unlock()
+		shards := s.allShards()
+		pss := make([]*redis.PubSub, 0, len(shards))
+		for _, sh := range shards {
 			pss = append(pss, sh.close())
 		}
 		close(s.quit)

@@ -99,13 +99,22 @@ func channelsOnShard(s *Subscriber, prefix string, n int) []string {
 	for i := 0; len(out) < n; i++ {
 		ch := fmt.Sprintf("%s%d", prefix, i)
 		if want == nil {
-			want = s.shardFor(ch)
+			want = mustShard(s, ch)
 		}
-		if s.shardFor(ch) == want {
+		if mustShard(s, ch) == want {
 			out = append(out, ch)
 		}
 	}
 	return out
+}
+
+// mustShard is shardFor on one Redis, where it cannot fail.
+func mustShard(s *Subscriber, channel string) *shard {
+	sh, err := s.shardFor(context.Background(), channel)
+	if err != nil {
+		panic(err)
+	}
+	return sh
 }
 
 func TestConfigValidate(t *testing.T) {
@@ -442,7 +451,7 @@ func TestConnectionLossEndsSubscriptions(t *testing.T) {
 	shards := map[*shard]bool{}
 	for i := range subs {
 		subs[i] = mustSubscribe(t, s, fmt.Sprintf("%s%d", prefix, i))
-		shards[s.shardFor(subs[i].Channel())] = true
+		shards[mustShard(s, subs[i].Channel())] = true
 	}
 	publish(t, pub, subs[0].Channel(), "x")
 	receive(t, subs[0], within)
@@ -496,7 +505,7 @@ func TestKilledConnectionEndsSubscriptions(t *testing.T) {
 	shards := map[*shard]bool{}
 	for i := range subs {
 		subs[i] = mustSubscribe(t, s, fmt.Sprintf("%s%d", prefix, i))
-		shards[s.shardFor(subs[i].Channel())] = true
+		shards[mustShard(s, subs[i].Channel())] = true
 	}
 	if err := admin.Do(context.Background(), "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatalf("CLIENT KILL: %v", err)
@@ -714,7 +723,7 @@ func TestStaleRepliesDoNotConfirmReusedChannel(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	t.Cleanup(func() { _ = c.Close() })
 	s := &Subscriber{cfg: Config{}.withDefaults(), client: c, log: testutil.DiscardLogger()}
-	sh := newShard(s, 0)
+	sh := newShard(s, 0, c, "", false)
 	ps := sh.ps
 	t.Cleanup(func() { _ = ps.Close() })
 	confirmed := func(sub *Subscription) bool {
@@ -888,4 +897,35 @@ func startProxy(tb testing.TB, target string) *proxy {
 		wg.Wait()
 	})
 	return p
+}
+
+// Reset (a Sentinel failover) ends every open subscription with
+// ErrConnectionLost and later subscriptions work on fresh connections.
+func TestResetEndsSubscriptions(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	pub := srv.Client(t)
+	s := newSubscriber(t, Config{SubscribeTimeout: 2 * time.Second}, srv.Client(t))
+	prefix := redistest.Prefix(t)
+	subs := make([]*Subscription, 20)
+	for i := range subs {
+		subs[i] = mustSubscribe(t, s, fmt.Sprintf("%s%d", prefix, i))
+	}
+	s.Reset(errors.New("primary switched"))
+	for _, sub := range subs {
+		waitDone(t, sub, within)
+		if !errors.Is(sub.Err(), ErrConnectionLost) {
+			t.Fatalf("%s: Err = %v, want ErrConnectionLost", sub.Channel(), sub.Err())
+		}
+	}
+	if st := s.Stats(); st.Active != 0 {
+		t.Fatalf("stats %+v after Reset, want none active", st)
+	}
+	sub := mustSubscribe(t, s, prefix+"after")
+	if n := publish(t, pub, sub.Channel(), "fresh"); n != 1 {
+		t.Fatalf("PUBLISH after Reset reached %d subscribers", n)
+	}
+	if got := receive(t, sub, within); got != "fresh" {
+		t.Fatalf("after Reset got %q", got)
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -42,6 +44,12 @@ type op struct {
 type shard struct {
 	s   *Subscriber
 	idx int
+	// client makes the shard's PubSubs: the Subscriber's client, or on a
+	// cluster the client of the primary node (its address), which then
+	// serves the shard's sharded channels (sharded: SSUBSCRIBE).
+	client  redis.UniversalClient
+	node    string
+	sharded bool
 
 	writeWake chan struct{} // buffered 1: ops were queued
 	readWake  chan struct{} // buffered 1: ps became live
@@ -56,13 +64,16 @@ type shard struct {
 	ops          []op
 }
 
-func newShard(s *Subscriber, idx int) *shard {
+func newShard(s *Subscriber, idx int, client redis.UniversalClient, node string, sharded bool) *shard {
 	return &shard{
 		s:            s,
 		idx:          idx,
+		client:       client,
+		node:         node,
+		sharded:      sharded,
 		writeWake:    make(chan struct{}, 1),
 		readWake:     make(chan struct{}, 1),
-		ps:           s.client.Subscribe(context.Background()), // no channels: no I/O
+		ps:           client.Subscribe(context.Background()), // no channels: no I/O
 		subs:         make(map[string]*Subscription),
 		unsubPending: make(map[string]int),
 	}
@@ -167,17 +178,20 @@ func (sh *shard) lost(ps *redis.PubSub, cause error) {
 	// Queued ops belong to the ended subscriptions or the old connection.
 	clear(sh.ops)
 	sh.ops = sh.ops[:0]
-	sh.ps = sh.s.client.Subscribe(context.Background())
+	sh.ps = sh.client.Subscribe(context.Background())
 	sh.live = false
 	sh.mu.Unlock()
+	// A node connection lost on a cluster is often a failover: the next
+	// subscriptions of its slots must go to the promoted replica.
+	sh.s.reloadTopology()
 
 	// Closing drops any connection go-redis re-established meanwhile,
 	// together with the resubscriptions it made there.
 	_ = ps.Close()
 	if wasLive {
-		sh.s.log.Warn("pubsub: redis connection lost", "shard", sh.idx, "subscriptions_ended", n, "err", cause)
+		sh.s.log.Warn("pubsub: redis connection lost", "shard", sh.idx, "node", sh.node, "subscriptions_ended", n, "err", cause)
 	} else if n > 0 {
-		sh.s.log.Warn("pubsub: redis unreachable", "shard", sh.idx, "subscriptions_ended", n, "err", cause)
+		sh.s.log.Warn("pubsub: redis unreachable", "shard", sh.idx, "node", sh.node, "subscriptions_ended", n, "err", cause)
 	}
 }
 
@@ -220,12 +234,27 @@ func (sh *shard) flush(ps *redis.PubSub, batch []op) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), sh.s.cfg.SubscribeTimeout)
 		var err error
-		switch kind {
-		case opSubscribe:
+		switch {
+		case kind == opSubscribe && sh.sharded:
+			// One SSUBSCRIBE per channel: a sharded command naming
+			// channels of different slots fails with CROSSSLOT, and
+			// request ids rarely share a slot.
+			for _, ch := range channels {
+				if err = ps.SSubscribe(ctx, ch); err != nil {
+					break
+				}
+			}
+		case kind == opUnsubscribe && sh.sharded:
+			for _, ch := range channels {
+				if err = ps.SUnsubscribe(ctx, ch); err != nil {
+					break
+				}
+			}
+		case kind == opSubscribe:
 			err = ps.Subscribe(ctx, channels...)
-		case opUnsubscribe:
+		case kind == opUnsubscribe:
 			err = ps.Unsubscribe(ctx, channels...)
-		case opPing:
+		default: // opPing
 			// One PING answers for any number of queued health checks.
 			err = ps.Ping(ctx)
 		}
@@ -304,11 +333,16 @@ func (sh *shard) readLoop() {
 				sh.mu.Unlock()
 			case isTimeout(err):
 				sh.lost(ps, errNoPong)
+			case sh.sharded && movedSlot(err) >= 0:
+				// SSUBSCRIBE reached a node that no longer owns the
+				// channel's slot: Subscribe retries on the new owner.
+				pingSent = false
+				sh.moved(ps, movedSlot(err))
 			case errors.As(err, &rerr):
 				// The server refused a command (ACL, protocol); the
 				// connection itself is in sync and stays.
 				pingSent = false
-				sh.s.log.Error("pubsub: redis error on pubsub connection", "shard", sh.idx, "err", err)
+				sh.s.log.Error("pubsub: redis error on pubsub connection", "shard", sh.idx, "node", sh.node, "err", err)
 			default:
 				sh.lost(ps, err)
 			}
@@ -330,9 +364,9 @@ func (sh *shard) dispatch(ps *redis.PubSub, msg any) {
 		sh.route(ps, m.Channel, m.Payload)
 	case *redis.Subscription:
 		switch m.Kind {
-		case "subscribe":
+		case "subscribe", "ssubscribe":
 			sh.confirm(ps, m.Channel)
-		case "unsubscribe":
+		case "unsubscribe", "sunsubscribe":
 			sh.unsubscribed(ps, m.Channel)
 		}
 	case *redis.Pong:
@@ -387,8 +421,91 @@ func (sh *shard) unsubscribed(ps *redis.PubSub, channel string) {
 		sh.unsubPending[channel] = n - 1
 	case n == 1:
 		delete(sh.unsubPending, channel)
+	case n == 0:
+		// Nobody asked: Redis dropped a sharded subscription because its
+		// slot left this node. Messages may be lost, so the subscription
+		// ends with an error rather than waiting on a silent channel.
+		if sub := sh.subs[channel]; sub != nil && sub.state != stateEnded {
+			sh.dropLocked(sub, ErrMoved)
+			sh.s.log.Warn("pubsub: sharded subscription dropped by redis", "node", sh.node, "channel", channel)
+		}
+		return
 	}
 	if sub := sh.subs[channel]; sub != nil && sub.waitUnsub > 0 {
 		sub.waitUnsub--
 	}
+}
+
+// dropLocked ends sub with err without sending an UNSUBSCRIBE: Redis no
+// longer has it (slot moved, or SSUBSCRIBE refused with MOVED).
+func (sh *shard) dropLocked(sub *Subscription, err error) {
+	sub.endLocked(err)
+	if sh.subs[sub.channel] == sub {
+		delete(sh.subs, sub.channel)
+	}
+	sh.s.active.Add(-1)
+}
+
+// moved handles a MOVED reply to SSUBSCRIBE on ps: every subscription of
+// the shard still waiting for confirmation whose channel hashes to slot
+// ends with ErrMoved (so Subscribe retries it elsewhere), and the cluster
+// client reloads its slot map.
+func (sh *shard) moved(ps *redis.PubSub, slot int) {
+	sh.mu.Lock()
+	if sh.ps == ps {
+		for _, sub := range sh.subs {
+			if sub.state == statePending && sub.waitUnsub == 0 && keySlot(sub.channel) == slot {
+				sh.dropLocked(sub, ErrMoved)
+			}
+		}
+	}
+	sh.mu.Unlock()
+	sh.s.reloadTopology()
+}
+
+// movedSlot returns the slot of a "MOVED <slot> <addr>" or
+// "ASK <slot> <addr>" error reply, or -1. It reads the text: go-redis
+// returns these replies as its own redirection errors, not as redis.Error.
+func movedSlot(err error) int {
+	msg := err.Error()
+	var rest string
+	switch {
+	case strings.HasPrefix(msg, "MOVED "):
+		rest = msg[len("MOVED "):]
+	case strings.HasPrefix(msg, "ASK "):
+		rest = msg[len("ASK "):]
+	default:
+		return -1
+	}
+	field, _, _ := strings.Cut(rest, " ")
+	slot, perr := strconv.Atoi(field)
+	if perr != nil || slot < 0 || slot >= clusterSlots {
+		return -1
+	}
+	return slot
+}
+
+const clusterSlots = 16384
+
+// keySlot is Redis Cluster's slot of a key or sharded channel: CRC16
+// (XMODEM) of its hash tag, the part between the first "{" and the next
+// "}" when that is non-empty, else of the whole name, modulo 16384.
+func keySlot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	var crc uint16
+	for k := 0; k < len(key); k++ {
+		crc ^= uint16(key[k]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % clusterSlots
 }

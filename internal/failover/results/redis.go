@@ -20,12 +20,14 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/pubsub"
 )
 
-// Publisher is the worker's half on Redis: PUBLISH on the result channel,
-// EXISTS on the cancel key, SUBSCRIBE to the cancel channel. It closes no
-// client it is handed.
+// Publisher is the worker's half on Redis: PUBLISH on the result channel
+// (SPUBLISH on a Redis Cluster, where result channels are sharded), EXISTS
+// on the cancel key, SUBSCRIBE to the cancel channel. It closes no client
+// it is handed.
 type Publisher struct {
-	prefix string
-	rdb    redis.UniversalClient
+	prefix  string
+	rdb     redis.UniversalClient
+	sharded bool
 }
 
 var (
@@ -38,12 +40,13 @@ func NewPublisher(prefix string, rdb redis.UniversalClient) (*Publisher, error) 
 	if prefix == "" || rdb == nil {
 		return nil, errors.New("results: publisher needs a prefix and a redis client")
 	}
-	return &Publisher{prefix: prefix, rdb: rdb}, nil
+	_, sharded := rdb.(*redis.ClusterClient)
+	return &Publisher{prefix: prefix, rdb: rdb, sharded: sharded}, nil
 }
 
 // ResultsFor returns the sink of requestID's result channel.
 func (p *Publisher) ResultsFor(requestID string) failover.ResultSink {
-	return redisSink{rdb: p.rdb, channel: failover.ResultChannel(p.prefix, requestID)}
+	return redisSink{rdb: p.rdb, channel: failover.ResultChannel(p.prefix, requestID), sharded: p.sharded}
 }
 
 // PublishResult publishes msg on requestID's result channel; listened is
@@ -52,14 +55,23 @@ func (p *Publisher) PublishResult(ctx context.Context, requestID string, msg []b
 	return p.ResultsFor(requestID).Publish(ctx, msg)
 }
 
-// redisSink publishes on one result channel.
+// redisSink publishes on one result channel: SPUBLISH on a Redis Cluster
+// (sharded Pub/Sub: the message goes to the primary owning the channel's
+// slot only, instead of every node), PUBLISH otherwise.
 type redisSink struct {
 	rdb     redis.UniversalClient
 	channel string
+	sharded bool
 }
 
 func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
-	n, err := s.rdb.Publish(ctx, s.channel, msg).Result()
+	var cmd *redis.IntCmd
+	if s.sharded {
+		cmd = s.rdb.SPublish(ctx, s.channel, msg)
+	} else {
+		cmd = s.rdb.Publish(ctx, s.channel, msg)
+	}
+	n, err := cmd.Result()
 	if err != nil {
 		return false, fmt.Errorf("results: publish %s: %w", s.channel, err)
 	}
@@ -178,7 +190,9 @@ func (s *Subscriber) SubscribeResults(ctx context.Context, requestID string) (fa
 }
 
 // Cancel sets requestID's cancel key for ttl and announces it on the
-// cancel channel, in one MULTI so a worker sees both or neither.
+// cancel channel, in one MULTI so a worker sees both or neither. On a
+// cluster the MULTI runs on the cancel key's node (PUBLISH has no key) and
+// Redis broadcasts the classic-channel notice to every node.
 func (s *Subscriber) Cancel(ctx context.Context, requestID string, ttl time.Duration) error {
 	_, err := s.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, failover.CancelKey(s.prefix, requestID), "1", ttl)
@@ -190,6 +204,11 @@ func (s *Subscriber) Cancel(ctx context.Context, requestID string, ttl time.Dura
 	}
 	return nil
 }
+
+// Reset ends every result subscription and reconnects (pubsub.Subscriber
+// Reset): for a Sentinel failover, whose new primary the old Pub/Sub
+// connections do not follow.
+func (s *Subscriber) Reset(cause error) { s.sub.Reset(cause) }
 
 // Stats returns the multiplexer's counters.
 func (s *Subscriber) Stats() pubsub.Stats { return s.sub.Stats() }

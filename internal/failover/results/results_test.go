@@ -3,9 +3,12 @@ package results_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/results"
@@ -149,4 +152,59 @@ func TestMemory(t *testing.T) {
 			t.Error("overflowed subscription still open")
 		}
 	})
+}
+
+// TestRedisCluster runs the shared behaviour on a 3-primary Redis Cluster,
+// for request ids whose channels live on every node, and checks that result
+// channels are sharded: the node owning a channel's slot counts its
+// subscriber in PUBSUB SHARDNUMSUB and nobody holds a classic subscription.
+func TestRedisCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	rdb := cluster.Client(t)
+	prefix := redistest.Prefix(t)
+	sub, err := results.NewSubscriber(results.SubscriberConfig{Prefix: prefix}, rdb, testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	nodes := map[string]bool{}
+	for i := 0; len(nodes) < len(cluster.Nodes); i++ {
+		if i > 200 {
+			t.Fatalf("request ids reached only nodes %v", nodes)
+		}
+		id := fmt.Sprintf("req-%d", i)
+		channel := failover.ResultChannel(prefix, id)
+		node, err := cluster.NodeFor(ctx, channel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nodes[node] {
+			continue
+		}
+		nodes[node] = true
+		checkChannel(t, halves{sub: sub, pub: pub}, id)
+
+		// Subscribed again, the channel must be a sharded one on its node.
+		s, err := sub.SubscribeResults(ctx, id)
+		if err != nil {
+			t.Fatalf("SubscribeResults %s: %v", id, err)
+		}
+		nc := redis.NewClient(&redis.Options{Addr: node})
+		sharded, err := nc.PubSubShardNumSub(ctx, channel).Result()
+		classic, err2 := nc.PubSubNumSub(ctx, channel).Result()
+		_ = nc.Close()
+		if err != nil || err2 != nil {
+			t.Fatalf("PUBSUB on %s: %v, %v", node, err, err2)
+		}
+		if sharded[channel] != 1 || classic[channel] != 0 {
+			t.Errorf("%s on %s: %d sharded, %d classic subscribers; want 1 and 0", channel, node, sharded[channel], classic[channel])
+		}
+		s.Close()
+	}
 }

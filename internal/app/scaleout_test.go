@@ -1,0 +1,154 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/failover/redisstream"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/loadtest"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// scaleoutEnv is the settings of an api or consumer on a Redis deployment
+// other than one REDIS_URL, against the simulated upstream.
+func scaleoutEnv(tb testing.TB, upstream string, redisEnv map[string]string) map[string]string {
+	env := map[string]string{
+		"QUEUE_PREFIX": redistest.Prefix(tb),
+		"LLM_PROVIDER": "openai", "LLM_BASE_URL": upstream,
+		"WORKER_HEARTBEAT_SECONDS": "1", "QUEUE_RECLAIM_IDLE_SECONDS": "2",
+		"SHUTDOWN_GRACE_SECONDS": "1", "QUEUE_FAILOVER_BASE_DELAY_MS": "10", "QUEUE_FAILOVER_MAX_DELAY_MS": "50",
+		"CONNECTION_POOL_SIZE": "4", "CONNECTION_POOL_PER_USER": "4", "WORKER_CONCURRENCY": "16",
+	}
+	for k, v := range redisEnv {
+		env[k] = v
+	}
+	return env
+}
+
+// TestQueuedOnRedisCluster: two apis sharing the Redis pool and one
+// consumer process, all on a 3-primary Redis Cluster, with the queue in
+// one and in four streams. 160 concurrent requests over both apis all end
+// in done with their own prompt's text, most through the queue (results
+// on sharded Pub/Sub channels spread over the three primaries), and the
+// queue is empty afterwards.
+func TestQueuedOnRedisCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	sc := llm.SimConfig{FirstToken: 5 * time.Millisecond, TokenInterval: 2 * time.Millisecond, Tokens: 12, Seed: 21}
+	_, upstream := startSimllm(t, sc)
+	for _, shards := range []int{1, 4} {
+		t.Run(fmt.Sprintf("shards=%d", shards), func(t *testing.T) {
+			env := scaleoutEnv(t, upstream, map[string]string{
+				"REDIS_CLUSTER_ADDRS": strings.Join(cluster.Addrs, ","),
+				"QUEUE_SHARDS":        strconv.Itoa(shards),
+				"POOL_BACKEND":        "redis",
+			})
+			_, urlA, _ := startAPI(t, testConfig(t, env))
+			_, urlB, _ := startAPI(t, testConfig(t, env))
+			startConsumer(t, env)
+
+			var wg sync.WaitGroup
+			results := make([]*loadtest.Result, 2)
+			for i, url := range []string{urlA, urlB} {
+				wg.Go(func() {
+					res, err := loadtest.Run(t.Context(), loadtest.Config{
+						URL: url + "/v1/stream", Concurrency: 80, Requests: 80, DistinctPrompts: 80,
+						Seed: sc.Seed, Tokens: sc.Tokens, Verify: true,
+						UserIDs: 40, Timeout: time.Minute,
+					}, nil)
+					if err != nil {
+						t.Error(err)
+					}
+					results[i] = res
+				})
+			}
+			wg.Wait()
+			queued := 0
+			for i, res := range results {
+				if res == nil {
+					t.FailNow()
+				}
+				if res.Lost != 0 || res.Done != 80 {
+					t.Fatalf("api %d: done %d lost %d errors %v refused %d: %+v",
+						i, res.Done, res.Lost, res.ErrorsByType, res.Refused, res.LostSamples)
+				}
+				queued += res.Paths[protocol.PathQueued]
+			}
+			// The shared pool has 4 slots for both apis: nearly all of the
+			// 160 concurrent streams must have queued.
+			if queued < 120 {
+				t.Fatalf("only %d of 160 queued: the pool is not shared", queued)
+			}
+			q, err := redisstream.New(redisstream.Config{Prefix: env["QUEUE_PREFIX"], Consumer: "probe", Shards: shards}, cluster.Client(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := len(q.Streams()); got != shards {
+				t.Fatalf("queue has %d streams, want %d", got, shards)
+			}
+			testutil.Eventually(t, 10*time.Second, func() bool {
+				n, err := q.Depth(context.Background())
+				return err == nil && n == 0
+			}, "queue empty after the load")
+		})
+	}
+}
+
+// TestWatchPrimarySwitch: a forced Sentinel failover is reported with the
+// new primary's address, which is what the api resets its result
+// subscriptions on.
+func TestWatchPrimarySwitch(t *testing.T) {
+	t.Parallel()
+	sen := redistest.StartSentinel(t)
+	cfg := testConfig(t, map[string]string{
+		"REDIS_SENTINEL_ADDRS":  strings.Join(sen.SentinelAddrs, ","),
+		"REDIS_SENTINEL_MASTER": sen.MasterName,
+	})
+	switched := make(chan string, 4)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		WatchPrimarySwitch(ctx, cfg, testLog(t), func(addr string) { switched <- addr })
+	}()
+	defer func() { cancel(); <-done }()
+	// The watch subscribes in the background; a failover forced before it
+	// listens would go unseen, so wait until a sentinel counts a listener.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		for _, addr := range sen.SentinelAddrs {
+			c := redis.NewClient(&redis.Options{Addr: addr})
+			list, err := c.ClientList(context.Background()).Result()
+			_ = c.Close()
+			// A client in subscriber state (flag P). No go-redis failover
+			// client exists in this test, so any subscriber is the watch.
+			if err == nil && strings.Contains(list, "flags=P ") {
+				return true
+			}
+		}
+		return false
+	}, "watch subscribed on a sentinel")
+	newPrimary := sen.Failover(t)
+	select {
+	case got := <-switched:
+		if got != newPrimary {
+			t.Fatalf("switch reported to %s, want %s", got, newPrimary)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no switch reported within 20s of the failover")
+	}
+
+	// Outside Sentinel mode it returns at once.
+	WatchPrimarySwitch(t.Context(), testConfig(t, map[string]string{"REDIS_URL": "redis://127.0.0.1:1"}), testLog(t), func(string) {
+		t.Error("switch reported outside Sentinel mode")
+	})
+}
