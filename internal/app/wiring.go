@@ -71,6 +71,7 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	return admission.OverflowConfig{
 		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
 		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
+		ShedLowFraction: cfg.QueueShedLowFraction, ShedNormalFraction: cfg.QueueShedNormalFraction,
 	}
 }
 
@@ -154,6 +155,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		TrustedProxies:     cfg.TrustedProxies,
 		Models:             cfg.LLMModels,
 		BodyReadTimeout:    cfg.BodyReadTimeout(),
+		PriorityMax:        protocol.Priority(cfg.PriorityMax),
 		Retry:              RetryPolicy(cfg),
 	}
 }

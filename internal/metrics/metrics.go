@@ -47,7 +47,7 @@ type Metrics struct {
 	PoolRefusals      *prometheus.CounterVec   // spillway_pool_refusals_total{limit}
 	QueueDepth        prometheus.Gauge         // spillway_queue_depth
 	QueueThreshold    prometheus.Gauge         // spillway_queue_threshold
-	QueueRejections   *prometheus.CounterVec   // spillway_queue_rejections_total{reason}
+	QueueRejections   *prometheus.CounterVec   // spillway_queue_rejections_total{reason,priority}
 	QueueWait         prometheus.Histogram     // spillway_queue_wait_seconds
 	WorkerJobs        *prometheus.CounterVec   // spillway_worker_jobs_total{outcome}
 	WorkerRetries     *prometheus.CounterVec   // spillway_worker_retries_total{reason}
@@ -95,8 +95,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "spillway_queue_threshold", Help: "QUEUE_OVERFLOW_THRESHOLD.",
 		}),
 		QueueRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spillway_queue_rejections_total", Help: "Requests refused instead of queued, by reason.",
-		}, []string{"reason"}),
+			Name: "spillway_queue_rejections_total", Help: "Requests refused instead of queued, by reason and priority.",
+		}, []string{"reason", "priority"}),
 		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "spillway_queue_wait_seconds", Help: "Enqueue to a worker starting the job.",
 			Buckets: latencyBuckets,
@@ -141,7 +141,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	for _, r := range []string{"overflow", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
-		m.QueueRejections.WithLabelValues(r)
+		for _, p := range protocol.Priorities {
+			m.QueueRejections.WithLabelValues(r, string(p))
+		}
 	}
 	for _, o := range []string{JobDone, JobError, JobExpired, JobCancelled, JobDeadLetter} {
 		m.WorkerJobs.WithLabelValues(o)

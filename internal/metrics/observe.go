@@ -4,14 +4,18 @@ import (
 	"context"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // The methods below let *Metrics stand for the small metrics interfaces
 // components declare where they use them.
 
-// QueueRejected counts a request refused instead of queued, by reason.
-func (m *Metrics) QueueRejected(reason string) { m.QueueRejections.WithLabelValues(reason).Inc() }
+// QueueRejected counts a request of priority prio refused instead of
+// queued, by reason.
+func (m *Metrics) QueueRejected(reason string, prio protocol.Priority) {
+	m.QueueRejections.WithLabelValues(reason, string(prio.OrNormal())).Inc()
+}
 
 // MalformedMessage counts a queue or result message skipped, by source.
 func (m *Metrics) MalformedMessage(source string) { m.MalformedMessages.WithLabelValues(source).Inc() }

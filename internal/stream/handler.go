@@ -71,6 +71,10 @@ type Config struct {
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
+	// PriorityMax is the highest X-Priority a caller without a key maximum
+	// may ask for; a higher ask is lowered to it (PRIORITY_MAX). Default
+	// normal: an anonymous caller cannot jump the queue.
+	PriorityMax protocol.Priority
 	// BodyReadTimeout bounds reading the request body
 	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
 	BodyReadTimeout time.Duration
@@ -90,6 +94,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FrameBuffer == 0 {
 		c.FrameBuffer = DefaultFrameBuffer
+	}
+	if c.PriorityMax == "" {
+		c.PriorityMax = protocol.PriorityNormal
 	}
 	if c.BodyReadTimeout == 0 {
 		c.BodyReadTimeout = DefaultBodyReadTimeout
@@ -112,6 +119,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := newResolver(c); err != nil {
 		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
+	}
+	if _, err := protocol.ParsePriority(string(c.PriorityMax)); err != nil {
+		errs = append(errs, fmt.Errorf("stream: PriorityMax: %w", err))
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("stream: %w", err))
@@ -209,6 +219,7 @@ type exchange struct {
 	user      string            // the identity's name: pool, queue and limits key on it
 	id        identity.Identity // who is asking (docs/API.md, "Identity")
 	open      opener            // set once the request was read
+	prio      protocol.Priority // effective priority, after the caller's maximum
 }
 
 // ServeHTTP parses the request, finds the caller's identity and streams
@@ -227,7 +238,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 
 	prob := h.parseRequest(x)
 	if prob == nil {
-		prob = h.admit(r.Context(), x.user)
+		x.prio, prob = h.priority(x)
+	}
+	if prob == nil {
+		prob = h.admit(r.Context(), x.user, x.prio)
 	}
 	if prob != nil {
 		h.refuse(x, prob, "")

@@ -25,9 +25,9 @@ type tracedMetrics interface {
 }
 
 // admit runs the gate's Admit inside a spillway.admission span.
-func (h *Handler) admit(ctx context.Context, user string) *protocol.Problem {
+func (h *Handler) admit(ctx context.Context, user string, prio protocol.Priority) *protocol.Problem {
 	ctx, span := h.tel.StartAdmission(ctx)
-	p := h.gate.Admit(ctx, user)
+	p := h.gate.Admit(ctx, user, prio)
 	if span.IsRecording() {
 		telemetry.SetResult(span, admissionResult(p))
 		span.End()

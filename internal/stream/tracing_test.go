@@ -46,7 +46,7 @@ func TestDirectPathTracingOffAllocatesNothing(t *testing.T) {
 	ctx := context.Background()
 
 	perRequest := testing.AllocsPerRun(200, func() {
-		_ = h.admit(ctx, "user")
+		_ = h.admit(ctx, "user", protocol.PriorityNormal)
 		s.firstChunkWritten()
 		s.traceEnd(OutcomeDone)
 	})

@@ -83,7 +83,7 @@ func (c Config) Validate() error {
 // Metrics is what the gateway counts. *metrics.Metrics implements it.
 type Metrics interface {
 	// QueueRejected counts a request not queued, by reason.
-	QueueRejected(reason string)
+	QueueRejected(reason string, prio protocol.Priority)
 	// MalformedMessage counts a message skipped, by source.
 	MalformedMessage(source string)
 	// SubscriptionLost counts a result subscription that ended on its own.
@@ -92,9 +92,9 @@ type Metrics interface {
 
 type nopMetrics struct{}
 
-func (nopMetrics) QueueRejected(string)    {}
-func (nopMetrics) MalformedMessage(string) {}
-func (nopMetrics) SubscriptionLost(string) {}
+func (nopMetrics) QueueRejected(string, protocol.Priority) {}
+func (nopMetrics) MalformedMessage(string)                 {}
+func (nopMetrics) SubscriptionLost(string)                 {}
 
 // Quota bounds what waits in the queue, per identity and in bytes, across
 // every api process; admission.Quota implements it. Safe for concurrent
@@ -167,7 +167,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	}
 	body, err := protocol.EncodeJob(job)
 	if err != nil {
-		g.deps.Metrics.QueueRejected("too_large")
+		g.deps.Metrics.QueueRejected("too_large", job.Priority)
 		return nil, protocol.TooLargeToQueue()
 	}
 	if p, err := g.reserve(ctx, job, len(body)); p != nil || err != nil {
@@ -176,7 +176,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	sub, err := g.deps.Results.SubscribeResults(ctx, job.RequestID)
 	if err != nil {
 		g.release(job)
-		g.deps.Metrics.QueueRejected("subscribe_failed")
+		g.deps.Metrics.QueueRejected("subscribe_failed", job.Priority)
 		g.deps.Log.Error("subscribe to result channel failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
@@ -185,7 +185,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
 		g.release(job)
-		g.deps.Metrics.QueueRejected("enqueue_failed")
+		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
@@ -202,12 +202,12 @@ func (g *Gateway) reserve(ctx context.Context, job protocol.Job, bytes int) (*pr
 	p, err := g.deps.Quota.Reserve(ctx, job.UserID, job.RequestID, bytes, g.cfg.QueueTimeout)
 	switch {
 	case err != nil:
-		g.deps.Metrics.QueueRejected("enqueue_failed")
+		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("queue quota failed", "request_id", job.RequestID, "err", err)
 	case p != nil && p.Status == http.StatusTooManyRequests:
-		g.deps.Metrics.QueueRejected("too_many_queued")
+		g.deps.Metrics.QueueRejected("too_many_queued", job.Priority)
 	case p != nil:
-		g.deps.Metrics.QueueRejected("overflow")
+		g.deps.Metrics.QueueRejected("overflow", job.Priority)
 	}
 	return p, err
 }

@@ -24,7 +24,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 	}
 	ctx, span := w.startJob(ctx, &job, d)
 	defer span.End()
-	log := withTrace(w.log.With("request_id", job.RequestID, "attempt", d.Attempt), span)
+	log := withTrace(w.log.With("request_id", job.RequestID, "attempt", d.Attempt, "priority", job.Priority.OrNormal()), span)
 	gone, err := w.deps.Cancels.Cancelled(ctx, job.RequestID)
 	if err != nil {
 		log.Warn("cancel check failed; running the job", "err", err)
