@@ -46,10 +46,10 @@ func admit(ctx context.Context, o *Overflow, br *Breaker, rl *RateLimiter, ident
 	if p := rl.Allow(ctx, identity); p != nil {
 		return p
 	}
-	if p := br.Check(); p != nil {
+	if p := br.Check(protocol.PriorityHigh); p != nil {
 		return p
 	}
-	return o.Check()
+	return o.Check(protocol.PriorityHigh)
 }
 
 func BenchmarkAdmitAccept(b *testing.B) {
@@ -86,7 +86,7 @@ func BenchmarkOverflowRefuse(b *testing.B) {
 	o.refresh(context.Background(), time.Now())
 	b.ReportAllocs()
 	for b.Loop() {
-		if o.Check() == nil {
+		if o.Check(protocol.PriorityHigh) == nil {
 			b.Fatal("accepted")
 		}
 	}

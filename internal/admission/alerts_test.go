@@ -15,6 +15,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/spillway-dev/spillway/internal/metrics"
+	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 const (
@@ -87,6 +88,11 @@ func registeredNames(tb testing.TB) map[string]bool {
 	reg := prometheus.NewRegistry()
 	rec := &recordingRegisterer{Registerer: reg}
 	metrics.New(rec)
+	// The per-upstream metrics are registered by the balancer, when there
+	// are several upstreams.
+	if _, err := upstream.NewPrometheus(rec); err != nil {
+		tb.Fatal(err)
+	}
 	names := map[string]bool{}
 	mfs, err := reg.Gather()
 	if err != nil {

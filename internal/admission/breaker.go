@@ -122,7 +122,7 @@ type Breaker struct {
 	p       llm.Provider
 	cb      *gobreaker.CircuitBreaker[llm.Result]
 	gauge   prometheus.Gauge
-	refused prometheus.Counter
+	refused [3]prometheus.Counter // by Priority.Rank
 	log     *slog.Logger
 	now     func() time.Time // must agree with gobreaker's clock (time.Now; synctest in tests)
 
@@ -143,7 +143,10 @@ func NewBreaker(cfg BreakerConfig, p llm.Provider, m *metrics.Metrics, log *slog
 		return nil, errors.New("admission: breaker needs a provider, metrics and logger")
 	}
 	b := &Breaker{cfg: cfg, p: p, gauge: m.CircuitState.WithLabelValues(p.Name()),
-		refused: m.QueueRejections.WithLabelValues("circuit_open"), log: log, now: time.Now}
+		log: log, now: time.Now}
+	for _, prio := range protocol.Priorities {
+		b.refused[prio.Rank()] = m.QueueRejections.WithLabelValues("circuit_open", string(prio))
+	}
 	b.gauge.Set(float64(gobreaker.StateClosed))
 	b.cb = gobreaker.NewCircuitBreaker[llm.Result](gobreaker.Settings{
 		Name:         p.Name(),
@@ -189,10 +192,10 @@ func (b *Breaker) State() gobreaker.State { return b.cb.State() }
 // Check returns nil while the circuit is closed or half-open, else a 503
 // provider-unavailable problem whose Retry-After is the time the circuit
 // has left open. Each refusal counts in
-// spillway_queue_rejections_total{reason="circuit_open"}. It reads atomics
+// spillway_queue_rejections_total{reason="circuit_open",priority}. It reads atomics
 // only, except once the open time is over, when it lets the circuit turn
 // half-open.
-func (b *Breaker) Check() *protocol.Problem {
+func (b *Breaker) Check(prio protocol.Priority) *protocol.Problem {
 	if gobreaker.State(b.state.Load()) != gobreaker.StateOpen {
 		return nil
 	}
@@ -203,7 +206,7 @@ func (b *Breaker) Check() *protocol.Problem {
 		}
 		left = time.Second
 	}
-	b.refused.Inc()
+	b.refused[prio.Rank()].Inc()
 	return protocol.ProviderUnavailable(RetryAfterSeconds(left))
 }
 

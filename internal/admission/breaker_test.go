@@ -86,8 +86,8 @@ func TestBreakerLifecycle(t *testing.T) {
 			}
 			observe()
 		}
-		if b.State() != gobreaker.StateClosed || b.Check() != nil {
-			t.Fatalf("after 2 of 3 failures: state %v, Check %v; want closed and accepting", b.State(), b.Check())
+		if b.State() != gobreaker.StateClosed || b.Check(protocol.PriorityHigh) != nil {
+			t.Fatalf("after 2 of 3 failures: state %v, Check %v; want closed and accepting", b.State(), b.Check(protocol.PriorityHigh))
 		}
 		_ = call(b)
 		observe()
@@ -110,7 +110,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		}
 		checkOpen := func(wantRetry int) {
 			t.Helper()
-			pr := b.Check()
+			pr := b.Check(protocol.PriorityHigh)
 			if pr == nil {
 				t.Fatal("Check accepts while open")
 			}
@@ -124,14 +124,14 @@ func TestBreakerLifecycle(t *testing.T) {
 		checkOpen(6)
 		testutil.AdvanceFakeClock(5*time.Second + 500*time.Millisecond)
 		checkOpen(1) // 0.5s left rounds up
-		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("circuit_open")); got != 3 {
+		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("circuit_open", "high")); got != 3 {
 			t.Fatalf("circuit_open rejections = %v, want 3", got)
 		}
 		observe()
 
 		// Past OpenTimeout: half-open, trial calls allowed.
 		testutil.AdvanceFakeClock(501 * time.Millisecond)
-		if pr := b.Check(); pr != nil {
+		if pr := b.Check(protocol.PriorityHigh); pr != nil {
 			t.Fatalf("Check after OpenTimeout = %v, want accept (half-open)", pr)
 		}
 		if b.State() != gobreaker.StateHalfOpen {
@@ -143,7 +143,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		if err := call(b); err != nil {
 			t.Fatalf("trial call: %v", err)
 		}
-		if b.State() != gobreaker.StateClosed || b.Check() != nil {
+		if b.State() != gobreaker.StateClosed || b.Check(protocol.PriorityHigh) != nil {
 			t.Fatalf("after a successful trial: state %v, want closed", b.State())
 		}
 		observe()
@@ -164,14 +164,14 @@ func TestBreakerHalfOpenFailureReopens(t *testing.T) {
 		b, m, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: 5 * time.Second}, scripted(&fail))
 		_ = call(b)
 		testutil.AdvanceFakeClock(5*time.Second + time.Millisecond)
-		if b.Check() != nil || b.State() != gobreaker.StateHalfOpen {
+		if b.Check(protocol.PriorityHigh) != nil || b.State() != gobreaker.StateHalfOpen {
 			t.Fatalf("not half-open after OpenTimeout: %v", b.State())
 		}
 		_ = call(b) // the trial fails
 		if b.State() != gobreaker.StateOpen {
 			t.Fatalf("state after a failed trial = %v, want open", b.State())
 		}
-		if pr := b.Check(); pr == nil || pr.RetryAfterSeconds != 5 {
+		if pr := b.Check(protocol.PriorityHigh); pr == nil || pr.RetryAfterSeconds != 5 {
 			t.Fatalf("Check after reopening = %v, want a refusal for a fresh 5s", pr)
 		}
 		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("fake")); got != 2 {

@@ -42,25 +42,25 @@ func NewGate(deps GateDeps) (*Gate, error) {
 
 // Admit refuses an identity over its rate limit (rate-limited), then any
 // request while the provider's circuit is open (provider-unavailable).
-func (g *Gate) Admit(ctx context.Context, identity string) *protocol.Problem {
+func (g *Gate) Admit(ctx context.Context, identity string, prio protocol.Priority) *protocol.Problem {
 	if g.d.Limiter != nil {
 		if p := g.d.Limiter.Allow(ctx, identity); p != nil {
 			return p
 		}
 	}
 	if g.d.Breaker != nil {
-		return g.d.Breaker.Check()
+		return g.d.Breaker.Check(prio)
 	}
 	return nil
 }
 
-// MayQueue refuses a request for the queue while the backlog is over the
-// overflow threshold (queue-overflow).
-func (g *Gate) MayQueue() *protocol.Problem {
+// MayQueue refuses a request of priority prio for the queue while the
+// backlog is over that priority's shedding level (queue-overflow).
+func (g *Gate) MayQueue(prio protocol.Priority) *protocol.Problem {
 	if g.d.Overflow == nil {
 		return nil
 	}
-	return g.d.Overflow.Check()
+	return g.d.Overflow.Check(prio)
 }
 
 // QueueFirst reports jobs waiting that could use a slot a new request

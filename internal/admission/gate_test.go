@@ -71,7 +71,7 @@ func TestGateQueueFirstAndMayQueue(t *testing.T) {
 			if got := g.QueueFirst(); got != tt.queueFirst {
 				t.Errorf("QueueFirst = %v, want %v", got, tt.queueFirst)
 			}
-			p := g.MayQueue()
+			p := g.MayQueue(protocol.PriorityHigh)
 			if (p != nil) != tt.overflow || (p != nil && p.Slug() != protocol.ProblemQueueOverflow) {
 				t.Errorf("MayQueue = %+v, want refusal %v", p, tt.overflow)
 			}
@@ -107,10 +107,10 @@ func TestGateWithoutQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p := g.Admit(context.Background(), "u"); p != nil {
+	if p := g.Admit(context.Background(), "u", protocol.PriorityNormal); p != nil {
 		t.Errorf("Admit = %+v", p)
 	}
-	if g.MayQueue() != nil || g.QueueFirst() {
+	if g.MayQueue(protocol.PriorityHigh) != nil || g.QueueFirst() {
 		t.Error("a gate without a queue refuses or queues first")
 	}
 	if d := g.RetryAfter(); d <= 0 {

@@ -22,6 +22,8 @@ const (
 	DefaultOverflowThreshold     = 10000
 	DefaultOverflowRefreshEvery  = time.Second
 	DefaultOverflowRetryAfterMax = 60 * time.Second
+	DefaultShedLowFraction       = 0.5
+	DefaultShedNormalFraction    = 0.8
 )
 
 // OverflowConfig configures the queue overflow gate. Zero fields take
@@ -40,9 +42,22 @@ type OverflowConfig struct {
 	// RetryAfterMax bounds the advised Retry-After, and is what is advised
 	// while the backlog is not draining (QUEUE_RETRY_AFTER_SECONDS, default 60s).
 	RetryAfterMax time.Duration
+	// ShedLowFraction is the share of Threshold from which low-priority
+	// requests are refused (QUEUE_SHED_LOW_FRACTION, default 0.5).
+	ShedLowFraction float64
+	// ShedNormalFraction is the share of Threshold from which normal
+	// requests are refused (QUEUE_SHED_NORMAL_FRACTION, default 0.8); high
+	// ones are refused at Threshold itself.
+	ShedNormalFraction float64
 }
 
 func (c OverflowConfig) withDefaults() OverflowConfig {
+	if c.ShedLowFraction == 0 {
+		c.ShedLowFraction = DefaultShedLowFraction
+	}
+	if c.ShedNormalFraction == 0 {
+		c.ShedNormalFraction = DefaultShedNormalFraction
+	}
 	if c.Threshold == 0 {
 		c.Threshold = DefaultOverflowThreshold
 	}
@@ -68,6 +83,10 @@ func (c OverflowConfig) Validate() error {
 	if c.RefreshEvery <= 0 {
 		errs = append(errs, errors.New("admission: overflow RefreshEvery must be positive"))
 	}
+	if !(c.ShedLowFraction > 0 && c.ShedLowFraction <= c.ShedNormalFraction && c.ShedNormalFraction <= 1) {
+		errs = append(errs, fmt.Errorf("admission: overflow shed fractions low %g and normal %g must satisfy 0 < low <= normal <= 1",
+			c.ShedLowFraction, c.ShedNormalFraction))
+	}
 	if c.RetryAfterMax < time.Second {
 		errs = append(errs, errors.New("admission: overflow RetryAfterMax must be at least 1s"))
 	}
@@ -79,22 +98,26 @@ func (c OverflowConfig) Validate() error {
 // consumer tier without lagging a scale-up by more than a few seconds.
 const drainWeight = 0.25
 
-// Overflow is the queue overflow gate. Check is what the request path
-// calls; it reads only state cached by Run, which reads the backlog depth
+// Overflow is the queue overflow gate. It sheds by priority as the
+// backlog grows (docs/OPERATIONS.md, "Priorities and shedding"): low from
+// ShedLowFraction of the threshold, normal from ShedNormalFraction, high
+// at the threshold, each with the hysteresis scaled to its level. Check is
+// what the request path calls; it reads only state cached by Run, which reads the backlog depth
 // in the background every RefreshEvery. Overflow is safe for concurrent
 // use; Run must run once, in a goroutine its owner waits for.
 type Overflow struct {
 	cfg      OverflowConfig
 	backlog  Backlog
 	m        *metrics.Metrics
-	rejected prometheus.Counter
+	rejected [3]prometheus.Counter // by Priority.Rank
+	levels   [3]shedLevel          // by Priority.Rank
 	log      *slog.Logger
 
-	// Read on every Check; written by refresh.
-	refusing   atomic.Bool
+	// Read on every Check; written by refresh. Indexed by Priority.Rank.
+	refusing   [3]atomic.Bool
+	retryAfter [3]atomic.Int64 // seconds advised while refusing
 	cached     atomic.Int64
 	waiting    atomic.Int64 // jobs no worker has taken, as last read
-	retryAfter atomic.Int64 // seconds advised while refusing
 
 	mu        sync.Mutex // serialises refresh
 	failing   bool       // inside a streak of failed reads
@@ -136,12 +159,36 @@ func NewOverflow(cfg OverflowConfig, backlog Backlog, m *metrics.Metrics, log *s
 		return nil, errors.New("admission: overflow needs a backlog, metrics and logger")
 	}
 	cfg = cfg.withDefaults()
-	o := &Overflow{cfg: cfg, backlog: backlog, m: m, log: log,
-		rejected: m.QueueRejections.WithLabelValues("overflow")}
-	o.retryAfter.Store(int64(cfg.RetryAfterMax / time.Second))
+	o := &Overflow{cfg: cfg, backlog: backlog, m: m, log: log, levels: shedLevels(cfg)}
+	for _, p := range protocol.Priorities {
+		o.rejected[p.Rank()] = m.QueueRejections.WithLabelValues("overflow", string(p))
+		o.retryAfter[p.Rank()].Store(int64(cfg.RetryAfterMax / time.Second))
+	}
 	m.QueueThreshold.Set(float64(cfg.Threshold))
 	return o, nil
 }
+
+// shedLevel is where one priority starts being refused (at) and the
+// backlog it must fall below to be accepted again (resume).
+type shedLevel struct{ at, resume int64 }
+
+// shedLevels places each priority's level: a fraction of the threshold,
+// rounded up so a fraction of 1 is the threshold itself, with the
+// hysteresis scaled by the same fraction so a low level keeps a band
+// proportionate to it (and never reaches zero: Hysteresis < Threshold).
+func shedLevels(c OverflowConfig) [3]shedLevel {
+	var out [3]shedLevel
+	for rank, f := range [3]float64{c.ShedLowFraction, c.ShedNormalFraction, 1} {
+		at := max(1, int64(math.Ceil(f*float64(c.Threshold))))
+		h := c.Hysteresis * at / c.Threshold
+		out[rank] = shedLevel{at: at, resume: at - h}
+	}
+	return out
+}
+
+// Threshold is QUEUE_OVERFLOW_THRESHOLD, the backlog at which even high
+// priority requests are refused.
+func (o *Overflow) Threshold() int64 { return o.cfg.Threshold }
 
 // Run refreshes the cached depth at once and then every RefreshEvery
 // until ctx ends.
@@ -159,17 +206,18 @@ func (o *Overflow) Run(ctx context.Context) {
 	}
 }
 
-// Check returns nil to accept a request for the queue, or a 503
-// queue-overflow problem with Retry-After while the backlog is over the
-// threshold (and, once over, until it falls below Threshold − Hysteresis).
-// It never reads the queue. Each refusal counts in
-// spillway_queue_rejections_total{reason="overflow"}.
-func (o *Overflow) Check() *protocol.Problem {
-	if !o.refusing.Load() {
+// Check returns nil to accept a request of priority prio for the queue,
+// or a 503 queue-overflow problem with Retry-After while the backlog is
+// over that priority's level (and, once over, until it falls below the
+// level's resume point). It never reads the queue. Each refusal counts in
+// spillway_queue_rejections_total{reason="overflow",priority}.
+func (o *Overflow) Check(prio protocol.Priority) *protocol.Problem {
+	r := prio.Rank()
+	if !o.refusing[r].Load() {
 		return nil
 	}
-	o.rejected.Inc()
-	return protocol.QueueOverflow(int(o.retryAfter.Load()))
+	o.rejected[r].Inc()
+	return protocol.QueueOverflow(int(o.retryAfter[r].Load()))
 }
 
 // Depth returns the backlog as last read (0 before the first read).
@@ -227,30 +275,34 @@ func (o *Overflow) refresh(ctx context.Context, now time.Time) {
 	o.cached.Store(d)
 	o.m.QueueDepth.Set(float64(d))
 
-	resume := o.cfg.Threshold - o.cfg.Hysteresis
-	was := o.refusing.Load()
-	refusing := d >= o.cfg.Threshold || (was && d >= resume)
-	if refusing {
-		o.retryAfter.Store(int64(o.retryAfterFor(d) / time.Second))
-	}
-	o.refusing.Store(refusing)
-	switch {
-	case refusing && !was:
-		o.log.Warn("queue over threshold: refusing queued requests", "depth", d, "threshold", o.cfg.Threshold)
-	case !refusing && was:
-		o.log.Info("queue below resume level: accepting queued requests", "depth", d, "resume_below", resume)
+	for _, p := range protocol.Priorities {
+		r, lvl := p.Rank(), o.levels[p.Rank()]
+		was := o.refusing[r].Load()
+		refusing := d >= lvl.at || (was && d >= lvl.resume)
+		if refusing {
+			o.retryAfter[r].Store(int64(o.retryAfterFor(d, lvl.resume) / time.Second))
+		}
+		o.refusing[r].Store(refusing)
+		switch {
+		case refusing && !was:
+			o.log.Warn("queue backlog at shedding level: refusing queued requests", "priority", p,
+				"depth", d, "level", lvl.at, "threshold", o.cfg.Threshold)
+		case !refusing && was:
+			o.log.Info("queue backlog below resume level: accepting queued requests", "priority", p,
+				"depth", d, "resume_below", lvl.resume)
+		}
 	}
 }
 
 // retryAfterFor estimates, in whole seconds, how long a backlog of d takes
-// to fall below the resume level at the observed drain rate, clamped to
+// to fall below resume at the observed drain rate, clamped to
 // [1s, RetryAfterMax]; RetryAfterMax when it is not draining.
-func (o *Overflow) retryAfterFor(d int64) time.Duration {
+func (o *Overflow) retryAfterFor(d, resume int64) time.Duration {
 	maxSecs := math.Floor(o.cfg.RetryAfterMax.Seconds())
 	if !o.rated || o.drainRate <= 0 {
 		return time.Duration(maxSecs) * time.Second
 	}
-	excess := float64(d - (o.cfg.Threshold - o.cfg.Hysteresis) + 1)
+	excess := float64(d - resume + 1)
 	secs := math.Min(math.Max(math.Ceil(excess/o.drainRate), 1), maxSecs)
 	return time.Duration(secs) * time.Second
 }

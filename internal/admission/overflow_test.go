@@ -25,7 +25,7 @@ func newTestOverflow(tb testing.TB, cfg OverflowConfig) (*Overflow, *fakeDepth, 
 	}
 	read := func() (float64, float64, float64) {
 		return promtest.ToFloat64(m.QueueDepth), promtest.ToFloat64(m.QueueThreshold),
-			promtest.ToFloat64(m.QueueRejections.WithLabelValues("overflow"))
+			promtest.ToFloat64(m.QueueRejections.WithLabelValues("overflow", "high"))
 	}
 	return o, fd, lb, read
 }
@@ -34,7 +34,7 @@ func TestOverflowHysteresis(t *testing.T) {
 	t.Parallel()
 	cfg := OverflowConfig{Threshold: 100, Hysteresis: 10, RefreshEvery: time.Second, RetryAfterMax: 30 * time.Second}
 	o, fd, _, read := newTestOverflow(t, cfg)
-	if p := o.Check(); p != nil {
+	if p := o.Check(protocol.PriorityHigh); p != nil {
 		t.Fatalf("Check before any refresh = %v, want accept", p)
 	}
 	steps := []struct {
@@ -59,7 +59,7 @@ func TestOverflowHysteresis(t *testing.T) {
 	for i, s := range steps {
 		fd.set(s.depth, nil)
 		o.refresh(context.Background(), t0.Add(time.Duration(i)*time.Second))
-		p := o.Check()
+		p := o.Check(protocol.PriorityHigh)
 		if (p != nil) != s.refuse {
 			t.Fatalf("step %d (%s): depth %d: Check = %v, want refuse %v", i, s.why, s.depth, p, s.refuse)
 		}
@@ -89,9 +89,9 @@ func TestOverflowCheckReturnsFreshProblem(t *testing.T) {
 	o, fd, _, _ := newTestOverflow(t, OverflowConfig{Threshold: 10, RefreshEvery: time.Second, RetryAfterMax: 5 * time.Second})
 	fd.set(10, nil)
 	o.refresh(context.Background(), time.Now())
-	p := o.Check()
+	p := o.Check(protocol.PriorityHigh)
 	p.Instance = "urn:x"
-	if q := o.Check(); q == p || q.Instance != "" {
+	if q := o.Check(protocol.PriorityHigh); q == p || q.Instance != "" {
 		t.Fatalf("second Check shares state with the first: %+v", q)
 	}
 }
@@ -107,7 +107,7 @@ func TestOverflowCheckNeverReadsDepth(t *testing.T) {
 			t.Fatalf("refresh made %d depth calls, want 1", before)
 		}
 		for range 10000 {
-			_ = o.Check()
+			_ = o.Check(protocol.PriorityHigh)
 			_ = o.Depth()
 		}
 		if got := fd.calls.Load() - before; got != 0 {
@@ -130,7 +130,7 @@ func TestOverflowRunCadence(t *testing.T) {
 		if got := fd.calls.Load(); got != 1 {
 			t.Fatalf("Run made %d depth calls at start, want 1 (immediate refresh)", got)
 		}
-		if o.Check() == nil {
+		if o.Check(protocol.PriorityHigh) == nil {
 			t.Fatal("Check accepts after Run's first refresh saw depth 150 over threshold 100")
 		}
 		testutil.AdvanceFakeClock(every / 2) // between ticks
@@ -146,7 +146,7 @@ func TestOverflowRunCadence(t *testing.T) {
 		fd.set(10, nil)
 		testutil.AdvanceFakeClock(every)
 		synctest.Wait()
-		if p := o.Check(); p != nil {
+		if p := o.Check(protocol.PriorityHigh); p != nil {
 			t.Fatalf("Check still refuses one refresh after the depth fell to 10: %v", p)
 		}
 		cancel()
@@ -173,8 +173,8 @@ func TestOverflowDepthReadFailure(t *testing.T) {
 	for i := 1; i <= 3; i++ {
 		fd.set(0, boom)
 		o.refresh(ctx, at(i))
-		if o.Depth() != 120 || o.Check() == nil {
-			t.Fatalf("after failed read %d: Depth %d, Check %v; want last value 120 kept and refusing", i, o.Depth(), o.Check())
+		if o.Depth() != 120 || o.Check(protocol.PriorityHigh) == nil {
+			t.Fatalf("after failed read %d: Depth %d, Check %v; want last value 120 kept and refusing", i, o.Depth(), o.Check(protocol.PriorityHigh))
 		}
 	}
 	if n := lb.count("queue depth read failed"); n != 1 {
@@ -182,8 +182,8 @@ func TestOverflowDepthReadFailure(t *testing.T) {
 	}
 	fd.set(50, nil)
 	o.refresh(ctx, at(4))
-	if o.Depth() != 50 || o.Check() != nil {
-		t.Fatalf("after recovery: Depth %d, Check %v; want 50 and accepting", o.Depth(), o.Check())
+	if o.Depth() != 50 || o.Check(protocol.PriorityHigh) != nil {
+		t.Fatalf("after recovery: Depth %d, Check %v; want 50 and accepting", o.Depth(), o.Check(protocol.PriorityHigh))
 	}
 	if n := lb.count("queue depth read works again"); n != 1 {
 		t.Fatalf("%d recovery lines, want 1:\n%s", n, lb)
@@ -232,7 +232,7 @@ func TestOverflowRetryAfter(t *testing.T) {
 				}
 				o.refresh(context.Background(), t0.Add(s.at))
 			}
-			p := o.Check()
+			p := o.Check(protocol.PriorityHigh)
 			if p == nil {
 				t.Fatal("Check accepts, want a refusal")
 			}
@@ -268,5 +268,79 @@ func TestOverflowConfigValidate(t *testing.T) {
 				t.Fatalf("Validate() = %v, want valid %v", err, tt.valid)
 			}
 		})
+	}
+}
+
+// As the backlog grows low is refused first, then normal, then high; as it
+// drains each is accepted again below its own resume point (its level less
+// the hysteresis scaled to it), high first.
+func TestOverflowShedsByPriority(t *testing.T) {
+	t.Parallel()
+	cfg := OverflowConfig{Threshold: 100, Hysteresis: 10, RefreshEvery: time.Second, RetryAfterMax: 30 * time.Second}
+	fd := &fakeDepth{}
+	log, _ := newLog(t)
+	m := newMetrics(t)
+	o, err := NewOverflow(cfg, DepthFunc(fd.read), m, log)
+	if err != nil {
+		t.Fatalf("NewOverflow: %v", err)
+	}
+	// Levels: low 50 (resume below 45), normal 80 (72), high 100 (90).
+	steps := []struct {
+		depth             int64
+		low, normal, high bool // refused
+	}{
+		{0, false, false, false},
+		{49, false, false, false},
+		{50, true, false, false},
+		{79, true, false, false},
+		{80, true, true, false},
+		{99, true, true, false},
+		{100, true, true, true},
+		{90, true, true, true},
+		{89, true, true, false},
+		{72, true, true, false},
+		{71, true, false, false},
+		{45, true, false, false},
+		{44, false, false, false},
+		{60, true, false, false},
+	}
+	t0 := time.Now()
+	want := map[protocol.Priority]float64{}
+	for i, s := range steps {
+		fd.set(s.depth, nil)
+		o.refresh(context.Background(), t0.Add(time.Duration(i)*time.Second))
+		for prio, refuse := range map[protocol.Priority]bool{protocol.PriorityLow: s.low, protocol.PriorityNormal: s.normal, protocol.PriorityHigh: s.high} {
+			p := o.Check(prio)
+			if (p != nil) != refuse {
+				t.Fatalf("step %d: depth %d: Check(%s) = %v, want refused %v", i, s.depth, prio, p, refuse)
+			}
+			if p != nil {
+				want[prio]++
+				if p.Status != http.StatusServiceUnavailable || p.Slug() != protocol.ProblemQueueOverflow || p.RetryAfterSeconds < 1 {
+					t.Errorf("step %d: Check(%s) = %d %q retry %d, want 503 queue-overflow with Retry-After", i, prio, p.Status, p.Slug(), p.RetryAfterSeconds)
+				}
+			}
+		}
+	}
+	for _, prio := range protocol.Priorities {
+		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("overflow", string(prio))); got != want[prio] {
+			t.Errorf("rejections{overflow,%s} = %v, want %v", prio, got, want[prio])
+		}
+	}
+}
+
+func TestOverflowConfigShedFractions(t *testing.T) {
+	t.Parallel()
+	for _, c := range []OverflowConfig{
+		{ShedLowFraction: 0.9, ShedNormalFraction: 0.8},
+		{ShedLowFraction: -0.1},
+		{ShedNormalFraction: 1.1},
+	} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("Validate(%+v) = nil, want an error", c)
+		}
+	}
+	if err := (OverflowConfig{ShedLowFraction: 1, ShedNormalFraction: 1}).Validate(); err != nil {
+		t.Errorf("fractions of 1 (shed only at the threshold): %v", err)
 	}
 }

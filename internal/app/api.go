@@ -23,6 +23,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 	"github.com/spillway-dev/spillway/internal/web"
 	"github.com/spillway-dev/spillway/internal/web/cors"
 )
@@ -102,7 +103,7 @@ func (a *API) build() error {
 		return err
 	}
 	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
-		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log,
+		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log, Tracing: a.tel,
 		LogWriter: logw, LogReader: logr, Canceller: a.canceller, Positions: a.positions(),
 	})
 	if err != nil {
@@ -183,7 +184,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		})
 	})
 	gw, err := gateway.New(GatewayConfig(cfg), gateway.Deps{
-		Producer: q.Queue, Results: sub, Canceller: sub, Quota: quota, Metrics: m, Log: log,
+		Producer: q.Queue, Results: sub, Canceller: sub, Quota: quota, Metrics: m, Log: log, Tracing: a.tel,
 	})
 	if err != nil {
 		return nil, nil, err
@@ -200,7 +201,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		}
 		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 			Consumer: q.Consumer, Pool: a.pool, Provider: a.workerProvider(), Results: pub, Cancels: pub,
-			Metrics: m, Log: log.With("component", "worker"),
+			Metrics: m, Log: log.With("component", "worker"), Tracing: a.tel,
 		})
 		if err != nil {
 			return nil, nil, err
@@ -235,6 +236,10 @@ func (a *API) routes() *gin.Engine {
 	if p := cors.New(cors.Config{AllowedOrigins: a.cfg.CORSAllowedOrigins}); p.Enabled() {
 		e.Use(p.Gin())
 	}
+	// The server span of each request, continuing an incoming traceparent
+	// (docs/TRACING.md); after CORS, so preflights are not traced, and
+	// before recovery, so a panic still ends the span.
+	e.Use(a.tel.GinMiddleware(telemetry.ServiceAPI))
 	// A panic in a handler is a bug; the client still gets a problem
 	// document, and the log gets the stack.
 	e.Use(gin.CustomRecoveryWithWriter(io.Discard, func(c *gin.Context, err any) {
@@ -294,7 +299,9 @@ func (a *API) readyz(c *gin.Context) {
 // closed, half-sent bodies and stalled readers included. Only once every
 // stream ended do the background components stop, since queued streams
 // still open need the in-process workers. Close, after Serve, releases
-// the clients.
+// the queue and the Redis and Kafka clients, and last shuts the tracer
+// provider down (bounded to 5s), so the spans every step before ended are
+// flushed (docs/TRACING.md).
 func (a *API) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
 		MaxHeaderBytes: serverMaxHeaderBytes}

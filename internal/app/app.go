@@ -21,6 +21,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Options lets tests replace parts the configuration would build.
@@ -38,11 +39,19 @@ const (
 
 // NewProvider builds the provider LLM_PROVIDER names.
 func NewProvider(cfg *config.Config) (llm.Provider, error) {
+	return newProvider(cfg, nil)
+}
+
+// newProvider builds the provider LLM_PROVIDER names, tracing its calls
+// with tel (nil: untraced).
+func newProvider(cfg *config.Config, tel *telemetry.Provider) (llm.Provider, error) {
 	switch cfg.LLMProvider {
 	case config.ProviderSim:
 		return llm.NewSim(SimConfig(cfg))
 	case config.ProviderOpenAI:
-		return llm.NewOpenAI(OpenAIConfig(cfg))
+		oc := OpenAIConfig(cfg)
+		oc.Tracing = tel
+		return llm.NewOpenAI(oc)
 	}
 	return nil, fmt.Errorf("app: unknown LLM_PROVIDER %q", cfg.LLMProvider)
 }

@@ -22,13 +22,16 @@ const metricsStopTimeout = 5 * time.Second
 // CONSUMER_HTTP_ADDR. Stop order: on ctx end the worker stops fetching,
 // lets running jobs finish within SHUTDOWN_GRACE_SECONDS and leaves the
 // rest for takeover; the metrics server stays up until then, so the last
-// jobs are counted; then the queue, the pool and the clients close.
+// jobs are counted; then the queue, the pool and the clients close; the
+// tracer provider shuts down last (bounded to 5s), flushing the spans of
+// the last jobs (docs/TRACING.md).
 func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	d, err := newDeps(ctx, cfg, log, roleConsumer, Options{})
 	if err != nil {
 		return err
 	}
 	defer d.close()
+	log = d.log // adds the trace ids of the job's span
 	d.obs.watch(d.pool, nil)
 	pub, err := results.NewPublisher(cfg.QueuePrefix, d.rdb)
 	if err != nil {
@@ -36,7 +39,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	}
 	w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 		Consumer: d.queue.Consumer, Pool: d.pool, Provider: d.workerProvider(), Results: pub, Cancels: pub,
-		Metrics: d.obs.m, Log: log,
+		Metrics: d.obs.m, Log: log, Tracing: d.tel,
 	})
 	if err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
@@ -13,7 +14,11 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
+
+// telemetryStopTimeout bounds flushing the last spans at shutdown.
+const telemetryStopTimeout = 5 * time.Second
 
 // deps is what both processes build the same way, once: observability,
 // the Redis client, the provider behind its circuit breaker, the pool and
@@ -27,19 +32,41 @@ type deps struct {
 	breaker *admission.Breaker // the provider every call goes through
 	pool    pool.Pool
 	queue   *OpenedQueue
-	name    string // this process in the consumer group
+	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
+	name    string              // this process in the consumer group
 	closers []func()
 }
 
 // newDeps builds the shared dependencies of a process of role. On error
 // it releases what it built.
 func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role string, opts Options) (d *deps, err error) {
+	// Log lines written with a span in their context carry its ids.
+	log = slog.New(telemetry.NewLogHandler(log.Handler()))
 	d = &deps{cfg: cfg, log: log, obs: newObservability(), name: InstanceName(role)}
 	defer func() {
 		if err != nil {
 			d.close()
 		}
 	}()
+	// Tracing first, before any client or component that may start a
+	// span; its shutdown is the first closer, so it runs last and flushes
+	// the spans of everything closed before it (docs/TRACING.md).
+	service := telemetry.ServiceAPI
+	if role == roleConsumer {
+		service = telemetry.ServiceConsumer
+	}
+	tel, stopTel, err := telemetry.Setup(ctx, service, log, telemetry.WithMetrics(d.obs.m))
+	if err != nil {
+		return nil, err
+	}
+	d.tel = tel
+	d.closers = append(d.closers, func() {
+		sctx, cancel := context.WithTimeout(context.Background(), telemetryStopTimeout)
+		defer cancel()
+		if err := stopTel(sctx); err != nil {
+			log.Warn("telemetry: spans not flushed at shutdown", "err", err)
+		}
+	})
 	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
@@ -51,7 +78,7 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 			return nil, err
 		}
 	default:
-		if provider, err = NewProvider(cfg); err != nil {
+		if provider, err = newProvider(cfg, d.tel); err != nil {
 			return nil, err
 		}
 	}
@@ -67,7 +94,7 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 		return nil, err
 	}
 	if role == roleConsumer || cfg.QueueFailoverEnabled {
-		if d.queue, err = OpenQueue(ctx, cfg, d.rdb, log, d.name); err != nil {
+		if d.queue, err = OpenQueue(ctx, cfg, d.rdb, log, d.name, d.tel); err != nil {
 			return nil, err
 		}
 		d.closers = append(d.closers, d.queue.Close)
@@ -138,7 +165,8 @@ func (d *deps) provider() llm.Provider { return d.breaker }
 // would hand its request to the queue.
 func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.breaker} }
 
-// close releases what newDeps built, newest first.
+// close releases what newDeps built, newest first: the queue, the pool
+// and the clients, then the tracer provider last.
 func (d *deps) close() {
 	for i := len(d.closers) - 1; i >= 0; i-- {
 		d.closers[i]()

@@ -60,9 +60,11 @@ func (o *observability) gatherer() prometheus.Gatherer {
 	})
 }
 
-// metricsHandler serves /metrics.
+// metricsHandler serves /metrics, in the OpenMetrics format when the
+// scraper asks for it: only that format carries the trace-id exemplars
+// (docs/TRACING.md).
 func (o *observability) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(o.gatherer(), promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(o.gatherer(), promhttp.HandlerOpts{EnableOpenMetrics: true})
 }
 
 // healthz answers /healthz: the process is up. Readiness (/readyz, api

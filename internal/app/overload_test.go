@@ -47,7 +47,7 @@ func TestQueueOverflowRefusesAndKeepsAccepted(t *testing.T) {
 	if p.Status != http.StatusServiceUnavailable || p.Slug() != protocol.ProblemQueueOverflow || ra < 1 || ra > 7 {
 		t.Fatalf("problem %+v Retry-After %d", p, ra)
 	}
-	if got := scrape(t, url+"/metrics", `spillway_queue_rejections_total{reason="overflow"}`); got < 1 {
+	if got := scrape(t, url+"/metrics", `spillway_queue_rejections_total{priority="normal",reason="overflow"}`); got < 1 {
 		t.Fatalf("overflow rejections %v", got)
 	}
 	// A worker drains the backlog: everything accepted completes.

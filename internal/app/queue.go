@@ -11,6 +11,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/kafka"
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Queue is what a process needs of the job queue QUEUE_TYPE names.
@@ -40,18 +41,21 @@ type redisQueue struct {
 func (q redisQueue) Ping(ctx context.Context) error { return q.rdb.Ping(ctx).Err() }
 
 // OpenQueue opens the queue QUEUE_TYPE names; member is this process's
-// name in the consumer group.
+// name in the consumer group; tel, when on, writes the trace context into
+// Kafka record headers.
 // Kafka topics are created when missing; a broker that is down at start is
 // logged, not fatal: enqueues then fail with 503 until it is back, and the
 // direct path keeps serving.
-func OpenQueue(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, log *slog.Logger, member string) (*OpenedQueue, error) {
+func OpenQueue(ctx context.Context, cfg *config.Config, rdb redis.UniversalClient, log *slog.Logger, member string, tel *telemetry.Provider) (*OpenedQueue, error) {
 	switch cfg.QueueType {
 	case config.QueueTypeKafka:
 		claims, err := kafka.NewRedisClaims(kafka.RedisClaimsConfig{Prefix: cfg.QueuePrefix}, rdb)
 		if err != nil {
 			return nil, err
 		}
-		q, err := kafka.New(KafkaConfig(cfg, claims), log.With("component", "kafka"))
+		kc := KafkaConfig(cfg, claims)
+		kc.Tracing = tel
+		q, err := kafka.New(kc, log.With("component", "kafka"))
 		if err != nil {
 			return nil, err
 		}

@@ -77,6 +77,7 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, error) {
 		NewProvider: func(s upstream.Spec) (llm.Provider, error) {
 			oc := OpenAIConfig(cfg)
 			oc.BaseURL, oc.APIKey = s.BaseURL, s.APIKey
+			oc.Tracing = d.tel
 			return llm.NewOpenAI(oc)
 		},
 		Caps: caps, Health: health, Quota: quota, Metrics: m, Log: log,

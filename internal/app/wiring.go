@@ -72,6 +72,7 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	return admission.OverflowConfig{
 		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
 		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
+		ShedLowFraction: cfg.QueueShedLowFraction, ShedNormalFraction: cfg.QueueShedNormalFraction,
 	}
 }
 
@@ -113,20 +114,33 @@ func ResultsConfig(cfg *config.Config) results.SubscriberConfig {
 
 // GatewayConfig is the api's queued path.
 func GatewayConfig(cfg *config.Config) gateway.Config {
+	system, name := queueTraceName(cfg)
 	return gateway.Config{
 		QueueTimeout: cfg.QueueFailoverTimeout(), WorkerHeartbeat: cfg.WorkerHeartbeat(), ReclaimIdle: cfg.QueueReclaimIdle(),
+		QueueSystem: system, QueueName: name,
 	}
 }
 
 // WorkerConfig is the worker configuration the settings give.
 func WorkerConfig(cfg *config.Config) worker.Config {
+	system, name := queueTraceName(cfg)
 	return worker.Config{
 		Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat(),
 		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		QueueSystem: system, QueueName: name,
 		ReclaimIdle: cfg.QueueReclaimIdle(),
 	}
+}
+
+// queueTraceName is the queue as the enqueue and job spans name it:
+// messaging.system and the stream or topic (docs/TRACING.md).
+func queueTraceName(cfg *config.Config) (system, name string) {
+	if cfg.QueueType == config.QueueTypeKafka {
+		return "kafka", kafka.DefaultTopic
+	}
+	return "redis", redisstream.StreamKey(cfg.QueuePrefix)
 }
 
 // StreamConfig is the handler of POST /v1/stream.
@@ -144,6 +158,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		BodyReadTimeout:    cfg.BodyReadTimeout(),
 		ResumeWindow:       cfg.StreamResumeWindow(),
 		LogTTL:             cfg.StreamLogTTL(),
+		PriorityMax:        protocol.Priority(cfg.PriorityMax),
 		Retry:              RetryPolicy(cfg),
 	}
 }

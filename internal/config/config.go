@@ -76,6 +76,10 @@ type Config struct {
 	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`
 	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again. Default 500.
 	QueueOverflowHysteresis int `env:"QUEUE_OVERFLOW_HYSTERESIS" envDefault:"500"`
+	// QueueShedLowFraction is the share of the threshold from which low-priority requests get 503. Default 0.5.
+	QueueShedLowFraction float64 `env:"QUEUE_SHED_LOW_FRACTION" envDefault:"0.5"`
+	// QueueShedNormalFraction is the share of the threshold from which normal requests get 503. Default 0.8.
+	QueueShedNormalFraction float64 `env:"QUEUE_SHED_NORMAL_FRACTION" envDefault:"0.8"`
 	// QueueRetryAfterSeconds is the upper bound of Retry-After on overflow. Default 60.
 	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
 	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
@@ -133,6 +137,8 @@ type Config struct {
 	// APIKeys are accepted bearer keys, or sha256:<hex> digests of them,
 	// each optionally ending in =high|normal|low; empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
+	// PriorityMax is the highest X-Priority a caller without a key maximum may ask for. Default normal.
+	PriorityMax string `env:"PRIORITY_MAX" envDefault:"normal"`
 	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it). Default true.
 	TrustUserIDHeader bool `env:"TRUST_USER_ID_HEADER" envDefault:"true"`
 	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP count. Default empty.

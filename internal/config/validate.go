@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/identity"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER and CORS_ALLOWED_ORIGINS.
@@ -140,6 +141,15 @@ func (c *Config) Validate() error {
 		c.QueueOverflowHysteresis >= c.QueueOverflowThreshold {
 		v.fail("QUEUE_OVERFLOW_HYSTERESIS", "(%d) must be less than QUEUE_OVERFLOW_THRESHOLD (%d)",
 			c.QueueOverflowHysteresis, c.QueueOverflowThreshold)
+	}
+	if !(c.QueueShedLowFraction > 0 && c.QueueShedLowFraction <= 1) { // written so NaN fails too
+		v.fail("QUEUE_SHED_LOW_FRACTION", "(%g) must be above 0 and at most 1", c.QueueShedLowFraction)
+	} else if !(c.QueueShedNormalFraction >= c.QueueShedLowFraction && c.QueueShedNormalFraction <= 1) {
+		v.fail("QUEUE_SHED_NORMAL_FRACTION", "(%g) must be at least QUEUE_SHED_LOW_FRACTION (%g) and at most 1",
+			c.QueueShedNormalFraction, c.QueueShedLowFraction)
+	}
+	if _, err := protocol.ParsePriority(c.PriorityMax); err != nil {
+		v.fail("PRIORITY_MAX", "(%q) must be high, normal or low", c.PriorityMax)
 	}
 	v.atLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 1)
 	v.atLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, minDepthCacheTTLMS)

@@ -15,6 +15,8 @@ package failover
 import (
 	"context"
 	"errors"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // ErrClaimLost is returned by Consumer.Touch when this member no longer
@@ -37,6 +39,11 @@ type Delivery struct {
 	// Attempt is 1 on first delivery and grows with each redelivery or
 	// takeover of the same job.
 	Attempt int
+	// Trace is the job's trace context when the backend carries it beside
+	// the body (Kafka record headers), TraceDropped when it carried one
+	// out of bounds; the worker uses them when the job has no trace field.
+	Trace        *protocol.TraceContext
+	TraceDropped bool
 }
 
 // Producer enqueues jobs. Safe for concurrent use.

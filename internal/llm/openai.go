@@ -17,7 +17,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 const (
@@ -85,6 +88,10 @@ type OpenAIConfig struct {
 	// many concurrent streams to one upstream reuse connections. Its
 	// Client.Timeout must be zero: it would cut long streams.
 	HTTPClient *http.Client
+	// Tracing, when on, gives each call a "chat {model}" client span with
+	// the GenAI attributes, and sends the W3C traceparent upstream
+	// (docs/TRACING.md). Nil or off: no span, no header, no allocation.
+	Tracing *telemetry.Provider
 }
 
 // Validate reports the first invalid field of c.
@@ -121,6 +128,7 @@ type OpenAI struct {
 	idle       time.Duration
 	timeout    time.Duration
 	client     *http.Client
+	tracing    *telemetry.Provider
 }
 
 var _ Provider = (*OpenAI)(nil)
@@ -135,7 +143,14 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	if client == nil {
 		client = sharedClient()
 	}
+	if cfg.Tracing.Enabled() {
+		// A copy, so the shared client stays untraced for other users.
+		traced := *client
+		traced.Transport = cfg.Tracing.HTTPTransport(client.Transport)
+		client = &traced
+	}
 	o := &OpenAI{
+		tracing:    cfg.Tracing,
 		endpoint:   strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
 		apiKey:     cfg.APIKey,
 		model:      cfg.Model,
@@ -223,6 +238,33 @@ func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func
 	if model == "" {
 		model = o.model
 	}
+	ctx, span := o.tracing.StartProviderCall(ctx, o.Name(), model)
+	res, err := o.stream(ctx, model, req, emit, span)
+	endCall(ctx, span, res, err)
+	return res, err
+}
+
+// endCall records how a provider call ended on its span and ends it.
+func endCall(ctx context.Context, span trace.Span, res Result, err error) {
+	if !span.IsRecording() {
+		return
+	}
+	switch {
+	case err == nil:
+		telemetry.SetCallResult(span, telemetry.CallResult{
+			InputTokens: res.Usage.PromptTokens, OutputTokens: res.Usage.CompletionTokens, FinishReason: res.FinishReason,
+		})
+		telemetry.Outcome(span, "done", "")
+	case ctx.Err() != nil:
+		telemetry.Outcome(span, "cancelled", "")
+	default:
+		telemetry.Outcome(span, telemetry.OutcomeError, "")
+	}
+	span.End()
+}
+
+// stream is Stream for model, under span (a no-op span when untraced).
+func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequest, emit func(content string) error, span trace.Span) (Result, error) {
 	body, err := json.Marshal(openAIRequest{
 		Model:         model,
 		Messages:      req.Messages,
@@ -234,7 +276,7 @@ func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func
 	if err != nil {
 		return Result{}, &Error{Err: fmt.Errorf("openai: encode request: %w", err)}
 	}
-	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit}
+	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span}
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		c.callCtx, cancel = context.WithTimeoutCause(c.callCtx, o.timeout, errCallTime)
@@ -283,6 +325,7 @@ type openAICall struct {
 	ctx     context.Context // the caller's
 	callCtx context.Context // ctx bounded by the call's timeouts
 	emit    func(string) error
+	span    trace.Span  // the provider-call span, for its first_chunk event
 	timer   *time.Timer // fires errStalled on callCtx
 	// started is set at the first chunk; from then on the timer measures
 	// silence (IdleTimeout) instead of the wait for the first chunk.
@@ -298,6 +341,7 @@ func (c *openAICall) start() {
 	if !c.started {
 		c.started = true
 		c.timer.Stop()
+		telemetry.FirstChunk(c.span)
 	}
 }
 

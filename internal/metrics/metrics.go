@@ -47,7 +47,7 @@ type Metrics struct {
 	PoolRefusals      *prometheus.CounterVec   // spillway_pool_refusals_total{limit}
 	QueueDepth        prometheus.Gauge         // spillway_queue_depth
 	QueueThreshold    prometheus.Gauge         // spillway_queue_threshold
-	QueueRejections   *prometheus.CounterVec   // spillway_queue_rejections_total{reason}
+	QueueRejections   *prometheus.CounterVec   // spillway_queue_rejections_total{reason,priority}
 	QueueWait         prometheus.Histogram     // spillway_queue_wait_seconds
 	WorkerJobs        *prometheus.CounterVec   // spillway_worker_jobs_total{outcome}
 	WorkerRetries     *prometheus.CounterVec   // spillway_worker_retries_total{reason}
@@ -57,6 +57,7 @@ type Metrics struct {
 	RateLimited       prometheus.Counter       // spillway_rate_limited_total
 	MalformedMessages *prometheus.CounterVec   // spillway_malformed_messages_total{source}
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
+	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
 }
 
 // latencyBuckets cover sub-millisecond overheads up to minute-long waits.
@@ -94,8 +95,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "spillway_queue_threshold", Help: "QUEUE_OVERFLOW_THRESHOLD.",
 		}),
 		QueueRejections: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spillway_queue_rejections_total", Help: "Requests refused instead of queued, by reason.",
-		}, []string{"reason"}),
+			Name: "spillway_queue_rejections_total", Help: "Requests refused instead of queued, by reason and priority.",
+		}, []string{"reason", "priority"}),
 		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "spillway_queue_wait_seconds", Help: "Enqueue to a worker starting the job.",
 			Buckets: latencyBuckets,
@@ -124,11 +125,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		SubscriptionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_subscriptions_lost_total", Help: "Result subscriptions ended by the subscriber (overflow, connection_lost).",
 		}, []string{"reason"}),
+		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
+		}),
 	}
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
-		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost)
+		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)
@@ -137,7 +141,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}
 	}
 	for _, r := range []string{"overflow", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
-		m.QueueRejections.WithLabelValues(r)
+		for _, p := range protocol.Priorities {
+			m.QueueRejections.WithLabelValues(r, string(p))
+		}
 	}
 	for _, o := range []string{JobDone, JobError, JobExpired, JobCancelled, JobDeadLetter} {
 		m.WorkerJobs.WithLabelValues(o)

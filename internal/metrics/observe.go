@@ -1,12 +1,21 @@
 package metrics
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
+)
 
 // The methods below let *Metrics stand for the small metrics interfaces
 // components declare where they use them.
 
-// QueueRejected counts a request refused instead of queued, by reason.
-func (m *Metrics) QueueRejected(reason string) { m.QueueRejections.WithLabelValues(reason).Inc() }
+// QueueRejected counts a request of priority prio refused instead of
+// queued, by reason.
+func (m *Metrics) QueueRejected(reason string, prio protocol.Priority) {
+	m.QueueRejections.WithLabelValues(reason, string(prio.OrNormal())).Inc()
+}
 
 // MalformedMessage counts a queue or result message skipped, by source.
 func (m *Metrics) MalformedMessage(source string) { m.MalformedMessages.WithLabelValues(source).Inc() }
@@ -47,4 +56,20 @@ func (m *Metrics) StreamEnded(path, outcome string) {
 // FirstChunk observes request arrival to first chunk written on path.
 func (m *Metrics) FirstChunk(path string, d time.Duration) {
 	m.TimeToFirstChunk.WithLabelValues(path).Observe(d.Seconds())
+}
+
+// TraceContextInvalid counts a trace field that was present but unusable
+// (telemetry.Metrics).
+func (m *Metrics) TraceContextInvalid() { m.TraceInvalid.Inc() }
+
+// QueueWaitedTraced is QueueWaited with the trace id of ctx's sampled span
+// as an exemplar (docs/TRACING.md).
+func (m *Metrics) QueueWaitedTraced(ctx context.Context, d time.Duration) {
+	telemetry.ObserveWithExemplar(ctx, m.QueueWait, d.Seconds())
+}
+
+// FirstChunkTraced is FirstChunk with the trace id of ctx's sampled span
+// as an exemplar (docs/TRACING.md).
+func (m *Metrics) FirstChunkTraced(ctx context.Context, path string, d time.Duration) {
+	telemetry.ObserveWithExemplar(ctx, m.TimeToFirstChunk.WithLabelValues(path), d.Seconds())
 }

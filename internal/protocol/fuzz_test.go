@@ -151,6 +151,10 @@ func FuzzDecodeJob(f *testing.F) {
 	} {
 		f.Add([]byte(strings.TrimSuffix(sampleJobWire, `}`) + `,"trace":` + trace + `}`))
 	}
+	// Priorities, known and not.
+	for _, prio := range []string{`"high"`, `"normal"`, `"low"`, `""`, `"urgent"`, `2`, `null`} {
+		f.Add([]byte(strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":` + prio + `}`))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		j, err := DecodeJob(b)
 		if err != nil {
@@ -166,6 +170,9 @@ func FuzzDecodeJob(f *testing.F) {
 			t.Fatalf("DecodeJob accepted zero times: %+v", j)
 		}
 		checkMessages(t, j.Payload.Messages, maxMessagesHardLimit)
+		if _, err := ParsePriority(string(j.Priority)); j.Priority != "" && err != nil {
+			t.Fatalf("DecodeJob accepted priority %q", j.Priority)
+		}
 		if j.Trace != nil {
 			if j.TraceDropped || j.Trace.IsZero() || j.Trace.Validate() != nil {
 				t.Fatalf("DecodeJob kept trace %+v (dropped %v)", *j.Trace, j.TraceDropped)

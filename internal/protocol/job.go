@@ -50,6 +50,11 @@ func DecodeJob(b []byte) (Job, error) {
 	if err := validateMessages(j.Payload.Messages, maxMessagesHardLimit); err != nil {
 		return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
 	}
+	if j.Priority != "" {
+		if _, err := ParsePriority(string(j.Priority)); err != nil {
+			return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
+		}
+	}
 	j.Trace, j.TraceDropped = normalizeTrace(j.Trace)
 	return j, nil
 }

@@ -128,6 +128,8 @@ func TestJobRoundTrip(t *testing.T) {
 		},
 		"request id of 128 chars":         func(j *Job) { j.RequestID = strings.Repeat("r", 128) },
 		"trace context":                   func(j *Job) { *j = sampleTracedJob() },
+		"priority high":                   func(j *Job) { j.Priority = PriorityHigh },
+		"priority low":                    func(j *Job) { j.Priority = PriorityLow },
 		"trace context with baggage only": func(j *Job) { j.Trace = &TraceContext{Baggage: "k=v;meta, k2 = v2"} },
 		"non utc times": func(j *Job) {
 			loc := time.FixedZone("", 5*3600+30*60)
@@ -152,6 +154,55 @@ func TestJobRoundTrip(t *testing.T) {
 				t.Errorf("round trip of %s:\n got %+v\nwant %+v", b, got, in)
 			}
 		})
+	}
+}
+
+// A job written before priorities existed has none and is read as
+// normal; one with a priority carries it on the wire.
+func TestJobPriorityWire(t *testing.T) {
+	t.Parallel()
+	old, err := DecodeJob([]byte(sampleJobWire))
+	if err != nil {
+		t.Fatalf("DecodeJob: %v", err)
+	}
+	if old.Priority != "" || old.Priority.OrNormal() != PriorityNormal {
+		t.Errorf("job without priority: %q (OrNormal %q), want empty and normal", old.Priority, old.Priority.OrNormal())
+	}
+	j := sampleJob()
+	j.Priority = PriorityLow
+	b, err := EncodeJob(j)
+	if err != nil {
+		t.Fatalf("EncodeJob: %v", err)
+	}
+	if want := strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":"low"}`; string(b) != want {
+		t.Errorf("EncodeJob with priority:\n got %s\nwant %s", b, want)
+	}
+}
+
+func TestPriority(t *testing.T) {
+	t.Parallel()
+	for _, s := range []string{"", "HIGH", "urgent", " high", "normal\n"} {
+		if p, err := ParsePriority(s); err == nil {
+			t.Errorf("ParsePriority(%q) = %q, want error", s, p)
+		}
+	}
+	tests := []struct{ ask, ceiling, want Priority }{
+		{PriorityHigh, PriorityNormal, PriorityNormal},
+		{PriorityHigh, PriorityHigh, PriorityHigh},
+		{PriorityNormal, PriorityLow, PriorityLow},
+		{PriorityLow, PriorityHigh, PriorityLow},
+		{"", PriorityHigh, PriorityNormal},
+		{"", PriorityLow, PriorityLow},
+	}
+	for _, tt := range tests {
+		if got := tt.ask.AtMost(tt.ceiling); got != tt.want {
+			t.Errorf("%q.AtMost(%q) = %q, want %q", tt.ask, tt.ceiling, got, tt.want)
+		}
+	}
+	for i, p := range Priorities {
+		if got, err := ParsePriority(string(p)); err != nil || got != p || p.Rank() != i {
+			t.Errorf("ParsePriority(%q) = %q, %v; rank %d, want %d", p, got, err, p.Rank(), i)
+		}
 	}
 }
 
@@ -205,6 +256,9 @@ func TestDecodeJobRejects(t *testing.T) {
 		{"content empty", edit(`"content":"Hello"`, `"content":""`)},
 		{"content NUL", edit(`"content":"Hello"`, `"content":"Hel\u0000lo"`)},
 		{"content number", edit(`"content":"Hello"`, `"content":5`)},
+		{"priority unknown", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":"urgent"}`},
+		{"priority upper case", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":"HIGH"}`},
+		{"priority number", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":2}`},
 		{"oversized", edit(`"content":"Hello"`, `"content":"`+hugeContent+`"`)},
 	}
 	for _, tt := range tests {

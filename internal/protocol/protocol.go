@@ -106,4 +106,8 @@ type Job struct {
 	// could not accept and dropped; the job itself is fine. It is not part
 	// of the wire format: it tells the consumer to count the bad field.
 	TraceDropped bool `json:"-"`
+	// Priority is the request's effective priority, after the caller's
+	// maximum lowered it (docs/API.md, "Priority"), so workers and their
+	// logs see it. Optional: a job without one is normal.
+	Priority Priority `json:"priority,omitempty"`
 }

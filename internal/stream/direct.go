@@ -22,7 +22,7 @@ func (h *Handler) direct(x *exchange, lease pool.Lease) {
 	// within a resume window; the session cancels it when the stream ends.
 	ctx, cancel := context.WithCancel(context.WithoutCancel(x.r.Context()))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
-	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, release: release, frames: frames}
+	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, prio: x.prio, release: release, frames: frames}
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
@@ -49,6 +49,7 @@ type directProducer struct {
 	req       protocol.ChatRequest
 	requestID string
 	user      string
+	prio      protocol.Priority
 	release   func() // releases the slot; idempotent
 	frames    chan<- protocol.Result
 	handedOff atomic.Bool
@@ -128,12 +129,12 @@ func (p *directProducer) handOff(ctx context.Context, cause error) {
 		t.Stop()
 		return
 	}
-	if prob := h.gate.MayQueue(); prob != nil {
+	if prob := h.gate.MayQueue(p.prio); prob != nil {
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
 		return
 	}
 	relay, err := h.spill.Spill(ctx, protocol.Job{
-		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, Payload: p.req,
+		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, Payload: p.req, Priority: p.prio,
 	})
 	if err != nil {
 		var prob *protocol.Problem

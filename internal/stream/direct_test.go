@@ -70,7 +70,7 @@ func TestHandlerDirectHandsThrottledCallToQueue(t *testing.T) {
 		h := newDirectHandler(t, p, prov, sp, g)
 
 		start := time.Now()
-		w := post(h, validBody, map[string]string{"X-User-ID": "u1"})
+		w := post(h, validBody, map[string]string{"X-User-ID": "u1", "X-Priority": "low"})
 		body := w.Body.String()
 		var requestID string
 		if ids := w.Header()[stream.RequestIDHeader]; len(ids) == 1 {
@@ -96,8 +96,12 @@ func TestHandlerDirectHandsThrottledCallToQueue(t *testing.T) {
 		if rel[0] != 1 {
 			t.Errorf("%d slots released when the job was spilled, want 1: the wait and the queue hold none", rel[0])
 		}
-		if job := sp.jobs[0]; job.UserID != "user:u1" || job.RequestID != requestID || requestID == "" || len(job.Payload.Messages) != 1 {
-			t.Errorf("spilled job %+v, want the request's id, user and payload", job)
+		if job := sp.jobs[0]; job.UserID != "user:u1" || job.RequestID != requestID || requestID == "" || len(job.Payload.Messages) != 1 ||
+			job.Priority != protocol.PriorityLow {
+			t.Errorf("spilled job %+v, want the request's id, user, payload and priority", job)
+		}
+		if len(g.queuing) != 1 || g.queuing[0] != protocol.PriorityLow {
+			t.Errorf("hand-off asked MayQueue for %q, want low once", g.queuing)
 		}
 		if completed := <-relay.closed; !completed {
 			t.Error("relay closed as not completed, want completed: the workers must not be told the client left")

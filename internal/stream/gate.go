@@ -12,12 +12,14 @@ import (
 // use; every method answers from cached state, without I/O except Admit's
 // rate limit.
 type Gate interface {
-	// Admit says whether this request may run at all: nil, or the
-	// problem to refuse it with (rate-limited, provider-unavailable).
-	Admit(ctx context.Context, identity string) *protocol.Problem
-	// MayQueue says whether a request may join the queue: nil, or the
-	// problem to refuse it with (queue-overflow).
-	MayQueue() *protocol.Problem
+	// Admit says whether this request, of priority prio, may run at all:
+	// nil, or the problem to refuse it with (rate-limited,
+	// provider-unavailable).
+	Admit(ctx context.Context, identity string, prio protocol.Priority) *protocol.Problem
+	// MayQueue says whether a request of priority prio may join the queue:
+	// nil, or the problem to refuse it with (queue-overflow; a lower
+	// priority is refused at a smaller backlog).
+	MayQueue(prio protocol.Priority) *protocol.Problem
 	// QueueFirst says whether jobs wait that could use the slot a new
 	// request would take, so it must queue behind them rather than take it.
 	QueueFirst() bool
@@ -31,11 +33,11 @@ type Gate interface {
 // openGate admits everything and advises a fixed Retry-After.
 type openGate struct{ retryAfter time.Duration }
 
-func (openGate) Admit(context.Context, string) *protocol.Problem { return nil }
-func (openGate) MayQueue() *protocol.Problem                     { return nil }
-func (openGate) QueueFirst() bool                                { return false }
-func (g openGate) RetryAfter() time.Duration                     { return g.retryAfter }
-func (openGate) ServiceDone(time.Duration)                       {}
+func (openGate) Admit(context.Context, string, protocol.Priority) *protocol.Problem { return nil }
+func (openGate) MayQueue(protocol.Priority) *protocol.Problem                       { return nil }
+func (openGate) QueueFirst() bool                                                   { return false }
+func (g openGate) RetryAfter() time.Duration                                        { return g.retryAfter }
+func (openGate) ServiceDone(time.Duration)                                          {}
 
 // Stream outcome label values of spillway_streams_total.
 const (

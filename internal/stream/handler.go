@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/identity"
@@ -17,6 +18,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Defaults of zero Config fields.
@@ -78,6 +80,10 @@ type Config struct {
 	// LogTTL is STREAM_LOG_TTL_SECONDS: how long a stop mark outlives the
 	// request, like its log.
 	LogTTL time.Duration
+	// PriorityMax is the highest X-Priority a caller without a key maximum
+	// may ask for; a higher ask is lowered to it (PRIORITY_MAX). Default
+	// normal: an anonymous caller cannot jump the queue.
+	PriorityMax protocol.Priority
 	// BodyReadTimeout bounds reading the request body
 	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
 	BodyReadTimeout time.Duration
@@ -97,6 +103,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FrameBuffer == 0 {
 		c.FrameBuffer = DefaultFrameBuffer
+	}
+	if c.PriorityMax == "" {
+		c.PriorityMax = protocol.PriorityNormal
 	}
 	if c.BodyReadTimeout == 0 {
 		c.BodyReadTimeout = DefaultBodyReadTimeout
@@ -122,6 +131,9 @@ func (c Config) Validate() error {
 	}
 	if _, err := newResolver(c); err != nil {
 		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
+	}
+	if _, err := protocol.ParsePriority(string(c.PriorityMax)); err != nil {
+		errs = append(errs, fmt.Errorf("stream: PriorityMax: %w", err))
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("stream: %w", err))
@@ -154,6 +166,8 @@ type Deps struct {
 	// Canceller tells whichever process runs a stream (and the workers)
 	// that its owner stopped it; nil stops only streams of this process.
 	Canceller failover.Canceller
+	// Tracing adds the spans of docs/TRACING.md; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // LogWriter appends to the per-request stream log without waiting for
@@ -191,6 +205,7 @@ type Handler struct {
 	logr      LogReader
 	canceller failover.Canceller
 	progress  *progress // nil without Deps.Positions
+	tel       *telemetry.Provider
 
 	liveMu sync.Mutex
 	live   map[string]chan struct{} // streams of this process, by request id: closed to stop
@@ -227,7 +242,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		models[m] = true
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, ids: ids, models: models, draining: make(chan struct{}),
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, tel: deps.Tracing, draining: make(chan struct{}),
 		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, live: make(map[string]chan struct{}),
 		progress: newProgress(deps.Positions)}, nil
 }
@@ -253,6 +268,7 @@ type exchange struct {
 	user      string            // the identity's name: pool, queue and limits key on it
 	id        identity.Identity // who is asking (docs/API.md, "Identity")
 	open      opener            // set once the request was read
+	prio      protocol.Priority // effective priority, after the caller's maximum
 }
 
 // ServeHTTP parses the request, finds the caller's identity and streams
@@ -266,10 +282,15 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	defer h.wg.Done()
 	x := &exchange{w: w, r: r, d: d, requestID: uuid.NewString(), start: time.Now()}
 	setRequestID(w.Header(), x.requestID)
+	// The server span (otelgin) names the request.
+	telemetry.SetRequest(trace.SpanFromContext(r.Context()), x.requestID, "")
 
 	prob := h.parseRequest(x)
 	if prob == nil {
-		prob = h.gate.Admit(r.Context(), x.user)
+		x.prio, prob = h.priority(x)
+	}
+	if prob == nil {
+		prob = h.admit(r.Context(), x.user, x.prio)
 	}
 	if prob != nil {
 		h.refuse(x, prob, "")
@@ -277,8 +298,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	}
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
-		lease, err := h.pool.TryAcquire(r.Context(), x.user)
+		lease, err := h.tryAcquire(r.Context(), x.user)
 		if err == nil {
+			telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
 			h.direct(x, lease)
 			return
 		}
@@ -294,6 +316,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		h.refuse(x, protocol.PoolExhausted(h.retryAfter()), protocol.PathDirect)
 		return
 	}
+	telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathQueued)
 	h.queued(x)
 }
 

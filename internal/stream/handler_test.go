@@ -132,12 +132,26 @@ type fakeGate struct {
 	retryAfter time.Duration
 	mu         sync.Mutex
 	served     []time.Duration
+	admitted   []protocol.Priority // priorities Admit was asked about
+	queuing    []protocol.Priority // priorities MayQueue was asked about
 }
 
-func (g *fakeGate) Admit(context.Context, string) *protocol.Problem { return g.admit }
-func (g *fakeGate) MayQueue() *protocol.Problem                     { return g.mayQueue }
-func (g *fakeGate) QueueFirst() bool                                { return g.queueFirst }
-func (g *fakeGate) RetryAfter() time.Duration                       { return g.retryAfter }
+func (g *fakeGate) Admit(_ context.Context, _ string, prio protocol.Priority) *protocol.Problem {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.admitted = append(g.admitted, prio)
+	return g.admit
+}
+
+func (g *fakeGate) MayQueue(prio protocol.Priority) *protocol.Problem {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.queuing = append(g.queuing, prio)
+	return g.mayQueue
+}
+
+func (g *fakeGate) QueueFirst() bool          { return g.queueFirst }
+func (g *fakeGate) RetryAfter() time.Duration { return g.retryAfter }
 func (g *fakeGate) ServiceDone(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -150,6 +164,8 @@ type deps struct {
 	spiller  *fakeSpiller // nil: no queue
 	gate     *fakeGate
 	keys     []string
+	// priorityMax is PRIORITY_MAX; empty takes the default.
+	priorityMax protocol.Priority
 }
 
 func newHandler(tb testing.TB, d deps) *stream.Handler {
@@ -160,7 +176,7 @@ func newHandler(tb testing.TB, d deps) *stream.Handler {
 	}
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
-		DirectPathEnabled: true, APIKeys: d.keys,
+		DirectPathEnabled: true, APIKeys: d.keys, PriorityMax: d.priorityMax,
 	}, sd)
 	if err != nil {
 		tb.Fatalf("stream.New: %v", err)

@@ -10,12 +10,12 @@ import (
 // publish (docs/ARCHITECTURE.md, "Queued path"). The relay is subscribed
 // before the job is enqueued.
 func (h *Handler) queued(x *exchange) {
-	if p := h.gate.MayQueue(); p != nil {
+	if p := h.gate.MayQueue(x.prio); p != nil {
 		h.refuse(x, p, protocol.PathQueued)
 		return
 	}
 	relay, err := h.spill.Spill(x.r.Context(), protocol.Job{
-		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, Payload: x.req,
+		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, Payload: x.req, Priority: x.prio,
 	})
 	if err != nil {
 		var p *protocol.Problem

@@ -8,8 +8,11 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // shuttingDownRetryAfter is the Retry-After, in seconds, of the
@@ -48,6 +51,10 @@ type session struct {
 	attached   bool
 	firstChunk bool
 	window     *time.Timer // runs while detached
+	// ctx is the request's, holding its server span; problemType is the
+	// type of the problem the stream ended with, for the span's outcome.
+	ctx         context.Context
+	problemType string
 }
 
 // newSession returns the session of a /v1/stream stream; the caller fills
@@ -75,6 +82,7 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 // resume window), the relay gives up or the server drains. It returns the
 // outcome, and whether the source itself finished (sent done or error).
 func (s *session) serve(ctx context.Context) (string, bool) {
+	s.ctx = ctx
 	closed := s.h.m.StreamOpened(s.path)
 	defer closed()
 	stop, unregister := s.h.register(s.requestID)
@@ -94,6 +102,7 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 		s.window.Stop()
 	}
 	s.h.m.StreamEnded(s.path, outcome)
+	s.traceEnd(outcome)
 	return outcome, finished
 }
 
@@ -237,6 +246,7 @@ func (s *session) wanted() bool {
 // end ends the stream with p: outcome error, or cancelled when the client
 // did not get it.
 func (s *session) end(p *protocol.Problem) string {
+	s.problemType = p.Type
 	if s.emit(Event{Name: protocol.EventError, Problem: p}) != nil || !s.attached {
 		return OutcomeCancelled
 	}
@@ -269,7 +279,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 	case protocol.KindBatch:
 		if s.firstChunk {
 			s.firstChunk = false
-			s.h.m.FirstChunk(s.path, time.Since(s.start))
+			s.firstChunkWritten()
 		}
 		for _, c := range res.Chunks {
 			if e := s.emit(Event{Content: c.Content}); e != nil && err == nil {
@@ -287,6 +297,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 		if r == nil {
 			r = &protocol.Reset{}
 		}
+		telemetry.Reset(trace.SpanFromContext(s.ctx), r.Attempt)
 		return "", false, s.emit(Event{Name: protocol.EventReset, Reset: r})
 	case protocol.KindRetrying:
 		return "", false, s.emit(Event{Name: protocol.EventRetrying, Retrying: res.Retrying})

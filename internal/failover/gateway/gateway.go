@@ -15,7 +15,12 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
+
+// queueSystemKafka is the QueueSystem whose jobs carry their trace context
+// in record headers.
+const queueSystemKafka = "kafka"
 
 // Defaults of zero Config fields.
 const (
@@ -45,6 +50,11 @@ type Config struct {
 	RetryAfter time.Duration
 	// Buffer is results held for a slow client. Default 64.
 	Buffer int
+	// QueueSystem is the queue's messaging.system on the enqueue span
+	// ("redis" or "kafka"), QueueName the stream or topic. On "kafka" the
+	// trace context travels in record headers (the Producer writes them
+	// from the context Enqueue gets), not in the job (docs/TRACING.md).
+	QueueSystem, QueueName string
 }
 
 func (c Config) withDefaults() Config {
@@ -73,7 +83,7 @@ func (c Config) Validate() error {
 // Metrics is what the gateway counts. *metrics.Metrics implements it.
 type Metrics interface {
 	// QueueRejected counts a request not queued, by reason.
-	QueueRejected(reason string)
+	QueueRejected(reason string, prio protocol.Priority)
 	// MalformedMessage counts a message skipped, by source.
 	MalformedMessage(source string)
 	// SubscriptionLost counts a result subscription that ended on its own.
@@ -82,9 +92,9 @@ type Metrics interface {
 
 type nopMetrics struct{}
 
-func (nopMetrics) QueueRejected(string)    {}
-func (nopMetrics) MalformedMessage(string) {}
-func (nopMetrics) SubscriptionLost(string) {}
+func (nopMetrics) QueueRejected(string, protocol.Priority) {}
+func (nopMetrics) MalformedMessage(string)                 {}
+func (nopMetrics) SubscriptionLost(string)                 {}
 
 // Quota bounds what waits in the queue, per identity and in bytes, across
 // every api process; admission.Quota implements it. Safe for concurrent
@@ -112,6 +122,9 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// Tracing starts the enqueue span and carries its context to the
+	// worker; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // Gateway is the api's queued path. Safe for concurrent use.
@@ -145,9 +158,16 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	now := g.now()
 	job.EnqueueTime = now
 	job.Deadline = now.Add(g.cfg.QueueTimeout)
+	// The enqueue span covers subscribe and enqueue; the job carries its
+	// context, so the worker's spans become its children.
+	ctx, span := g.deps.Tracing.StartEnqueue(ctx, g.cfg.QueueSystem, g.cfg.QueueName, job.RequestID)
+	defer span.End()
+	if g.cfg.QueueSystem != queueSystemKafka {
+		job.Trace = g.deps.Tracing.InjectJob(ctx)
+	}
 	body, err := protocol.EncodeJob(job)
 	if err != nil {
-		g.deps.Metrics.QueueRejected("too_large")
+		g.deps.Metrics.QueueRejected("too_large", job.Priority)
 		return nil, protocol.TooLargeToQueue()
 	}
 	if p, err := g.reserve(ctx, job, len(body)); p != nil || err != nil {
@@ -156,7 +176,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	sub, err := g.deps.Results.SubscribeResults(ctx, job.RequestID)
 	if err != nil {
 		g.release(job)
-		g.deps.Metrics.QueueRejected("subscribe_failed")
+		g.deps.Metrics.QueueRejected("subscribe_failed", job.Priority)
 		g.deps.Log.Error("subscribe to result channel failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
@@ -165,7 +185,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
 		g.release(job)
-		g.deps.Metrics.QueueRejected("enqueue_failed")
+		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
@@ -182,12 +202,12 @@ func (g *Gateway) reserve(ctx context.Context, job protocol.Job, bytes int) (*pr
 	p, err := g.deps.Quota.Reserve(ctx, job.UserID, job.RequestID, bytes, g.cfg.QueueTimeout)
 	switch {
 	case err != nil:
-		g.deps.Metrics.QueueRejected("enqueue_failed")
+		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("queue quota failed", "request_id", job.RequestID, "err", err)
 	case p != nil && p.Status == http.StatusTooManyRequests:
-		g.deps.Metrics.QueueRejected("too_many_queued")
+		g.deps.Metrics.QueueRejected("too_many_queued", job.Priority)
 	case p != nil:
-		g.deps.Metrics.QueueRejected("overflow")
+		g.deps.Metrics.QueueRejected("overflow", job.Priority)
 	}
 	return p, err
 }

@@ -62,9 +62,9 @@ func (c *counters) get(key string) int {
 	return c.n[key]
 }
 
-func (c *counters) QueueRejected(reason string)    { c.add("rejected:" + reason) }
-func (c *counters) MalformedMessage(source string) { c.add("malformed:" + source) }
-func (c *counters) SubscriptionLost(reason string) { c.add("lost:" + reason) }
+func (c *counters) QueueRejected(reason string, _ protocol.Priority) { c.add("rejected:" + reason) }
+func (c *counters) MalformedMessage(source string)                   { c.add("malformed:" + source) }
+func (c *counters) SubscriptionLost(reason string)                   { c.add("lost:" + reason) }
 
 // env is one test's queue, result channel and metrics.
 type env struct {

@@ -31,10 +31,11 @@ type relay struct {
 type waitingJob struct {
 	RequestID, UserID string
 	Deadline          time.Time
+	Priority          protocol.Priority
 }
 
 func startRelay(g *Gateway, job protocol.Job, sub failover.ResultSubscription) *relay {
-	r := &relay{g: g, job: waitingJob{RequestID: job.RequestID, UserID: job.UserID, Deadline: job.Deadline}, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
+	r := &relay{g: g, job: waitingJob{RequestID: job.RequestID, UserID: job.UserID, Deadline: job.Deadline, Priority: job.Priority}, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
 		done: make(chan struct{}), stop: make(chan struct{})}
 	r.wg.Go(r.run)
 	return r
@@ -153,7 +154,7 @@ func (r *relay) run() {
 				g.deps.Log.Warn("worker silent, giving up", "request_id", r.job.RequestID, "silence", silence.String())
 				r.giveUp(protocol.WorkerLost(g.retryAfter()))
 			} else {
-				g.deps.Metrics.QueueRejected("timeout")
+				g.deps.Metrics.QueueRejected("timeout", r.job.Priority)
 				g.deps.Log.Warn("no worker started the job in time", "request_id", r.job.RequestID, "timeout", cfg.QueueTimeout.String())
 				r.giveUp(protocol.QueueTimeout(g.retryAfter()))
 			}

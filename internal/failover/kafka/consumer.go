@@ -15,6 +15,8 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // fetchMaxWait is the long-poll of a partition fetch. A generation ends
@@ -51,9 +53,13 @@ type entry struct {
 	offset    int64
 	requestID string
 	body      []byte
-	state     entryState
-	attempt   int
-	retryAt   time.Time
+	// trace is the record's trace headers, or traceDropped when they were
+	// out of bounds.
+	trace        *protocol.TraceContext
+	traceDropped bool
+	state        entryState
+	attempt      int
+	retryAt      time.Time
 	// bump asks the next successful claim to count a new attempt although
 	// the claim is this member's own: its previous delivery ended without
 	// being settled (a failed dead-letter write).
@@ -364,6 +370,7 @@ func (c *Consumer) track(gen *kafkago.Generation, id int, m kafkago.Message) *en
 		return nil
 	}
 	e := &entry{part: p, offset: m.Offset, requestID: string(m.Key), body: m.Value, state: stateQueued}
+	e.trace, e.traceDropped = telemetry.TraceFromKafkaHeaders(m.Headers)
 	p.entries[m.Offset] = e
 	return e
 }
@@ -530,7 +537,8 @@ func (c *Consumer) claim(ctx context.Context, batch []*entry) ([]failover.Delive
 			e.bump = false
 			e.state = stateInflight
 			e.attempt = attempt
-			ds = append(ds, failover.Delivery{ID: deliveryID(e.part.id, e.offset), Body: e.body, Attempt: attempt})
+			ds = append(ds, failover.Delivery{ID: deliveryID(e.part.id, e.offset), Body: e.body, Attempt: attempt,
+				Trace: e.trace, TraceDropped: e.traceDropped})
 		case errors.Is(err, ErrClaimDone):
 			c.markDone(e)
 			finished = true

@@ -46,6 +46,7 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Defaults applied to zero Config fields. Names match docs/QUEUE.md, "Kafka".
@@ -116,6 +117,10 @@ type Config struct {
 	// Timeout bounds each metadata, offset, commit and topic-admin request
 	// and each dial. Default 5s.
 	Timeout time.Duration
+	// Tracing writes the trace context of Enqueue's ctx into the record's
+	// traceparent, tracestate and baggage headers (docs/TRACING.md); nil
+	// writes none.
+	Tracing *telemetry.Provider
 }
 
 // Validate reports whether cfg is usable. It does not change cfg.
@@ -419,9 +424,10 @@ func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) erro
 	err := ctx.Err()
 	if err == nil {
 		err = q.writer.WriteMessages(ctx, kafkago.Message{
-			Topic: q.cfg.Topic,
-			Key:   []byte(requestID),
-			Value: body,
+			Topic:   q.cfg.Topic,
+			Key:     []byte(requestID),
+			Value:   body,
+			Headers: q.cfg.Tracing.InjectKafka(ctx, nil),
 		})
 	}
 	if err != nil {

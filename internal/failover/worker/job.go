@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // handle answers one delivery and settles it: ack, dead-letter, or (when
@@ -21,7 +22,9 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 		w.settle(ctx, d, "", OutcomeDeadLetter, "malformed job: "+err.Error())
 		return
 	}
-	log := w.log.With("request_id", job.RequestID, "attempt", d.Attempt)
+	ctx, span := w.startJob(ctx, &job, d)
+	defer span.End()
+	log := withTrace(w.log.With("request_id", job.RequestID, "attempt", d.Attempt, "priority", job.Priority.OrNormal()), span)
 	gone, err := w.deps.Cancels.Cancelled(ctx, job.RequestID)
 	if err != nil {
 		log.Warn("cancel check failed; running the job", "err", err)
@@ -48,6 +51,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 	beats.Go(func() { w.heartbeat(jobCtx, d, pub) })
 
 	if d.Attempt > 1 {
+		telemetry.Reset(span, d.Attempt)
 		pub.send(jobCtx, protocol.Result{Kind: protocol.KindReset, Reset: &protocol.Reset{Attempt: d.Attempt}})
 	}
 	outcome, reason := w.answer(jobCtx, job, d, pub)
@@ -74,7 +78,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 // answer waits for a slot and streams the answer with retries. It returns
 // the job outcome and, for a dead letter, the reason.
 func (w *Worker) answer(ctx context.Context, job protocol.Job, d failover.Delivery, pub *publisher) (string, string) {
-	lease, err := w.waitSlot(ctx, job, d)
+	lease, err := w.waitSlotTraced(ctx, job, d)
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil {
 			return OutcomeCancelled, ""
@@ -84,6 +88,6 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d failover.Delive
 		return OutcomeExpired, ""
 	}
 	defer lease.Release()
-	w.m.QueueWaited(time.Since(job.EnqueueTime))
+	w.queueWaited(ctx, time.Since(job.EnqueueTime))
 	return w.stream(ctx, job, pub)
 }

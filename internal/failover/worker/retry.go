@@ -115,6 +115,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 		}
 		waited += wait
 		w.m.Retried(reason)
+		traceRetrying(ctx, reason, wait)
 		pub.log.Info("provider failed; retrying", "call", call+1, "wait", wait.String(), "reason", reason, "err", err)
 		pub.send(ctx, protocol.Result{Kind: protocol.KindRetrying, Retrying: &protocol.Retrying{
 			Attempt: call + 1, RetryInSeconds: wait.Seconds(), Reason: reason,

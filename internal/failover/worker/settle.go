@@ -26,4 +26,5 @@ func (w *Worker) settle(ctx context.Context, d failover.Delivery, requestID, out
 		w.log.Error("could not settle job; it will be redelivered", "request_id", requestID, "outcome", outcome, "err", err)
 	}
 	w.m.JobSettled(outcome)
+	traceOutcome(ctx, outcome)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // DefaultStopGrace is the default Config.StopGrace.
@@ -64,6 +65,9 @@ type Config struct {
 	// StopGrace is how long running jobs may finish after Run's context
 	// ends; the rest stay pending for takeover. Default 20s.
 	StopGrace time.Duration
+	// QueueSystem ("redis" or "kafka") and QueueName (stream or topic)
+	// describe the queue on the job span.
+	QueueSystem, QueueName string
 	// ReclaimIdle is QUEUE_RECLAIM_IDLE_SECONDS. A job whose claim was
 	// last refreshed longer than ReclaimIdle minus one Heartbeat ago
 	// publishes nothing more: another worker may have taken it over
@@ -156,6 +160,8 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// Tracing continues each job's trace; nil traces nothing.
+	Tracing *telemetry.Provider
 }
 
 // Worker takes jobs from a Consumer and answers them.

@@ -1,0 +1,60 @@
+package protocol
+
+import "fmt"
+
+// Priority is how urgently a request wants a provider slot (docs/API.md,
+// "Priority"): it decides who is shed first as the backlog grows. The
+// zero value is read as PriorityNormal, so jobs written before the field
+// existed keep their meaning.
+type Priority string
+
+// The priorities a client may ask for with X-Priority, lowest first.
+const (
+	PriorityLow    Priority = "low"
+	PriorityNormal Priority = "normal"
+	PriorityHigh   Priority = "high"
+)
+
+// Priorities lists every priority, lowest first, for metrics that
+// pre-create one series per value.
+var Priorities = []Priority{PriorityLow, PriorityNormal, PriorityHigh}
+
+// ParsePriority reads an X-Priority value or a PRIORITY_MAX setting: one
+// of high, normal, low (exact, lower case). Anything else is an error
+// written for the client.
+func ParsePriority(s string) (Priority, error) {
+	switch p := Priority(s); p {
+	case PriorityLow, PriorityNormal, PriorityHigh:
+		return p, nil
+	}
+	return "", fmt.Errorf("priority %.32q is not one of high, normal, low", s)
+}
+
+// Rank orders priorities: low 0, normal 1, high 2; the zero value ranks
+// as normal.
+func (p Priority) Rank() int {
+	switch p {
+	case PriorityLow:
+		return 0
+	case PriorityHigh:
+		return 2
+	}
+	return 1
+}
+
+// OrNormal returns p, or PriorityNormal for the zero value.
+func (p Priority) OrNormal() Priority {
+	if p == "" {
+		return PriorityNormal
+	}
+	return p
+}
+
+// AtMost returns p lowered to ceiling when it ranks above it: a caller
+// asking for more than it may is served at its maximum, not refused.
+func (p Priority) AtMost(ceiling Priority) Priority {
+	if p.Rank() > ceiling.Rank() {
+		return ceiling.OrNormal()
+	}
+	return p.OrNormal()
+}
