@@ -160,8 +160,14 @@ func TestSubscribeBeforeEnqueue(t *testing.T) {
 	var clients sync.WaitGroup
 	for i := range n {
 		clients.Go(func() {
-			resp := postStream(t, t.Context(), url, prompt(fmt.Sprint("instant ", i)), nil)
+			// One identity each: QUEUE_MAX_PER_IDENTITY would refuse one
+			// identity's 101st queued request.
+			resp := postStream(t, t.Context(), url, prompt(fmt.Sprint("instant ", i)), map[string]string{"X-User-ID": fmt.Sprint("instant-", i)})
 			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("request %d: status %d", i, resp.StatusCode)
+				return
+			}
 			id := resp.Header.Get("X-Request-ID")
 			rep := loadtest.CheckStream(resp.Body, []string{id})
 			if rep.Lost || rep.Terminal != protocol.EventDone {

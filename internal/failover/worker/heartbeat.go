@@ -12,7 +12,7 @@ import (
 // heartbeat publishes SIGNAL:HEARTBEAT and refreshes the queue claim every
 // Heartbeat until ctx ends (docs/QUEUE.md, "Liveness"). A claim another
 // worker took over cancels the job with errClaimLost; so does a claim not
-// refreshed for ReclaimIdle minus one heartbeat (the publisher's fence),
+// refreshed for about ReclaimIdle minus one heartbeat (the publisher's fence, fenceAfter),
 // since by then another worker may hold the job.
 func (w *Worker) heartbeat(ctx context.Context, d failover.Delivery, pub *publisher) {
 	t := time.NewTicker(w.cfg.Heartbeat)

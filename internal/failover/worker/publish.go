@@ -52,7 +52,7 @@ type publisher struct {
 	// budget bounds the retries of one message (Config.PublishBudget).
 	budget time.Duration
 	// fence is how old the last claim refresh may be before publishing
-	// stops: ReclaimIdle minus one heartbeat, 0 for no fence.
+	// stops (fenceAfter), 0 for no fence.
 	fence time.Duration
 	// refreshed is when the claim was last known held, in Unix nanoseconds.
 	refreshed atomic.Int64
@@ -67,11 +67,21 @@ func (w *Worker) newPublisher(d failover.Delivery, requestID string, cancel cont
 	p := &publisher{results: w.deps.Results.ResultsFor(requestID), requestID: requestID, attempt: max(d.Attempt, 1), cancel: cancel, log: log,
 		budget: w.cfg.PublishBudget, mu: make(chanMutex, 1)}
 	if w.cfg.ReclaimIdle > 0 {
-		p.fence = w.cfg.ReclaimIdle - w.cfg.Heartbeat
+		p.fence = fenceAfter(w.cfg.ReclaimIdle, w.cfg.Heartbeat)
 	}
 	// The delivery was claimed just now, by Fetch.
 	p.claimRefreshed()
 	return p
+}
+
+// fenceAfter is how old a claim's last refresh may grow before its worker
+// stops publishing: one heartbeat before another worker may take the job
+// over (reclaimIdle), but never as little as one heartbeat, the normal
+// time between two refreshes: with a reclaim time under two heartbeats
+// (Kafka's setups allow 3 s and 2 s) the fence sits halfway between the
+// heartbeat and the reclaim time, so a live worker is never fenced off.
+func fenceAfter(reclaimIdle, heartbeat time.Duration) time.Duration {
+	return reclaimIdle - min(heartbeat, (reclaimIdle-heartbeat)/2)
 }
 
 // claimRefreshed records a successful claim refresh.

@@ -250,7 +250,7 @@ func TestWorkerFenceStopsPublishing(t *testing.T) {
 		start := l.must(time.Second).at
 		testutil.AdvanceFakeClock(10 * time.Second)
 		synctest.Wait()
-		fence := start.Add(reclaimIdle - cfg.Heartbeat)
+		fence := start.Add(worker.FenceAfter(reclaimIdle, cfg.Heartbeat))
 		var last time.Time
 		for _, r := range l.drain() {
 			if r.at.After(fence) {
@@ -271,4 +271,20 @@ func TestWorkerFenceStopsPublishing(t *testing.T) {
 			t.Errorf("%d pool slots in use after the fence", s.InUse)
 		}
 	})
+}
+
+// A live worker refreshes its claim every heartbeat: the fence must leave
+// it more than that, and still stop it before another may take over.
+func TestFenceAfter(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ reclaim, hb, want time.Duration }{
+		{15 * time.Second, 5 * time.Second, 10 * time.Second},
+		{3 * time.Second, 2 * time.Second, 2500 * time.Millisecond},
+		{2 * time.Second, time.Second, 1500 * time.Millisecond},
+	} {
+		got := worker.FenceAfter(c.reclaim, c.hb)
+		if got != c.want || got <= c.hb || got >= c.reclaim {
+			t.Errorf("fenceAfter(%s, %s) = %s, want %s, between the heartbeat and the reclaim time", c.reclaim, c.hb, got, c.want)
+		}
+	}
 }

@@ -157,6 +157,11 @@ func (s *scheduler) acquire(ctx context.Context, user string, since time.Time) (
 			s.busy--
 			s.dispatchLocked()
 			s.mu.Unlock()
+			if errors.Is(err, pool.ErrUserLimit) {
+				// Turned away just as its deadline passed: what ended the
+				// wait is the deadline, not the limit.
+				return nil, ctx.Err()
+			}
 			return nil, err
 		}
 	}
