@@ -126,10 +126,7 @@ func TestQueuedFloodTwoConsumers(t *testing.T) {
 func TestSubscribeBeforeEnqueue(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, fastSim(), nil)
-	// All n requests are one identity and the instant worker below is not
-	// ours (it never tells the quota a job started): the cap must not
-	// refuse any of them.
-	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false", "QUEUE_MAX_PER_IDENTITY": "1000"})
+	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	q, err := redisstream.New(redisstream.Config{Prefix: c.prefix, Consumer: "instant", Block: 100 * time.Millisecond}, c.rdb)
 	if err != nil {
 		t.Fatal(err)
