@@ -22,6 +22,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 	"github.com/spillway-dev/spillway/internal/web"
 	"github.com/spillway-dev/spillway/internal/web/cors"
@@ -51,6 +52,8 @@ type API struct {
 	background []func(context.Context)
 	// own are what NewAPI built on deps, closed before them.
 	own []func()
+	// canceller announces stops and cancellations (results.Subscriber).
+	canceller failover.Canceller
 }
 
 // NewAPI builds the api for cfg. Close releases what it built.
@@ -95,10 +98,68 @@ func (a *API) build() error {
 	if err != nil {
 		return err
 	}
+	logw, logr, err := a.buildStreamLog()
+	if err != nil {
+		return err
+	}
 	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
 		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log, Tracing: a.tel,
+		LogWriter: logw, LogReader: logr, Canceller: a.canceller, Positions: a.positions(),
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	// Stops announced by DELETE on another process reach this one's
+	// streams through the cancel channel the workers watch too.
+	watcher, err := results.NewPublisher(cfg.QueuePrefix, rdb)
+	if err != nil {
+		return err
+	}
+	a.background = append(a.background, func(ctx context.Context) {
+		cancels, err := watcher.WatchCancels(ctx)
+		if err != nil {
+			log.Error("cannot watch stops; DELETE reaches only local streams", "err", err)
+			return
+		}
+		stop := context.AfterFunc(ctx, cancels.Close)
+		defer stop()
+		a.handler.WatchStops(cancels)
+	})
+	return nil
+}
+
+// positions is the queue's Positioner, or nil when there is no queue or
+// it cannot tell positions (Kafka).
+func (a *API) positions() failover.Positioner {
+	if a.queue == nil {
+		return nil
+	}
+	p, _ := a.queue.Queue.(failover.Positioner)
+	return p
+}
+
+// buildStreamLog builds the per-request stream log (docs/API.md, "Resume
+// and stop"), and a canceller for stops when there is no queue.
+func (a *API) buildStreamLog() (*streamlog.Appender, *streamlog.Reader, error) {
+	logw, err := streamlog.NewAppender(StreamLogConfig(a.cfg), a.rdb, a.log.With("component", "streamlog"))
+	if err != nil {
+		return nil, nil, err
+	}
+	// Run stops after the HTTP drain, once no stream appends any more.
+	a.background = append(a.background, logw.Run)
+	logr, err := streamlog.NewReader(a.cfg.QueuePrefix, a.rdb)
+	if err != nil {
+		return nil, nil, err
+	}
+	if a.canceller == nil {
+		sub, err := results.NewSubscriber(ResultsConfig(a.cfg), a.rdb, a.log)
+		if err != nil {
+			return nil, nil, err
+		}
+		a.own = append(a.own, func() { _ = sub.Close() })
+		a.canceller = sub
+	}
+	return logw, logr, nil
 }
 
 // buildQueued builds the queued path on the queue: result subscriber,
@@ -111,6 +172,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		return nil, nil, err
 	}
 	a.own = append(a.own, func() { _ = sub.Close() })
+	a.canceller = sub
 	quota, err := admission.NewQuota(QuotaConfig(cfg), a.rdb)
 	if err != nil {
 		return nil, nil, err
@@ -189,6 +251,8 @@ func (a *API) routes() *gin.Engine {
 	streamHandler := gin.WrapH(a.drain.guard(a.handler))
 	e.POST("/v1/stream", streamHandler)
 	e.POST("/stream", streamHandler)
+	e.GET("/v1/streams/:id", func(c *gin.Context) { a.handler.Resume(c.Writer, c.Request, c.Param("id")) })
+	e.DELETE("/v1/streams/:id", func(c *gin.Context) { a.handler.Stop(c.Writer, c.Request, c.Param("id")) })
 	oa := stream.NewOpenAI(a.handler, OpenAIModels(a.cfg))
 	e.POST("/v1/chat/completions", gin.WrapF(oa.ChatCompletions))
 	e.GET("/v1/models", gin.WrapF(oa.Models))

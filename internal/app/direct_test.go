@@ -108,7 +108,8 @@ func TestDirectDisconnectCancelsUpstreamAndFreesSlot(t *testing.T) {
 	slow.TokenInterval = 50 * time.Millisecond
 	slow.Tokens = 1000
 	sim, upstream := startSimllm(t, slow)
-	a, url, _ := startAPI(t, testConfig(t, directEnv(upstream, nil)))
+	// Without a resume window a disconnect cancels at once.
+	a, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"STREAM_RESUME_WINDOW_SECONDS": "0"})))
 
 	ctx, cancel := context.WithCancel(t.Context())
 	resp := postStream(t, ctx, url, prompt("long answer"), nil)

@@ -49,6 +49,9 @@ func TestQueueCapPerIdentity(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, fastSim(), map[string]string{
 		"DIRECT_PATH_ENABLED": "false", "QUEUE_MAX_PER_IDENTITY": "2", "QUEUE_FAILOVER_TIMEOUT_SECONDS": "60",
+		// A client that leaves cancels its job at once, with no resume
+		// window: its place must come free.
+		"STREAM_RESUME_WINDOW_SECONDS": "0",
 	})
 	_, url1 := c.api(nil)
 	_, url2 := c.api(nil)
@@ -388,6 +391,9 @@ func TestHostileClientsAndBoundedDrain(t *testing.T) {
 	p := startAPIProc(t, c.with(map[string]string{
 		"SHUTDOWN_GRACE_SECONDS": "2", "BODY_READ_TIMEOUT_SECONDS": "2",
 		"CONNECTION_POOL_SIZE": "50", "CONNECTION_POOL_PER_USER": "50",
+		// The normal requests below leave their endless streams: without a
+		// resume window those end at once, so the goroutines come back.
+		"STREAM_RESUME_WINDOW_SECONDS": "0",
 	}))
 	url := "http://" + p.addr
 	baseline := p.goroutines()

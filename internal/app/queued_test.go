@@ -168,7 +168,7 @@ func TestSubscribeBeforeEnqueue(t *testing.T) {
 			id := resp.Header.Get("X-Request-ID")
 			rep := loadtest.CheckStream(resp.Body, []string{id})
 			if rep.Lost || rep.Terminal != protocol.EventDone {
-				t.Errorf("request %d: %+v", i, rep)
+				t.Errorf("request %d: HTTP %d %+v", i, resp.StatusCode, rep)
 			}
 		})
 	}
@@ -252,7 +252,8 @@ func (s *chunkSignal) Read(p []byte) (int, error) {
 func TestQueuedDisconnectWhileWaitingSkipsJob(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t, fastSim(), nil)
-	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	// Without a resume window a disconnect cancels at once.
+	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false", "STREAM_RESUME_WINDOW_SECONDS": "0"})
 	ctx, cancel := context.WithCancel(t.Context())
 	resp := postStream(t, ctx, url, prompt("never mind"), nil)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != protocol.PathQueued {
@@ -281,7 +282,7 @@ func TestQueuedDisconnectWhileRunningCancelsUpstream(t *testing.T) {
 	t.Parallel()
 	sc := llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 50 * time.Millisecond, Tokens: 1000, Seed: 2}
 	c := newCluster(t, sc, nil)
-	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false", "STREAM_RESUME_WINDOW_SECONDS": "0"})
 	worker := c.consumer(nil)
 	ctx, cancel := context.WithCancel(t.Context())
 	resp := postStream(t, ctx, url, prompt("long"), nil)

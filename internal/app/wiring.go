@@ -15,6 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
@@ -155,6 +156,8 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		TrustedProxies:     cfg.TrustedProxies,
 		Models:             cfg.LLMModels,
 		BodyReadTimeout:    cfg.BodyReadTimeout(),
+		ResumeWindow:       cfg.StreamResumeWindow(),
+		LogTTL:             cfg.StreamLogTTL(),
 		PriorityMax:        protocol.Priority(cfg.PriorityMax),
 		Retry:              RetryPolicy(cfg),
 	}
@@ -191,4 +194,9 @@ func OpenAIModels(cfg *config.Config) []string {
 		}
 	}
 	return models
+}
+
+// StreamLogConfig is the stream log's part of cfg.
+func StreamLogConfig(cfg *config.Config) streamlog.Config {
+	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL()}
 }

@@ -119,6 +119,12 @@ type Config struct {
 	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"32768"`
 	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
 	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
+	// StreamLogTTLSeconds is how long a stream's event log (for resume)
+	// lives after its last event. Default 300.
+	StreamLogTTLSeconds int `env:"STREAM_LOG_TTL_SECONDS" envDefault:"300"`
+	// StreamResumeWindowSeconds is how long a stream whose client left
+	// keeps generating for a resume; 0 cancels at once. Default 10.
+	StreamResumeWindowSeconds int `env:"STREAM_RESUME_WINDOW_SECONDS" envDefault:"10"`
 	// BodyReadTimeoutSeconds bounds reading a request body. Default 10.
 	BodyReadTimeoutSeconds int `env:"BODY_READ_TIMEOUT_SECONDS" envDefault:"10"`
 	// MaxConnections bounds the api's open client connections; more get 503. Default 20000.
@@ -305,6 +311,12 @@ func (c *Config) DeadLetterTTL() time.Duration {
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).
 func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
+
+// StreamLogTTL is STREAM_LOG_TTL_SECONDS.
+func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSeconds) }
+
+// StreamResumeWindow is STREAM_RESUME_WINDOW_SECONDS.
+func (c *Config) StreamResumeWindow() time.Duration { return seconds(c.StreamResumeWindowSeconds) }
 
 // BodyReadTimeout bounds reading a request body (BODY_READ_TIMEOUT_SECONDS).
 func (c *Config) BodyReadTimeout() time.Duration { return seconds(c.BodyReadTimeoutSeconds) }

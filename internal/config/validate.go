@@ -159,6 +159,12 @@ func (c *Config) Validate() error {
 	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
 	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
 	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
+	v.atLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindowSeconds, 0)
+	if v.atLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTLSeconds, 1) &&
+		c.StreamLogTTLSeconds <= c.StreamResumeWindowSeconds {
+		v.fail("STREAM_LOG_TTL_SECONDS", "(%d) must exceed STREAM_RESUME_WINDOW_SECONDS (%d): a resume needs the log",
+			c.StreamLogTTLSeconds, c.StreamResumeWindowSeconds)
+	}
 	v.atLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 1)
 	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
 	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)

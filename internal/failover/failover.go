@@ -61,6 +61,20 @@ type Depther interface {
 	Depth(ctx context.Context) (int64, error)
 }
 
+// Positioner is an optional ability of a queue, found by type assertion
+// on its Producer, that lets a waiting request learn where it stands
+// (docs/QUEUE.md, "Queued position"). Safe for concurrent use.
+//
+// Progress returns how many jobs the consumer group has handed to workers
+// since the queue began (a counter that only grows; takeovers do not
+// count) and how many jobs wait for a worker now. A job enqueued when
+// Progress said (h0, w0) has w0-1 jobs ahead of it; once the counter says
+// h, about w0-1-(h-h0) remain ahead. Backends without such counters
+// (Kafka) do not implement it, and their requests get no position.
+type Positioner interface {
+	Progress(ctx context.Context) (handed, waiting int64, err error)
+}
+
 // Consumer is one worker process's member of the consumer group. Safe for
 // concurrent use by the worker's goroutines.
 //

@@ -75,6 +75,9 @@ type Report struct {
 	// the start of reading, each ping and each dispatched event, up to
 	// the terminal event. 0 when nothing arrived.
 	MaxGap time.Duration
+	// LastID is the id of the last event read: what a resume sends as
+	// Last-Event-ID.
+	LastID int
 	// Resets counts reset events.
 	Resets int
 	// Retryings counts retrying events (a backoff before another provider
@@ -118,9 +121,10 @@ const (
 // does (fields id, event and data; data lines joined with "\n"; comments;
 // dispatch on a blank line; LF, CRLF or CR line ends; an event cut off by
 // the end of the stream is not dispatched) and checks it against the
-// Spillway contract: chunk ids contiguous from 1, a reset restarting them
-// at 1 and voiding the content so far, exactly one terminal event and
-// nothing after it.
+// Spillway contract: every event (chunks, reset, queued, retrying and the
+// terminal one) carries an id, the ids count 1, 2, 3, … over the whole
+// stream and never restart, a reset voids the content so far, exactly one
+// terminal event and nothing after it.
 type StreamCheck struct {
 	// Want is the expected answer, one string per chunk; nil skips the
 	// content check. The content after the last reset must equal
@@ -132,6 +136,11 @@ type StreamCheck struct {
 	// StopAfter, when positive, makes Check return with Stopped set once
 	// that many chunk events have arrived and no terminal event yet.
 	StopAfter int
+	// AfterID, for a resumed stream (GET /v1/streams/{id} with
+	// Last-Event-ID), is the id the stream continues after: its first
+	// event must have id AfterID+1. Want then is the part of the answer
+	// after that point.
+	AfterID int
 	// Format is the wire format; the zero value is FormatSpillway. With
 	// FormatOpenAI a chunk is an event with non-empty delta content, the
 	// `[DONE]` event is the done terminal (Done.Path "upstream"), and
@@ -152,7 +161,7 @@ func (c StreamCheck) Check(r io.Reader) Report {
 	if start.IsZero() {
 		start = time.Now()
 	}
-	p := parser{check: c, start: start, next: 1, last: time.Now()}
+	p := parser{check: c, start: start, next: c.AfterID + 1, last: time.Now()}
 	var partial bool // the last token had no line end
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 4096), maxLineBytes)
@@ -228,7 +237,7 @@ type parser struct {
 	check StreamCheck
 	start time.Time
 	rep   Report
-	next  int // the chunk id expected next
+	next  int // the event id expected next
 
 	// the event being read
 	event   string
@@ -325,8 +334,21 @@ func (p *parser) dispatch() bool {
 		return p.openAI(event, data)
 	}
 	switch event {
+	case "", "message", protocol.EventReset, protocol.EventDone, protocol.EventError, protocol.EventQueued, protocol.EventRetrying:
+		if !p.sequence(event, id, hasID) {
+			return true
+		}
+	}
+	switch event {
 	case "", "message":
-		return p.chunk(id, hasID, data)
+		return p.chunk(data)
+	case protocol.EventQueued:
+		var v map[string]any
+		if err := strictJSON(data, &v); err != nil {
+			p.lose(ReasonMalformed, "%s data: %v", event, err)
+			return true
+		}
+		return false
 	case protocol.EventReset:
 		var r protocol.Reset
 		if err := strictJSON(data, &r); err != nil {
@@ -335,7 +357,6 @@ func (p *parser) dispatch() bool {
 		}
 		p.rep.Resets++
 		p.rep.Content = ""
-		p.next = 1
 		return false
 	case protocol.EventRetrying:
 		var r protocol.Retrying
@@ -461,16 +482,28 @@ func (p *parser) openAI(event string, data []byte) bool {
 	return false
 }
 
-func (p *parser) chunk(id string, hasID bool, data []byte) bool {
+// sequence checks an event's id against the next one expected and
+// reports whether it is right.
+func (p *parser) sequence(event, id string, hasID bool) bool {
+	if event == "" || event == "message" {
+		event = "chunk"
+	}
 	if !hasID {
-		p.lose(ReasonSequence, "chunk without id, want %d", p.next)
-		return true
+		p.lose(ReasonSequence, "%s without id, want %d", event, p.next)
+		return false
 	}
 	seq, err := strconv.Atoi(id)
 	if err != nil || seq != p.next {
-		p.lose(ReasonSequence, "chunk id %q, want %d", truncate(id, 32), p.next)
-		return true
+		p.lose(ReasonSequence, "%s id %q, want %d", event, truncate(id, 32), p.next)
+		return false
 	}
+	p.rep.LastID = seq
+	p.next++
+	return true
+}
+
+func (p *parser) chunk(data []byte) bool {
+	seq := p.next - 1
 	var c struct {
 		Content *string `json:"content"`
 	}
@@ -487,7 +520,6 @@ func (p *parser) chunk(id string, hasID bool, data []byte) bool {
 	}
 	p.rep.Chunks++
 	p.rep.Content += *c.Content
-	p.next++
 	if p.check.StopAfter > 0 && p.rep.Chunks >= p.check.StopAfter {
 		p.rep.Stopped = true
 		return true

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -21,22 +22,28 @@ func chunks(first int, contents ...string) string {
 	return string(b)
 }
 
-func event(tb testing.TB, name string, v any) string {
+// event returns a named event with id whose data is v as JSON.
+func event(tb testing.TB, id int, name string, v any) string {
 	tb.Helper()
-	b, err := protocol.AppendJSONEvent(nil, name, v)
+	b, err := json.Marshal(v)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return string(b)
+	return string(protocol.AppendIDEvent(nil, int64(id), name, b))
 }
 
 func TestCheckStream(t *testing.T) {
 	t.Parallel()
-	done := event(t, protocol.EventDone, protocol.Done{RequestID: "r1", FinishReason: "stop", Path: "direct",
-		Usage: &protocol.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5}})
+	// Ids count over every event: done, error and reset take the id given.
+	doneAt := func(id int) string {
+		return event(t, id, protocol.EventDone, protocol.Done{RequestID: "r1", FinishReason: "stop", Path: "direct",
+			Usage: &protocol.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5}})
+	}
 	problem := protocol.NewProblem(protocol.ProblemWorkerLost, "Worker Lost", 503, "gone")
-	errEv := event(t, protocol.EventError, problem)
-	reset := event(t, protocol.EventReset, protocol.Reset{Attempt: 2})
+	errAt := func(id int) string { return event(t, id, protocol.EventError, problem) }
+	resetAt := func(id int) string { return event(t, id, protocol.EventReset, protocol.Reset{Attempt: 2}) }
+	done := doneAt(4) // after good
+	queued := event(t, 1, protocol.EventQueued, protocol.Queued{Position: 3})
 	good := chunks(1, testWant...)
 	ping := string(protocol.PingFrame)
 
@@ -59,36 +66,45 @@ func TestCheckStream(t *testing.T) {
 		{name: "empty stream", stream: "", lost: ReasonNoTerminal},
 		{name: "done cut before its blank line", stream: good + strings.TrimSuffix(done, "\n"), lost: ReasonNoTerminal, chunks: 3},
 		{name: "done cut mid-line", stream: good + done[:len(done)/2], lost: ReasonNoTerminal, chunks: 3},
-		{name: "done without data is not dispatched", stream: good + "event: done\n\n", lost: ReasonNoTerminal, chunks: 3},
-		{name: "gap 1,2,4", stream: chunks(1, "Hel", "lo") + chunks(4, " wörld") + done, lost: ReasonSequence, chunks: 2},
+		{name: "done without data is not dispatched", stream: good + "id: 4\nevent: done\n\n", lost: ReasonNoTerminal, chunks: 3},
+		{name: "gap 1,2,4", stream: chunks(1, "Hel", "lo") + chunks(4, " wörld") + doneAt(5), lost: ReasonSequence, chunks: 2},
 		{name: "duplicate id", stream: chunks(1, "Hel", "lo") + chunks(2, " wörld") + done, lost: ReasonSequence, chunks: 2},
-		{name: "starts at 0", stream: chunks(0, testWant...) + done, lost: ReasonSequence},
+		{name: "starts at 0", stream: chunks(0, testWant...) + doneAt(3), lost: ReasonSequence},
 		{name: "chunk without id", stream: "data: {\"content\":\"Hel\"}\n\n" + done, lost: ReasonSequence},
 		{name: "non-numeric id", stream: "id: one\ndata: {\"content\":\"Hel\"}\n\n" + done, lost: ReasonSequence},
+		{name: "done without id", stream: good + "event: done\ndata: {}\n\n", lost: ReasonSequence, chunks: 3, content: "Hello wörld"},
+		{name: "done with a repeated id", stream: good + doneAt(3), lost: ReasonSequence, chunks: 3, content: "Hello wörld"},
+		{name: "done skipping an id", stream: good + doneAt(5), lost: ReasonSequence, chunks: 3, content: "Hello wörld"},
+		{name: "error without id", stream: good + "event: error\ndata: {\"type\":\"x\"}\n\n", lost: ReasonSequence, chunks: 3, content: "Hello wörld"},
 		{name: "wrong content", stream: chunks(1, "Hel", "LO", " wörld") + done, lost: ReasonContent, terminal: "done", chunks: 3, content: "HelLO wörld"},
-		{name: "missing last chunk", stream: chunks(1, "Hel", "lo") + done, lost: ReasonContent, terminal: "done", chunks: 2, content: "Hello"},
-		{name: "wrong content without want", stream: chunks(1, "Hel", "LO") + done, anyText: true, terminal: "done", chunks: 2, content: "HelLO"},
-		{name: "empty want needs empty answer", stream: chunks(1, "x") + done, want: []string{}, lost: ReasonContent, terminal: "done", chunks: 1, content: "x"},
-		{name: "reset then full answer", stream: chunks(1, "Hel", "XX") + ping + reset + good + done,
+		{name: "missing last chunk", stream: chunks(1, "Hel", "lo") + doneAt(3), lost: ReasonContent, terminal: "done", chunks: 2, content: "Hello"},
+		{name: "wrong content without want", stream: chunks(1, "Hel", "LO") + doneAt(3), anyText: true, terminal: "done", chunks: 2, content: "HelLO"},
+		{name: "empty want needs empty answer", stream: chunks(1, "x") + doneAt(2), want: []string{}, lost: ReasonContent, terminal: "done", chunks: 1, content: "x"},
+		{name: "queued then answer", stream: queued + chunks(2, testWant...) + doneAt(5), terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "queued without id", stream: "event: queued\ndata: {\"position\":1}\n\n" + good + done, lost: ReasonSequence},
+		{name: "queued with bad data", stream: "id: 1\nevent: queued\ndata: 1\n\n" + chunks(2, testWant...) + doneAt(5), lost: ReasonMalformed},
+		{name: "reset then full answer", stream: chunks(1, "Hel", "XX") + ping + resetAt(3) + chunks(4, testWant...) + doneAt(7),
 			terminal: "done", chunks: 5, pings: 1, resets: 1, content: "Hello wörld"},
-		{name: "reset then wrong answer", stream: chunks(1, "Hel", "lo") + reset + chunks(1, "Hel", "lo") + done,
+		{name: "reset then wrong answer", stream: chunks(1, "Hel", "lo") + resetAt(3) + chunks(4, "Hel", "lo") + doneAt(6),
 			lost: ReasonContent, terminal: "done", chunks: 4, resets: 1, content: "Hello"},
-		{name: "reset without restarting ids", stream: chunks(1, "Hel", "lo") + reset + chunks(3, testWant...) + done,
+		{name: "ids restarted after a reset", stream: chunks(1, "Hel", "lo") + resetAt(3) + chunks(1, testWant...) + doneAt(4),
 			lost: ReasonSequence, chunks: 2, resets: 1},
-		{name: "reset with bad data", stream: chunks(1, "Hel") + "event: reset\ndata: 2\n\n" + good + done, lost: ReasonMalformed, chunks: 1},
-		{name: "retrying before the answer", stream: "event: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2,\"reason\":\"throttled\"}\n\n" + good + done,
+		{name: "reset without id", stream: chunks(1, "Hel", "lo") + "event: reset\ndata: {\"attempt\":2}\n\n" + chunks(3, testWant...) + doneAt(6),
+			lost: ReasonSequence, chunks: 2, content: "Hello"},
+		{name: "reset with bad data", stream: chunks(1, "Hel") + "id: 2\nevent: reset\ndata: 2\n\n" + chunks(3, testWant...) + doneAt(6), lost: ReasonMalformed, chunks: 1},
+		{name: "error terminal", stream: chunks(1, "Hel") + errAt(2), terminal: "error", chunks: 1, content: "Hel"},
+		{name: "error terminal first", stream: ping + errAt(1), terminal: "error", pings: 1},
+		{name: "error without type", stream: "id: 1\nevent: error\ndata: {\"title\":\"x\",\"status\":503}\n\n", lost: ReasonMalformed},
+		{name: "error with bad JSON", stream: "id: 1\nevent: error\ndata: {\n\n", lost: ReasonMalformed},
+		{name: "two dones", stream: good + done + doneAt(5), lost: ReasonDuplicateTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "done then error", stream: good + done + errAt(5), lost: ReasonDuplicateTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "error then done", stream: errAt(1) + chunks(2, testWant...) + doneAt(5), lost: ReasonAfterTerminal, terminal: "error"},
+		{name: "chunk after done", stream: good + done + chunks(5, "!"), lost: ReasonAfterTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "retrying before the answer", stream: "id: 1\nevent: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2,\"reason\":\"throttled\"}\n\n" + chunks(2, testWant...) + doneAt(5),
 			terminal: "done", chunks: 3, content: "Hello wörld"},
-		{name: "retrying without a reason", stream: "event: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2}\n\n" + good + done, lost: ReasonMalformed},
-		{name: "error terminal", stream: chunks(1, "Hel") + errEv, terminal: "error", chunks: 1, content: "Hel"},
-		{name: "error terminal first", stream: ping + errEv, terminal: "error", pings: 1},
-		{name: "error without type", stream: "event: error\ndata: {\"title\":\"x\",\"status\":503}\n\n", lost: ReasonMalformed},
-		{name: "error with bad JSON", stream: "event: error\ndata: {\n\n", lost: ReasonMalformed},
-		{name: "two dones", stream: good + done + done, lost: ReasonDuplicateTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
-		{name: "done then error", stream: good + done + errEv, lost: ReasonDuplicateTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
-		{name: "error then done", stream: errEv + good + done, lost: ReasonAfterTerminal, terminal: "error"},
-		{name: "chunk after done", stream: good + done + chunks(4, "!"), lost: ReasonAfterTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "retrying without a reason", stream: "id: 1\nevent: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2}\n\n" + chunks(2, testWant...) + doneAt(5), lost: ReasonMalformed},
 		{name: "ping after done", stream: good + done + ping, lost: ReasonAfterTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
-		{name: "partial line after done", stream: good + done + "id: 4", lost: ReasonAfterTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "partial line after done", stream: good + done + "id: 5", lost: ReasonAfterTerminal, terminal: "done", chunks: 3, content: "Hello wörld"},
 		{name: "blank lines after done", stream: good + done + "\n\n", terminal: "done", chunks: 3, content: "Hello wörld"},
 		{name: "pings counted", stream: ping + chunks(1, "Hel") + ping + chunks(2, "lo", " wörld") + ping + done,
 			terminal: "done", chunks: 3, pings: 3, content: "Hello wörld"},
@@ -97,18 +113,18 @@ func TestCheckStream(t *testing.T) {
 		{name: "CR", stream: strings.ReplaceAll(good+done, "\n", "\r"), terminal: "done", chunks: 3, content: "Hello wörld"},
 		{name: "CRLF cut without terminal", stream: strings.ReplaceAll(good, "\n", "\r\n"), lost: ReasonNoTerminal, chunks: 3},
 		{name: "multi-line data", stream: "id: 1\ndata: {\"content\":\ndata: \"Hel\"}\n\n" + chunks(2, "lo", " wörld") +
-			"event: done\ndata: {\"finish_reason\":\ndata: \"stop\"}\n\n", terminal: "done", chunks: 3, content: "Hello wörld"},
-		{name: "multi-line data joined with LF", stream: "id: 1\ndata: {\"content\":\"He\ndata: l\"}\n\n" + done, lost: ReasonMalformed},
+			"id: 4\nevent: done\ndata: {\"finish_reason\":\ndata: \"stop\"}\n\n", terminal: "done", chunks: 3, content: "Hello wörld"},
+		{name: "multi-line data joined with LF", stream: "id: 1\ndata: {\"content\":\"He\ndata: l\"}\n\n" + doneAt(2), lost: ReasonMalformed},
 		{name: "data without space and message event", stream: "id:1\nevent: message\ndata:{\"content\":\"Hel\"}\n\n" + chunks(2, "lo", " wörld") + done,
 			terminal: "done", chunks: 3, content: "Hello wörld"},
 		{name: "retry and unknown fields ignored", stream: "retry: 10\nfoo: bar\n\n" + good + done, terminal: "done", chunks: 3, content: "Hello wörld"},
-		{name: "chunk data not JSON", stream: "id: 1\ndata: Hel\n\n" + done, lost: ReasonMalformed},
-		{name: "chunk data JSON string", stream: "id: 1\ndata: \"Hel\"\n\n" + done, lost: ReasonMalformed},
-		{name: "chunk without content", stream: "id: 1\ndata: {\"text\":\"Hel\"}\n\n" + done, lost: ReasonMalformed},
-		{name: "chunk with trailing data", stream: "id: 1\ndata: {\"content\":\"Hel\"} {}\n\n" + done, lost: ReasonMalformed},
-		{name: "done with bad JSON", stream: good + "event: done\ndata: stop\n\n", lost: ReasonMalformed, chunks: 3, content: "Hello wörld"},
-		{name: "unknown event", stream: good + "event: finished\ndata: {}\n\n" + done, lost: ReasonMalformed, chunks: 3, content: "Hello wörld"},
-		{name: "line too long", stream: "id: 1\ndata: {\"content\":\"" + strings.Repeat("x", maxLineBytes) + "\"}\n\n" + done, lost: ReasonMalformed, whole: true},
+		{name: "chunk data not JSON", stream: "id: 1\ndata: Hel\n\n" + doneAt(2), lost: ReasonMalformed},
+		{name: "chunk data JSON string", stream: "id: 1\ndata: \"Hel\"\n\n" + doneAt(2), lost: ReasonMalformed},
+		{name: "chunk without content", stream: "id: 1\ndata: {\"text\":\"Hel\"}\n\n" + doneAt(2), lost: ReasonMalformed},
+		{name: "chunk with trailing data", stream: "id: 1\ndata: {\"content\":\"Hel\"} {}\n\n" + doneAt(2), lost: ReasonMalformed},
+		{name: "done with bad JSON", stream: good + "id: 4\nevent: done\ndata: stop\n\n", lost: ReasonMalformed, chunks: 3, content: "Hello wörld"},
+		{name: "unknown event", stream: good + "id: 4\nevent: finished\ndata: {}\n\n" + doneAt(5), lost: ReasonMalformed, chunks: 3, content: "Hello wörld"},
+		{name: "line too long", stream: "id: 1\ndata: {\"content\":\"" + strings.Repeat("x", maxLineBytes) + "\"}\n\n" + doneAt(2), lost: ReasonMalformed, whole: true},
 	}
 	readers := map[string]func(io.Reader) io.Reader{
 		"whole":    func(r io.Reader) io.Reader { return r },
@@ -152,7 +168,7 @@ func TestCheckStream(t *testing.T) {
 
 func TestCheckStreamPayloads(t *testing.T) {
 	t.Parallel()
-	done := event(t, protocol.EventDone, protocol.Done{RequestID: "r1", FinishReason: "length", Path: "queued",
+	done := event(t, 4, protocol.EventDone, protocol.Done{RequestID: "r1", FinishReason: "length", Path: "queued",
 		Usage: &protocol.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5}})
 	rep := CheckStream(strings.NewReader(chunks(1, testWant...)+done), testWant)
 	if rep.Lost || rep.Done == nil {
@@ -166,7 +182,7 @@ func TestCheckStreamPayloads(t *testing.T) {
 	}
 
 	p := protocol.NewProblem(protocol.ProblemQueueTimeout, "Queue Timeout", 503, "waited").WithRetryAfter(2)
-	rep = CheckStream(strings.NewReader(event(t, protocol.EventError, p)), testWant)
+	rep = CheckStream(strings.NewReader(event(t, 1, protocol.EventError, p)), testWant)
 	if rep.Lost || rep.Problem == nil || rep.Problem.Type != protocol.ProblemTypeBase+protocol.ProblemQueueTimeout ||
 		rep.Problem.RetryAfterSeconds != 2 {
 		t.Errorf("error report %+v, problem %+v", rep, rep.Problem)
@@ -178,7 +194,7 @@ func TestCheckStreamPayloads(t *testing.T) {
 
 func TestStreamCheckStopAfter(t *testing.T) {
 	t.Parallel()
-	done := event(t, protocol.EventDone, protocol.Done{FinishReason: "stop"})
+	done := event(t, 4, protocol.EventDone, protocol.Done{FinishReason: "stop"})
 	tests := []struct {
 		name      string
 		stopAfter int
@@ -219,7 +235,7 @@ func (e *errAfterReader) Read(p []byte) (int, error) {
 func TestCheckStreamReadErrors(t *testing.T) {
 	t.Parallel()
 	cut := errors.New("connection reset")
-	done := event(t, protocol.EventDone, protocol.Done{FinishReason: "stop"})
+	done := event(t, 4, protocol.EventDone, protocol.Done{FinishReason: "stop"})
 	tests := []struct {
 		name   string
 		stream string
@@ -242,5 +258,22 @@ func TestCheckStreamReadErrors(t *testing.T) {
 				t.Errorf("reason %s detail %q", rep.Reason, rep.Detail)
 			}
 		})
+	}
+}
+
+// A resumed stream continues the ids after AfterID; one that starts
+// anywhere else is broken.
+func TestCheckResumedStream(t *testing.T) {
+	t.Parallel()
+	done := event(t, 4, protocol.EventDone, protocol.Done{FinishReason: "stop"})
+	rep := StreamCheck{AfterID: 2, Want: testWant[2:]}.Check(strings.NewReader(chunks(3, testWant[2]) + done))
+	if rep.Lost || rep.Terminal != protocol.EventDone || rep.Content != testWant[2] {
+		t.Fatalf("resumed after 2: %+v", rep)
+	}
+	for _, first := range []int{1, 2, 4} {
+		rep := StreamCheck{AfterID: 2}.Check(strings.NewReader(chunks(first, testWant[2]) + done))
+		if rep.Reason != ReasonSequence {
+			t.Errorf("resumed after 2 starting at %d: %+v, want sequence", first, rep)
+		}
 	}
 }

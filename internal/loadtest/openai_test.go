@@ -153,7 +153,7 @@ func TestCheckPingIntervals(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		pr, pw := io.Pipe()
 		ping := string(protocol.PingFrame)
-		done := event(t, protocol.EventDone, protocol.Done{FinishReason: "stop"})
+		done := event(t, 4, protocol.EventDone, protocol.Done{FinishReason: "stop"})
 		// Pauses before each write: headers→ping 2s, ping→ping 2s, a chunk
 		// after 0.5s, a ping 2s after the chunk, then a 3s silence before
 		// the rest: intervals 2, 2, 2 and max gap 3.
@@ -316,7 +316,7 @@ func TestRunPingIntervals(t *testing.T) {
 			}
 			send(string(protocol.PingFrame))
 		}
-		send(chunks(1, want...) + doneFrame("queued"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "queued"))
 	})
 	res, err := Run(t.Context(), testConfig(srv.URL), nil)
 	if err != nil {
@@ -350,7 +350,7 @@ func TestRunRampUp(t *testing.T) {
 		case <-r.Context().Done():
 			return
 		}
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	cfg := testConfig(srv.URL)
 	cfg.Concurrency, cfg.Requests, cfg.RampUp = 4, 4, 300*time.Millisecond

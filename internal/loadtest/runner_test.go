@@ -72,9 +72,10 @@ func sse(w http.ResponseWriter, path string) func(string) {
 	}
 }
 
-func doneFrame(path string) string {
-	b, _ := protocol.AppendJSONEvent(nil, protocol.EventDone, protocol.Done{FinishReason: "stop", Path: path})
-	return string(b)
+// doneFrame is the done event with id (ids count over every event).
+func doneFrame(id int, path string) string {
+	b, _ := json.Marshal(protocol.Done{FinishReason: "stop", Path: path})
+	return string(protocol.AppendIDEvent(nil, int64(id), protocol.EventDone, b))
 }
 
 func testConfig(url string) Config {
@@ -107,14 +108,14 @@ func TestRunOutcomes(t *testing.T) {
 		switch n {
 		case 0: // good, direct
 			send := sse(w, "direct")
-			send(chunks(1, want...) + doneFrame("direct"))
+			send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 		case 1: // good, queued, a ping and a takeover
 			send := sse(w, "queued")
 			send(string(protocol.PingFrame))
 			send(chunks(1, want[:2]...))
-			reset, _ := protocol.AppendJSONEvent(nil, protocol.EventReset, protocol.Reset{Attempt: 2})
+			reset := protocol.AppendIDEvent(nil, 3, protocol.EventReset, []byte(`{"attempt":2}`))
 			send(string(reset))
-			send(chunks(1, want...) + doneFrame("queued"))
+			send(chunks(4, want...) + doneFrame(len(want)+4, "queued"))
 		case 2: // cut cleanly: the response ends without a terminal
 			send := sse(w, "direct")
 			send(chunks(1, want[:2]...))
@@ -129,14 +130,14 @@ func TestRunOutcomes(t *testing.T) {
 			_ = json.NewEncoder(w).Encode(protocol.NewProblem(protocol.ProblemQueueOverflow, "Queue Overflow", 503, "full"))
 		case 5: // an explicit error terminal
 			send := sse(w, "direct")
-			b, _ := protocol.AppendJSONEvent(nil, protocol.EventError,
-				protocol.NewProblem(protocol.ProblemWorkerLost, "Worker Lost", 503, "gone"))
+			p, _ := json.Marshal(protocol.NewProblem(protocol.ProblemWorkerLost, "Worker Lost", 503, "gone"))
+			b := protocol.AppendIDEvent(nil, 2, protocol.EventError, p)
 			send(chunks(1, want[0]) + string(b))
 		case 6: // wrong content
 			send := sse(w, "direct")
 			bad := append([]string{}, want...)
 			bad[len(bad)-1] += "?"
-			send(chunks(1, bad...) + doneFrame("direct"))
+			send(chunks(1, bad...) + doneFrame(len(bad)+1, "direct"))
 		case 7: // 200 that is not an event stream
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, "{}")
@@ -214,7 +215,7 @@ func TestRunDisconnectIsNotLost(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int, want []string) {
 		send := sse(w, "direct")
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	tests := []struct {
 		share        float64
@@ -265,7 +266,7 @@ func TestRunRequestShape(t *testing.T) {
 		}
 		mu.Unlock()
 		send := sse(w, "direct")
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	cfg := testConfig(srv.URL)
 	cfg.Requests = 9
@@ -294,7 +295,7 @@ func TestRunVerifyCatchesOtherSeed(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int, want []string) {
 		send := sse(w, "direct")
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	cfg := testConfig(srv.URL)
 	cfg.Seed = testSeed + 1
@@ -395,7 +396,7 @@ func TestRunBoundedByDuration(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int, want []string) {
 		send := sse(w, "direct")
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	cfg := testConfig(srv.URL)
 	cfg.Requests = 0
@@ -419,7 +420,7 @@ func TestRunThinkTime(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int, want []string) {
 		send := sse(w, "direct")
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	cfg := testConfig(srv.URL)
 	cfg.Concurrency = 1
@@ -443,7 +444,7 @@ func TestRunSlowReaders(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int, want []string) {
 		send := sse(w, "direct")
-		send(chunks(1, want...) + doneFrame("direct"))
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
 	})
 	cfg := testConfig(srv.URL)
 	cfg.Requests = 4

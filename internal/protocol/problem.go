@@ -27,6 +27,8 @@ const (
 	ProblemSlowClient          = "slow-client"
 	ProblemNotReady            = "not-ready"
 	ProblemInternal            = "internal"
+	ProblemStopped             = "stopped"
+	ProblemStreamExpired       = "stream-expired"
 	ProblemTooManyQueued       = "too-many-queued"
 	ProblemRequestTimeout      = "request-timeout"
 	ProblemHeadersTooLarge     = "headers-too-large"

@@ -62,6 +62,8 @@ var Problems = catalogue(
 	pt(ProblemSlowClient, "Client Too Slow", http.StatusServiceUnavailable),
 	pt(ProblemNotReady, "Not Ready", http.StatusServiceUnavailable),
 	pt(ProblemInternal, "Internal Error", http.StatusInternalServerError),
+	pt(ProblemStopped, "Stopped", http.StatusGone),
+	pt(ProblemStreamExpired, "Stream Expired", http.StatusGone),
 	pt(ProblemTooManyQueued, "Too Many Queued Requests", http.StatusTooManyRequests),
 	pt(ProblemRequestTimeout, "Request Timeout", http.StatusRequestTimeout),
 	pt(ProblemHeadersTooLarge, "Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge),
@@ -201,6 +203,19 @@ func StreamFailed() *Problem {
 // RequestFailed answers a request whose handler panicked (a bug).
 func RequestFailed() *Problem {
 	return problem(ProblemInternal, "The request failed unexpectedly; retry it.", 0)
+}
+
+// Stopped ends a stream its owner stopped (DELETE /v1/streams/{id}), or
+// one nobody came back to within STREAM_RESUME_WINDOW_SECONDS. Its status
+// is 410: the answer will not come.
+func Stopped(detail string) *Problem {
+	return problem(ProblemStopped, detail, 0)
+}
+
+// StreamExpired ends a resumed stream whose log stopped growing or
+// expired before a terminal event: its producer is gone.
+func StreamExpired() *Problem {
+	return problem(ProblemStreamExpired, "The answer's producer is gone before it finished; send the request again.", 0)
 }
 
 // TooManyQueued refuses a request whose identity already has

@@ -19,13 +19,17 @@ type dialect interface {
 	decode(body []byte, lim protocol.Limits) (protocol.ChatRequest, opener, error)
 	// refuse answers p before any answer started.
 	refuse(w http.ResponseWriter, p *protocol.Problem, instance string)
+	// resumable reports whether the dialect's streams are logged and may
+	// outlive their client for a resume (GET /v1/streams/{id}).
+	resumable() bool
 }
 
-// opener returns the writer of one request's answer.
-type opener func(w http.ResponseWriter, writeTimeout time.Duration) eventWriter
+// opener returns the Sink of one request's answer.
+type opener func(w http.ResponseWriter, writeTimeout time.Duration) Sink
 
-// eventWriter is where a session writes one answer. It is owned by the
-// handler goroutine, like Writer, which is /v1/stream's.
+// eventWriter is a dialect's writer of one answer, by kind of event: what
+// a wire format without SSE ids implements; eventSink makes it a Sink.
+// It is owned by the handler goroutine, like Writer, which is /v1/stream's.
 type eventWriter interface {
 	// Start opens the answer on path, with the request id.
 	Start(requestID, path string) error
@@ -44,7 +48,31 @@ type eventWriter interface {
 	Ping() error
 }
 
-var _ eventWriter = (*Writer)(nil)
+// eventSink is the Sink of an eventWriter: it drops the event ids (the
+// session still numbers every event) and the events the dialect has no
+// form for.
+type eventSink struct{ ew eventWriter }
+
+func (s eventSink) Start(requestID, path string) error { return s.ew.Start(requestID, path) }
+
+func (s eventSink) Ping() error { return s.ew.Ping() }
+
+func (s eventSink) Event(e Event) error {
+	switch e.Name {
+	case "":
+		return s.ew.Chunk(int(e.ID), e.Content)
+	case protocol.EventReset:
+		return s.ew.Reset(*e.Reset)
+	case protocol.EventRetrying:
+		return s.ew.Retrying(*e.Retrying)
+	case protocol.EventDone:
+		return s.ew.Done(*e.Done)
+	case protocol.EventError:
+		return s.ew.Error(e.Problem)
+	}
+	// A queued position has no form outside /v1/stream.
+	return nil
+}
 
 // native is /v1/stream's dialect: docs/API.md's body, SSE events and
 // problem documents.
@@ -59,7 +87,9 @@ func (native) refuse(w http.ResponseWriter, p *protocol.Problem, instance string
 	WriteProblem(w, p, instance)
 }
 
-func openNative(w http.ResponseWriter, writeTimeout time.Duration) eventWriter {
+func (native) resumable() bool { return true }
+
+func openNative(w http.ResponseWriter, writeTimeout time.Duration) Sink {
 	return NewWriter(w, writeTimeout)
 }
 

@@ -18,15 +18,18 @@ import (
 func (h *Handler) direct(x *exchange, lease pool.Lease) {
 	release := sync.OnceFunc(lease.Release)
 	defer release()
-	ctx, cancel := context.WithCancel(x.r.Context())
+	// The provider call outlives the request when the client leaves
+	// within a resume window; the session cancels it when the stream ends.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(x.r.Context()))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
 	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, prio: x.prio, release: release, frames: frames}
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
 	began := time.Now()
-	s := &session{h: h, w: x.w, open: x.open, requestID: x.requestID, path: protocol.PathDirect, start: x.start, frames: frames}
-	outcome, _ := s.serve(ctx)
+	s := h.sessionOf(x, protocol.PathDirect)
+	s.frames = frames
+	outcome, _ := s.serve(x.r.Context())
 	held := time.Since(began)
 	// The provider call (or the hand-off's relay) ends before the lease is
 	// released.

@@ -76,10 +76,11 @@ func TestHandlerDirectHandsThrottledCallToQueue(t *testing.T) {
 		if ids := w.Header()[stream.RequestIDHeader]; len(ids) == 1 {
 			requestID = ids[0]
 		}
-		want := "event: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2,\"reason\":\"throttled\"}\n\n" +
-			"id: 1\ndata: {\"content\":\"Hel\"}\n\n" +
-			"id: 2\ndata: {\"content\":\"lo\"}\n\n" +
-			"event: done\ndata: {\"request_id\":\"" + requestID + "\",\"finish_reason\":\"stop\",\"path\":\"queued\"}\n\n"
+		// Ids count over every event (docs/API.md, "Event ids").
+		want := "id: 1\nevent: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":2,\"reason\":\"throttled\"}\n\n" +
+			"id: 2\ndata: {\"content\":\"Hel\"}\n\n" +
+			"id: 3\ndata: {\"content\":\"lo\"}\n\n" +
+			"id: 4\nevent: done\ndata: {\"request_id\":\"" + requestID + "\",\"finish_reason\":\"stop\",\"path\":\"queued\"}\n\n"
 		if w.Code != http.StatusOK || body != want {
 			t.Fatalf("HTTP %d body\n%q\nwant\n%q", w.Code, body, want)
 		}

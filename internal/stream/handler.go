@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +17,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
@@ -71,6 +73,13 @@ type Config struct {
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int
+	// ResumeWindow is how long a stream whose client left keeps
+	// generating for a resume (STREAM_RESUME_WINDOW_SECONDS); 0 cancels
+	// it at once. It needs Deps.LogWriter and LogReader.
+	ResumeWindow time.Duration
+	// LogTTL is STREAM_LOG_TTL_SECONDS: how long a stop mark outlives the
+	// request, like its log.
+	LogTTL time.Duration
 	// PriorityMax is the highest X-Priority a caller without a key maximum
 	// may ask for; a higher ask is lowered to it (PRIORITY_MAX). Default
 	// normal: an anonymous caller cannot jump the queue.
@@ -114,6 +123,9 @@ func (c Config) Validate() error {
 	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
 		errs = append(errs, errors.New("stream: limits must be positive"))
 	}
+	if c.ResumeWindow < 0 || c.LogTTL < 0 {
+		errs = append(errs, errors.New("stream: ResumeWindow and LogTTL must not be negative"))
+	}
 	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 || c.BodyReadTimeout < 0 {
 		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter, FrameBuffer and BodyReadTimeout not negative"))
 	}
@@ -143,8 +155,36 @@ type Deps struct {
 	Metrics Metrics
 	// Log is required.
 	Log *slog.Logger
+	// LogWriter keeps every stream's events for a resume, LogReader reads
+	// them back (streamlog implements both); nil LogReader disables
+	// GET and DELETE /v1/streams/{id}.
+	LogWriter LogWriter
+	LogReader LogReader
+	// Positions, when the queue has one (failover.Positioner), tells
+	// waiting requests where they stand; nil sends no queued events.
+	Positions failover.Positioner
+	// Canceller tells whichever process runs a stream (and the workers)
+	// that its owner stopped it; nil stops only streams of this process.
+	Canceller failover.Canceller
 	// Tracing adds the spans of docs/TRACING.md; nil traces nothing.
 	Tracing *telemetry.Provider
+}
+
+// LogWriter appends to the per-request stream log without waiting for
+// Redis (streamlog.Appender). Safe for concurrent use.
+type LogWriter interface {
+	Open(requestID, owner string) bool
+	Append(requestID string, ev streamlog.Event) bool
+}
+
+// LogReader reads stream logs back (streamlog.Reader). Safe for
+// concurrent use; every method does one Redis call bounded by ctx.
+type LogReader interface {
+	Owner(ctx context.Context, requestID string) (string, error)
+	Read(ctx context.Context, requestID string, cur streamlog.Cursor, block time.Duration) ([]streamlog.Event, streamlog.Cursor, error)
+	Exists(ctx context.Context, requestID string) (bool, error)
+	Attach(ctx context.Context, requestID string, ttl time.Duration) error
+	Attached(ctx context.Context, requestID string) (bool, error)
 }
 
 // Handler serves POST /v1/stream (docs/API.md). Its steps, one file each:
@@ -152,16 +192,23 @@ type Deps struct {
 // path), direct.go and queued.go (the two producers), write.go (the write
 // loop).
 type Handler struct {
-	cfg      Config
-	pool     pool.Pool
-	provider llm.Provider
-	spill    failover.Spiller
-	gate     Gate
-	m        Metrics
-	log      *slog.Logger
-	ids      *identity.Resolver
-	models   map[string]bool // nil: any model
-	tel      *telemetry.Provider
+	cfg       Config
+	pool      pool.Pool
+	provider  llm.Provider
+	spill     failover.Spiller
+	gate      Gate
+	m         Metrics
+	log       *slog.Logger
+	ids       *identity.Resolver
+	models    map[string]bool // nil: any model
+	logw      LogWriter
+	logr      LogReader
+	canceller failover.Canceller
+	progress  *progress // nil without Deps.Positions
+	tel       *telemetry.Provider
+
+	liveMu sync.Mutex
+	live   map[string]chan struct{} // streams of this process, by request id: closed to stop
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -195,7 +242,9 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		models[m] = true
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, ids: ids, models: models, tel: deps.Tracing, draining: make(chan struct{})}, nil
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, tel: deps.Tracing, draining: make(chan struct{}),
+		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, live: make(map[string]chan struct{}),
+		progress: newProgress(deps.Positions)}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -292,4 +341,11 @@ func (h *Handler) refuse(x *exchange, p *protocol.Problem, path string) {
 		h.m.StreamEnded(path, OutcomeRefused)
 	}
 	x.d.refuse(x.w, p, instanceOf(x.requestID))
+}
+
+func newProgress(q failover.Positioner) *progress {
+	if q == nil {
+		return nil
+	}
+	return &progress{q: q}
 }

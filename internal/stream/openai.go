@@ -67,14 +67,18 @@ func (d openaiDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatRe
 		model = d.defaultModel
 	}
 	if req.Stream {
-		return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) eventWriter {
-			return &openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: model, includeUsage: req.IncludeUsage}
+		return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: model, includeUsage: req.IncludeUsage}}
 		}, nil
 	}
-	return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) eventWriter {
-		return &openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: model}
+	return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: model}}
 	}, nil
 }
+
+// resumable is false: OpenAI's chunks carry no SSE ids to resume from,
+// so these streams are not logged and end when their client leaves.
+func (openaiDialect) resumable() bool { return false }
 
 func (openaiDialect) refuse(w http.ResponseWriter, p *protocol.Problem, _ string) {
 	writeOpenAIError(w, p)

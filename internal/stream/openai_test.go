@@ -1,11 +1,14 @@
 package stream_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +17,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 func chatHandler(tb testing.TB, d deps, models ...string) (*stream.OpenAI, http.Handler) {
@@ -267,5 +272,131 @@ func TestOpenAIModels(t *testing.T) {
 	}
 	if l.Object != "list" || len(l.Data) != 1 || l.Data[0].ID != "sim" || l.Data[0].OwnedBy != "spillway" || l.Data[0].Created == 0 {
 		t.Fatalf("list %+v", l)
+	}
+}
+
+// recLog records what a session hands the stream log.
+type recLog struct {
+	mu     sync.Mutex
+	opened []string
+	events map[string][]streamlog.Event
+}
+
+func (l *recLog) Open(requestID, _ string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.opened = append(l.opened, requestID)
+	return true
+}
+
+func (l *recLog) Append(requestID string, ev streamlog.Event) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.events == nil {
+		l.events = make(map[string][]streamlog.Event)
+	}
+	l.events[requestID] = append(l.events[requestID], ev)
+	return true
+}
+
+func (l *recLog) snapshot() ([]string, map[string][]streamlog.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.opened...), maps.Clone(l.events)
+}
+
+// blockingProvider emits one chunk, then holds the call until it is
+// cancelled.
+type blockingProvider struct{ emitted chan struct{} }
+
+func (blockingProvider) Name() string { return "blocking" }
+
+func (p blockingProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+	if err := emit("a"); err != nil {
+		return llm.Result{}, err
+	}
+	close(p.emitted)
+	<-ctx.Done()
+	return llm.Result{}, ctx.Err()
+}
+
+func resumableHandler(tb testing.TB, p llm.Provider, log *recLog) *stream.Handler {
+	tb.Helper()
+	h, err := stream.New(stream.Config{
+		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		DirectPathEnabled: true, ResumeWindow: time.Hour, LogTTL: 2 * time.Hour,
+	}, stream.Deps{Pool: &fakePool{free: 2}, Provider: p, Gate: &fakeGate{}, Log: testutil.DiscardLogger(), LogWriter: log})
+	if err != nil {
+		tb.Fatalf("stream.New: %v", err)
+	}
+	return h
+}
+
+// Only /v1/stream's streams are logged, with ids 1, 2, 3, …; a chat
+// completion's chunks carry no ids and nothing of it is logged
+// (docs/API.md, "Resume and stop").
+func TestOpenAIStreamIsNotLogged(t *testing.T) {
+	t.Parallel()
+	log := &recLog{}
+	h := resumableHandler(t, &fakeProvider{chunks: []string{"Hel", "lo"}}, log)
+	native := post(h, validBody, nil)
+	chat := post(http.HandlerFunc(stream.NewOpenAI(h, []string{"m"}).ChatCompletions), streamBody, nil)
+	if native.Code != http.StatusOK || chat.Code != http.StatusOK {
+		t.Fatalf("HTTP %d and %d", native.Code, chat.Code)
+	}
+	if strings.Contains(chat.Body.String(), "id: ") || answer(mustChunks(t, chat.Body.String())) != "Hello" {
+		t.Fatalf("chat completion body %q", chat.Body.String())
+	}
+	opened, events := log.snapshot()
+	nativeID := native.Header()[stream.RequestIDHeader][0]
+	if len(opened) != 1 || opened[0] != nativeID || len(events) != 1 {
+		t.Fatalf("logs opened %v with events %v; want only the /v1/stream one, %s", opened, events, nativeID)
+	}
+	evs := events[nativeID]
+	if len(evs) != 3 || evs[2].Name != protocol.EventDone {
+		t.Fatalf("logged %+v; want two chunks and done", evs)
+	}
+	for i, ev := range evs {
+		if ev.ID != int64(i+1) {
+			t.Fatalf("event %d has id %d", i, ev.ID)
+		}
+	}
+}
+
+func mustChunks(tb testing.TB, body string) []chunk {
+	tb.Helper()
+	chunks, done := decodeChunks(tb, body)
+	if !done {
+		tb.Fatalf("no [DONE] in %q", body)
+	}
+	return chunks
+}
+
+// A chat completion whose client leaves is cancelled at once, resume
+// window or not: nobody could resume it.
+func TestOpenAIClientGoneCancelsDespiteResumeWindow(t *testing.T) {
+	t.Parallel()
+	p := blockingProvider{emitted: make(chan struct{})}
+	h := resumableHandler(t, p, &recLog{})
+	o := stream.NewOpenAI(h, []string{"m"})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", strings.NewReader(streamBody))
+	r.Header.Set("Content-Type", "application/json")
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		o.ChatCompletions(httptest.NewRecorder(), r)
+	}()
+	select {
+	case <-p.emitted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the provider was never called")
+	}
+	cancel()
+	select {
+	case <-served:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the chat completion outlived its client: it went on as if resumable")
 	}
 }

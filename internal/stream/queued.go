@@ -30,7 +30,8 @@ func (h *Handler) queued(x *exchange) {
 	// Close runs on every exit: a job whose client left is skipped or
 	// cancelled by the workers.
 	defer func() { relay.Close(finished) }()
-	s := &session{h: h, w: x.w, open: x.open, requestID: x.requestID, path: protocol.PathQueued, start: x.start,
-		frames: relay.Results(), relayDone: relay.Done(), relayProblem: relay.Problem}
+	s := h.sessionOf(x, protocol.PathQueued)
+	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
+	s.position = h.newPosition()
 	_, finished = s.serve(x.r.Context())
 }

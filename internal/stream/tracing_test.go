@@ -39,9 +39,9 @@ func TestDirectPathTracingOffAllocatesNothing(t *testing.T) {
 	}
 	m := metrics.New(prometheus.NewRegistry())
 	h := &Handler{cfg: Config{}.withDefaults(), gate: openGate{}, m: m, log: testutil.DiscardLogger(), tel: tel}
-	s := &session{h: h, w: discardResponse{h: http.Header{}}, requestID: "r", path: protocol.PathDirect,
+	sw := NewWriter(discardResponse{h: http.Header{}}, time.Second)
+	s := &session{h: h, sink: sw, attached: true, requestID: "r", path: protocol.PathDirect,
 		start: time.Now(), ctx: context.Background()}
-	s.sw = NewWriter(s.w, time.Second)
 	batch := protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "token"}}}
 	ctx := context.Background()
 
@@ -59,10 +59,10 @@ func TestDirectPathTracingOffAllocatesNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	// The SSE writer's own cost per chunk is the baseline: the session
-	// around it, tracing included, adds nothing.
+	// The chunk event's encoding and the SSE writer's own cost are the
+	// baseline: the session around them, tracing included, adds nothing.
 	writer := testing.AllocsPerRun(1000, func() {
-		if err := s.sw.Chunk(1, "token"); err != nil {
+		if err := sw.Event(Event{ID: 1, Content: "token"}.encoded()); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
@@ -18,13 +19,21 @@ import (
 // shutting-down problem: another api process takes the retry at once.
 const shuttingDownRetryAfter = 1
 
+// attachedCheckTimeout bounds asking Redis whether a resumed client reads
+// a stream whose first client left.
+const attachedCheckTimeout = time.Second
+
 // session is one request's write loop: where it writes, what it relays,
-// and from where.
+// and from where. It numbers the events, hands each to the stream log and,
+// while the client is there, to its sink. When the client leaves and a
+// resume window is configured, it goes on without one (detached), so the
+// answer keeps landing in the log for a resume on any api process.
 type session struct {
 	h         *Handler
-	w         http.ResponseWriter
-	open      opener // the dialect's writer of this answer; nil is /v1/stream's
+	sink      Sink
+	resumable bool // the stream is logged and may outlive its client (native dialect only)
 	requestID string
+	owner     string
 	path      string // protocol.PathDirect or PathQueued
 	start     time.Time
 	frames    <-chan protocol.Result
@@ -32,59 +41,104 @@ type session struct {
 	// relayProblem then says why.
 	relayDone    <-chan struct{}
 	relayProblem func() *protocol.Problem
+	// stop closes when the owner asked to stop the stream (DELETE).
+	stop <-chan struct{}
+	// position, on the queued path, follows the job until a worker speaks.
+	position *position
 
-	sw         eventWriter
+	lastID     int64
+	terminated bool // a done or error event was emitted
+	attached   bool
 	firstChunk bool
+	window     *time.Timer // runs while detached
 	// ctx is the request's, holding its server span; problemType is the
 	// type of the problem the stream ended with, for the span's outcome.
 	ctx         context.Context
 	problemType string
 }
 
-// serve opens the SSE response, then relays frames until a terminal one,
-// the client leaves, the relay gives up or the server drains. It returns
-// the outcome, and whether the source itself finished (sent done or error).
-func (s *session) serve(ctx context.Context) (string, bool) {
-	s.ctx = ctx
-	open := s.open
+// newSession returns the session of a /v1/stream stream; the caller fills
+// in its source.
+func (h *Handler) newSession(w http.ResponseWriter, requestID, owner, path string, start time.Time) *session {
+	return &session{h: h, sink: NewWriter(w, h.cfg.WriteTimeout), resumable: true,
+		requestID: requestID, owner: owner, path: path, start: start}
+}
+
+// sessionOf returns the session of x's stream on path, writing x's
+// dialect. Only the native dialect is logged and resumable: an OpenAI
+// client cannot resume (its chunks carry no ids), so its stream ends when
+// it leaves (docs/API.md, "OpenAI-compatible API").
+func (h *Handler) sessionOf(x *exchange, path string) *session {
+	open := x.open
 	if open == nil {
 		open = openNative
 	}
-	s.sw = open(s.w, s.h.cfg.WriteTimeout)
+	return &session{h: h, sink: open(x.w, h.cfg.WriteTimeout), resumable: x.d.resumable(),
+		requestID: x.requestID, owner: x.user, path: path, start: x.start}
+}
+
+// serve opens the response, then relays frames until a terminal one, the
+// owner stops it, the client leaves (and does not come back within the
+// resume window), the relay gives up or the server drains. It returns the
+// outcome, and whether the source itself finished (sent done or error).
+func (s *session) serve(ctx context.Context) (string, bool) {
+	s.ctx = ctx
 	closed := s.h.m.StreamOpened(s.path)
 	defer closed()
+	stop, unregister := s.h.register(s.requestID)
+	defer unregister()
+	s.stop = stop
+	if s.h.logw != nil && s.resumable {
+		s.h.logw.Open(s.requestID, s.owner)
+	}
 	outcome, finished := s.pump(ctx)
+	if !s.terminated {
+		// The client left with no window to come back in: the log still
+		// gets an end, so a late resume does not wait for one.
+		s.attached = false
+		_ = s.emit(Event{Name: protocol.EventError, Problem: protocol.Stopped("The client left before the answer was complete.")})
+	}
+	if s.window != nil {
+		s.window.Stop()
+	}
 	s.h.m.StreamEnded(s.path, outcome)
 	s.traceEnd(outcome)
 	return outcome, finished
 }
 
-// fail ends the stream with p: outcome error, or cancelled when even the
-// error event could not be written.
-func (s *session) fail(p *protocol.Problem) string {
-	s.problemType = p.Type
-	if err := s.sw.Error(p); err != nil {
-		return OutcomeCancelled
-	}
-	return OutcomeError
-}
-
 func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 	h := s.h
-	if err := s.sw.Start(s.requestID, s.path); err != nil {
+	s.attached = s.sink.Start(s.requestID, s.path) == nil
+	clientGone := ctx.Done()
+	if !s.attached && !s.detach() {
 		return OutcomeCancelled, false
 	}
 	heartbeat := time.NewTimer(h.cfg.Heartbeat)
 	defer heartbeat.Stop()
 	s.firstChunk = true
+	var window <-chan time.Time
+	var positions <-chan time.Time
+	if s.position != nil {
+		if _, err := s.sendPosition(); err != nil && !s.lose() {
+			return OutcomeCancelled, false
+		}
+		t := time.NewTicker(positionEvery)
+		defer t.Stop()
+		positions = t.C
+	}
 	for {
 		var err error
+		if s.window != nil {
+			window = s.window.C
+		}
 		select {
 		case res, ok := <-s.frames:
 			if !ok {
 				h.log.Error("stream source ended without a terminal event", "request_id", s.requestID, "path", s.path)
-				return s.fail(protocol.StreamFailed()), false
+				return s.end(protocol.StreamFailed()), false
 			}
+			// A worker has the job: no more positions.
+			positions = nil
 			if res.Kind == protocol.KindHeartbeat {
 				continue // worker liveness only; the relay tracks it
 			}
@@ -92,14 +146,38 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 			if outcome, end, err = s.write(res); end {
 				return outcome, true
 			}
+		case <-positions:
+			var sent bool
+			if sent, err = s.sendPosition(); !sent {
+				continue // nothing written: the heartbeat timer runs on
+			}
 		case <-heartbeat.C:
-			err = s.sw.Ping()
+			if s.attached {
+				err = s.sink.Ping()
+			}
 		case <-s.relayDone:
-			return s.fail(s.relayProblem()), false
-		case <-ctx.Done():
+			return s.end(s.relayProblem()), false
+		case <-clientGone:
+			clientGone = nil
+			if s.attached {
+				s.attached = false
+				if !s.detach() {
+					return OutcomeCancelled, false
+				}
+			}
+		case <-window:
+			if s.wanted() {
+				s.window.Reset(h.cfg.ResumeWindow)
+				continue
+			}
+			h.log.Info("nobody resumed within the window, stream cancelled", "request_id", s.requestID, "path", s.path)
+			s.end(protocol.Stopped("Nobody came back for the answer within the resume window."))
+			return OutcomeCancelled, false
+		case <-s.stop:
+			s.end(protocol.Stopped("The stream was stopped at its owner's request."))
 			return OutcomeCancelled, false
 		case <-h.draining:
-			return s.fail(protocol.ShuttingDown(shuttingDownRetryAfter)), false
+			return s.end(protocol.ShuttingDown(shuttingDownRetryAfter)), false
 		}
 		if errors.Is(err, errAnswerEnded) {
 			return OutcomeError, false
@@ -109,17 +187,89 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 			if errors.As(err, &ne) && ne.Timeout() {
 				h.log.Warn("client too slow, stream cut", "request_id", s.requestID, "path", s.path)
 			}
-			return OutcomeCancelled, false
-		}
-		// Heartbeat on a timer reset after each write.
-		if !heartbeat.Stop() {
-			select {
-			case <-heartbeat.C:
-			default:
+			if !s.lose() {
+				return OutcomeCancelled, false
 			}
 		}
+		// Heartbeat on a timer reset after each write.
 		heartbeat.Reset(h.cfg.Heartbeat)
 	}
+}
+
+// sendPosition sends a queued event when the position is worth one; sent
+// reports whether it did.
+func (s *session) sendPosition() (sent bool, err error) {
+	q, ok := s.position.next(time.Now())
+	if !ok {
+		return false, nil
+	}
+	return true, s.emit(Event{Name: protocol.EventQueued, Queued: q})
+}
+
+// lose notes a failed write to the client; it reports whether the stream
+// goes on detached.
+func (s *session) lose() bool {
+	if !s.attached {
+		return true
+	}
+	s.attached = false
+	return s.detach()
+}
+
+// detach goes on without a client for the resume window, when there is
+// one and a log to resume from; it reports whether the stream goes on.
+func (s *session) detach() bool {
+	h := s.h
+	if !s.resumable || h.cfg.ResumeWindow <= 0 || h.logw == nil {
+		return false
+	}
+	if s.window == nil {
+		s.window = time.NewTimer(h.cfg.ResumeWindow)
+	}
+	return true
+}
+
+// wanted reports whether a resumed client reads the stream now.
+func (s *session) wanted() bool {
+	if s.h.logr == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), attachedCheckTimeout)
+	defer cancel()
+	ok, err := s.h.logr.Attached(ctx, s.requestID)
+	if err != nil {
+		s.h.log.Warn("could not tell whether a client resumed", "request_id", s.requestID, "err", err)
+	}
+	return ok
+}
+
+// end ends the stream with p: outcome error, or cancelled when the client
+// did not get it.
+func (s *session) end(p *protocol.Problem) string {
+	s.problemType = p.Type
+	if s.emit(Event{Name: protocol.EventError, Problem: p}) != nil || !s.attached {
+		return OutcomeCancelled
+	}
+	return OutcomeError
+}
+
+// emit numbers ev, encodes its data, logs it and writes it to the client
+// when there is one. An error is a failed write to the client.
+func (s *session) emit(ev Event) error {
+	s.lastID++
+	ev.ID = s.lastID
+	ev = ev.encoded()
+	data := ev.Data
+	if ev.Terminal() {
+		s.terminated = true
+	}
+	if s.h.logw != nil && s.resumable {
+		s.h.logw.Append(s.requestID, streamlog.Event{ID: ev.ID, Name: ev.Name, Data: data})
+	}
+	if !s.attached {
+		return nil
+	}
+	return s.sink.Event(ev)
 }
 
 // write writes one frame. end reports a terminal frame, whose outcome is
@@ -132,16 +282,25 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 			s.firstChunkWritten()
 		}
 		for _, c := range res.Chunks {
-			if err = s.sw.Chunk(c.Seq, c.Content); err != nil {
-				break
+			if e := s.emit(Event{Content: c.Content}); e != nil && err == nil {
+				// Keep numbering and logging the rest: a resume wants them.
+				err = e
+				s.attached = false
 			}
+		}
+		if err != nil {
+			s.attached = true // lose() decides what the failure means
 		}
 		return "", false, err
 	case protocol.KindReset:
-		telemetry.Reset(trace.SpanFromContext(s.ctx), res.Reset.Attempt)
-		return "", false, s.sw.Reset(*res.Reset)
+		r := res.Reset
+		if r == nil {
+			r = &protocol.Reset{}
+		}
+		telemetry.Reset(trace.SpanFromContext(s.ctx), r.Attempt)
+		return "", false, s.emit(Event{Name: protocol.EventReset, Reset: r})
 	case protocol.KindRetrying:
-		return "", false, s.sw.Retrying(*res.Retrying)
+		return "", false, s.emit(Event{Name: protocol.EventRetrying, Retrying: res.Retrying})
 	case protocol.KindDone:
 		d := protocol.Done{RequestID: s.requestID, Path: s.path, FinishReason: "stop"}
 		if res.Done != nil {
@@ -153,12 +312,12 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 			d.FinishReason = cmp.Or(res.Done.FinishReason, "stop")
 			d.Usage = res.Done.Usage
 		}
-		if s.sw.Done(d) != nil {
+		if s.emit(Event{Name: protocol.EventDone, Done: &d}) != nil {
 			return OutcomeCancelled, true, nil
 		}
 		return OutcomeDone, true, nil
 	case protocol.KindError:
-		return s.fail(res.Problem), true, nil
+		return s.end(res.Problem), true, nil
 	}
 	return "", false, nil
 }

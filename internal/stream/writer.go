@@ -47,7 +47,9 @@ func (sw *Writer) Start(requestID, path string) error {
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
 	setRequestID(h, requestID)
-	h.Set("X-Stream-Path", path)
+	if path != "" { // a resumed stream does not restate its path
+		h.Set("X-Stream-Path", path)
+	}
 	sw.w.WriteHeader(http.StatusOK)
 	return sw.flush()
 }
@@ -64,46 +66,10 @@ func setRequestID(h http.Header, id string) {
 	h[RequestIDHeader] = []string{id}
 }
 
-// Chunk writes a chunk event with sequence number seq.
-func (sw *Writer) Chunk(seq int, content string) error {
-	return sw.write(protocol.AppendChunkEvent(sw.buf[:0], seq, content), false)
-}
-
-// Reset writes a reset event: the client drops the chunks so far.
-func (sw *Writer) Reset(r protocol.Reset) error {
-	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventReset, r)
-	if err != nil {
-		return fmt.Errorf("stream: encode reset: %w", err)
-	}
-	return sw.write(b, false)
-}
-
-// Retrying writes a retrying event: the provider call failed before any
-// chunk reached the client and is tried again after r.RetryInSeconds.
-func (sw *Writer) Retrying(r protocol.Retrying) error {
-	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventRetrying, r)
-	if err != nil {
-		return fmt.Errorf("stream: encode retrying: %w", err)
-	}
-	return sw.write(b, false)
-}
-
-// Done writes the terminal done event.
-func (sw *Writer) Done(d protocol.Done) error {
-	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventDone, d)
-	if err != nil {
-		return fmt.Errorf("stream: encode done: %w", err)
-	}
-	return sw.write(b, true)
-}
-
-// Error writes the terminal error event carrying p.
-func (sw *Writer) Error(p *protocol.Problem) error {
-	b, err := protocol.AppendJSONEvent(sw.buf[:0], protocol.EventError, p)
-	if err != nil {
-		return fmt.Errorf("stream: encode error: %w", err)
-	}
-	return sw.write(b, true)
+// Event writes e as an SSE event with its id; a done or error event is
+// the terminal one.
+func (sw *Writer) Event(e Event) error {
+	return sw.write(protocol.AppendIDEvent(sw.buf[:0], e.ID, e.Name, e.Data), e.Terminal())
 }
 
 // Ping writes the `: ping` heartbeat comment.

@@ -22,16 +22,18 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 	sw := NewWriter(rec, time.Second)
 	steps := []func() error{
 		func() error { return sw.Start("req-1", "queued") },
-		func() error { return sw.Chunk(1, "Hel") },
+		func() error { return sw.Event(Event{ID: 1, Content: "Hel"}.encoded()) },
 		func() error { return sw.Ping() },
-		func() error { return sw.Reset(protocol.Reset{Attempt: 2}) },
 		func() error {
-			return sw.Retrying(protocol.Retrying{Attempt: 2, RetryInSeconds: 20, Reason: "throttled"})
+			return sw.Event(Event{ID: 2, Name: protocol.EventReset, Reset: &protocol.Reset{Attempt: 2}}.encoded())
 		},
-		func() error { return sw.Chunk(1, "line\nbreak\r\x00") },
 		func() error {
-			return sw.Done(protocol.Done{RequestID: "req-1", FinishReason: "stop", Path: "queued",
-				Usage: &protocol.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}})
+			return sw.Event(Event{ID: 3, Name: protocol.EventRetrying, Retrying: &protocol.Retrying{Attempt: 2, RetryInSeconds: 20, Reason: "throttled"}}.encoded())
+		},
+		func() error { return sw.Event(Event{ID: 4, Content: "line\nbreak\r\x00"}.encoded()) },
+		func() error {
+			return sw.Event(Event{ID: 5, Name: protocol.EventDone, Done: &protocol.Done{RequestID: "req-1", FinishReason: "stop", Path: "queued",
+				Usage: &protocol.Usage{PromptTokens: 1, CompletionTokens: 2, TotalTokens: 3}}}.encoded())
 		},
 	}
 	for i, step := range steps {
@@ -44,10 +46,10 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 	}
 	want := "id: 1\ndata: {\"content\":\"Hel\"}\n\n" +
 		": ping\n\n" +
-		"event: reset\ndata: {\"attempt\":2}\n\n" +
-		"event: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":20,\"reason\":\"throttled\"}\n\n" +
-		"id: 1\ndata: {\"content\":\"line\\nbreak\\r\\u0000\"}\n\n" +
-		"event: done\ndata: {\"request_id\":\"req-1\",\"finish_reason\":\"stop\",\"path\":\"queued\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
+		"id: 2\nevent: reset\ndata: {\"attempt\":2}\n\n" +
+		"id: 3\nevent: retrying\ndata: {\"attempt\":2,\"retry_in_seconds\":20,\"reason\":\"throttled\"}\n\n" +
+		"id: 4\ndata: {\"content\":\"line\\nbreak\\r\\u0000\"}\n\n" +
+		"id: 5\nevent: done\ndata: {\"request_id\":\"req-1\",\"finish_reason\":\"stop\",\"path\":\"queued\",\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n"
 	if got := rec.Body.String(); got != want {
 		t.Fatalf("wire:\n%q\nwant\n%q", got, want)
 	}
@@ -62,10 +64,10 @@ func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {
 	if got := h["X-Request-ID"]; len(got) != 1 || got[0] != "req-1" || len(h["X-Request-Id"]) != 0 {
 		t.Errorf("request id header %v / %v, want exactly X-Request-ID: req-1", h["X-Request-ID"], h["X-Request-Id"])
 	}
-	if err := sw.Chunk(2, "late"); err != ErrTerminated {
+	if err := sw.Event(Event{ID: 5, Content: "late"}.encoded()); err != ErrTerminated {
 		t.Fatalf("write after done: %v, want ErrTerminated", err)
 	}
-	if err := sw.Error(protocol.StreamFailed()); err != ErrTerminated {
+	if err := sw.Event(errorEvent(6, protocol.StreamFailed())); err != ErrTerminated {
 		t.Fatalf("second terminal: %v, want ErrTerminated", err)
 	}
 }
@@ -75,10 +77,10 @@ func TestWriterErrorEvent(t *testing.T) {
 	rec := httptest.NewRecorder()
 	sw := NewWriter(rec, 0)
 	p := protocol.NewProblem(protocol.ProblemQueueTimeout, "Queue Timeout", 503, "No worker started the job in time.").WithRetryAfter(2)
-	if err := sw.Error(p); err != nil {
+	if err := sw.Event(errorEvent(7, p)); err != nil {
 		t.Fatal(err)
 	}
-	want := "event: error\ndata: {\"type\":\"https://spillway.dev/errors/queue-timeout\",\"title\":\"Queue Timeout\",\"status\":503,\"detail\":\"No worker started the job in time.\",\"retry_after_seconds\":2}\n\n"
+	want := "id: 7\nevent: error\ndata: {\"type\":\"https://spillway.dev/errors/queue-timeout\",\"title\":\"Queue Timeout\",\"status\":503,\"detail\":\"No worker started the job in time.\",\"retry_after_seconds\":2}\n\n"
 	if rec.Body.String() != want {
 		t.Fatalf("got %q\nwant %q", rec.Body.String(), want)
 	}
@@ -128,6 +130,7 @@ func newTestHandler(tb testing.TB, heartbeat time.Duration) *Handler {
 		m:        metrics.New(prometheus.NewRegistry()),
 		log:      testutil.DiscardLogger(),
 		draining: make(chan struct{}),
+		live:     make(map[string]chan struct{}),
 	}
 	return h
 }
@@ -147,7 +150,9 @@ func TestHeartbeatTimerResetsAfterEachWrite(t *testing.T) {
 		}
 		out := make(chan result)
 		go func() {
-			o, _ := (&session{h: h, w: rec, requestID: "r", path: protocol.PathDirect, start: start, frames: frames}).serve(t.Context())
+			s := h.newSession(rec, "r", "u", protocol.PathDirect, start)
+			s.frames = frames
+			o, _ := s.serve(t.Context())
 			out <- result{o, rec.Body()}
 		}()
 		advance(14 * time.Second)
@@ -172,7 +177,7 @@ func TestHeartbeatTimerResetsAfterEachWrite(t *testing.T) {
 		if r.outcome != OutcomeDone {
 			t.Fatalf("outcome %s", r.outcome)
 		}
-		if !strings.HasSuffix(r.body, "event: done\ndata: {\"request_id\":\"r\",\"finish_reason\":\"stop\",\"path\":\"direct\"}\n\n") {
+		if !strings.HasSuffix(r.body, "id: 2\nevent: done\ndata: {\"request_id\":\"r\",\"finish_reason\":\"stop\",\"path\":\"direct\"}\n\n") {
 			t.Fatalf("body ends %q", r.body)
 		}
 	})
@@ -186,7 +191,9 @@ func TestDrainEndsStreamWithError(t *testing.T) {
 		rec := httptest.NewRecorder()
 		out := make(chan string)
 		go func() {
-			o, _ := (&session{h: h, w: rec, requestID: "r", path: protocol.PathQueued, start: time.Now(), frames: make(chan protocol.Result)}).serve(t.Context())
+			s := h.newSession(rec, "r", "u", protocol.PathQueued, time.Now())
+			s.frames = make(chan protocol.Result)
+			o, _ := s.serve(t.Context())
 			out <- o
 		}()
 		synctest.Wait()
@@ -194,7 +201,7 @@ func TestDrainEndsStreamWithError(t *testing.T) {
 		if o := <-out; o != OutcomeError {
 			t.Fatalf("outcome %s, want error", o)
 		}
-		if !strings.Contains(rec.Body.String(), "event: error\ndata: {\"type\":\"https://spillway.dev/errors/shutting-down\"") {
+		if !strings.Contains(rec.Body.String(), "id: 1\nevent: error\ndata: {\"type\":\"https://spillway.dev/errors/shutting-down\"") {
 			t.Fatalf("body %q", rec.Body.String())
 		}
 	})

@@ -1,14 +1,5 @@
-//go:build resume
-
-// These browser tests need the api's resume and stop endpoints
-// (GET and DELETE /v1/streams/{id}, README "For frontend developers"),
-// which are built separately. Until they exist the tests are kept out of
-// the default run by the `resume` build tag, instead of failing or being
-// skipped; run them with
-//
-//	go test -race -tags resume -run 'Stop|Resume' ./internal/web/
-//
-// and drop the tag once the endpoints are in.
+// Browser tests of resume and stop through the chat page (GET and DELETE
+// /v1/streams/{id}, README "For frontend developers").
 
 package web_test
 

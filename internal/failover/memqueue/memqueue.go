@@ -86,9 +86,10 @@ type Queue struct {
 }
 
 var (
-	_ failover.Producer = (*Queue)(nil)
-	_ failover.Depther  = (*Queue)(nil)
-	_ failover.Consumer = (*Consumer)(nil)
+	_ failover.Producer   = (*Queue)(nil)
+	_ failover.Depther    = (*Queue)(nil)
+	_ failover.Positioner = (*Queue)(nil)
+	_ failover.Consumer   = (*Consumer)(nil)
 )
 
 // New returns an empty Queue.
@@ -118,6 +119,17 @@ func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) erro
 	q.ready = append(q.ready, &entry{seq: q.seq, requestID: requestID, body: slices.Clone(body)})
 	q.wakeLocked()
 	return nil
+}
+
+// Progress returns the jobs ever delivered and those never delivered yet;
+// exact.
+func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return int64(q.seq) - int64(len(q.ready)), int64(len(q.ready)), nil
 }
 
 // Depth returns the number of jobs enqueued and not yet acknowledged or

@@ -234,9 +234,10 @@ type shard struct {
 }
 
 var (
-	_ failover.Producer = (*Queue)(nil)
-	_ failover.Depther  = (*Queue)(nil)
-	_ failover.Consumer = (*Queue)(nil)
+	_ failover.Producer   = (*Queue)(nil)
+	_ failover.Depther    = (*Queue)(nil)
+	_ failover.Positioner = (*Queue)(nil)
+	_ failover.Consumer   = (*Queue)(nil)
 )
 
 // New returns a Queue using client. It does no I/O: the consumer groups
@@ -319,6 +320,49 @@ func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) erro
 		return fmt.Errorf("redisstream: xadd %s: %w: %w", sh.stream, failover.ErrQueueUnavailable, err)
 	}
 	return nil
+}
+
+// ErrNoProgress is returned by Progress when Redis cannot count a
+// group's progress (a server before 7.0, a group not created yet, or one
+// whose entries-read is unknown after an XSETID).
+var ErrNoProgress = errors.New("redisstream: group progress unknown")
+
+// Progress returns the group's entries-read and lag (XINFO GROUPS, Redis
+// 7) summed over the shards: entries ever delivered to the group and
+// entries not delivered yet, in one pipeline. Both are exact while only
+// acknowledged (so already delivered) entries are deleted, which is how
+// this queue trims; with several shards the position built on them
+// assumes the shards drain at one speed (docs/QUEUE.md, "Queued position").
+func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error) {
+	pipe := q.client.Pipeline()
+	cmds := make([]*redis.XInfoGroupsCmd, len(q.shards))
+	for i, sh := range q.shards {
+		cmds[i] = pipe.XInfoGroups(ctx, sh.stream)
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			var re redis.Error
+			if errors.As(err, &re) { // a reply such as "no such key": nothing to count yet
+				return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w: %w", q.shards[i].stream, ErrNoProgress, err)
+			}
+			return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w", q.shards[i].stream, err)
+		}
+		found := false
+		for _, g := range cmd.Val() {
+			if g.Name != q.cfg.Group {
+				continue
+			}
+			if g.Lag < 0 || g.EntriesRead < 0 {
+				return 0, 0, ErrNoProgress
+			}
+			handed, waiting, found = handed+g.EntriesRead, waiting+g.Lag, true
+		}
+		if !found {
+			return 0, 0, fmt.Errorf("redisstream: group %s of %s: %w", q.cfg.Group, q.shards[i].stream, ErrNoProgress)
+		}
+	}
+	return handed, waiting, nil
 }
 
 // Depth returns the backlog: the sum of XLEN over the shards, exact

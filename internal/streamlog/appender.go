@@ -1,0 +1,227 @@
+package streamlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Field names of a log entry. The first entry of a log holds only
+// fieldOwner; every other one is an event.
+const (
+	fieldOwner = "o"
+	fieldID    = "i"
+	fieldEvent = "e"
+	fieldData  = "d"
+)
+
+// Defaults of zero Config fields.
+const (
+	// DefaultFlushInterval is the longest an event waits in the appender
+	// before it is written: short enough that a resume on another process
+	// sees it live, long enough to batch a busy process's chunks.
+	DefaultFlushInterval = 5 * time.Millisecond
+	// DefaultMaxBatch flushes early when this many events wait.
+	DefaultMaxBatch = 512
+	// DefaultBuffer is how many events may wait for a flush; when Redis
+	// is slower than that, further events are dropped (and counted)
+	// rather than slowing every stream down.
+	DefaultBuffer = 16384
+	// flushTimeout bounds one pipelined write.
+	flushTimeout = 5 * time.Second
+)
+
+// Config configures an Appender. Zero fields marked with a default take
+// it; the others are required.
+type Config struct {
+	// Prefix is QUEUE_PREFIX.
+	Prefix string
+	// TTL is how long a log lives after its last write
+	// (STREAM_LOG_TTL_SECONDS). Required.
+	TTL time.Duration
+	// FlushInterval, MaxBatch and Buffer tune batching; see the defaults.
+	FlushInterval time.Duration
+	MaxBatch      int
+	Buffer        int
+}
+
+func (c Config) withDefaults() Config {
+	if c.FlushInterval == 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.MaxBatch == 0 {
+		c.MaxBatch = DefaultMaxBatch
+	}
+	if c.Buffer == 0 {
+		c.Buffer = DefaultBuffer
+	}
+	return c
+}
+
+// Validate reports bad values without changing c.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	if c.TTL < time.Second {
+		return errors.New("streamlog: TTL must be at least 1s")
+	}
+	if c.FlushInterval < 0 || c.MaxBatch < 1 || c.Buffer < 1 {
+		return errors.New("streamlog: FlushInterval must not be negative, MaxBatch and Buffer positive")
+	}
+	return nil
+}
+
+// Event is one event as a client was sent it. ID is the SSE id (1, 2, 3,
+// … over the whole stream); Name is empty for a chunk; Data is the
+// event's JSON data on one line.
+type Event struct {
+	ID   int64
+	Name string
+	Data []byte
+}
+
+// item is one write waiting for a flush: an owner entry or an event.
+type item struct {
+	requestID string
+	owner     string // set for the owner entry
+	ev        Event
+}
+
+// Appender writes stream logs for one process. Append and Open never wait
+// for Redis: they hand the entry to Run's goroutine, which writes what
+// accumulated every FlushInterval (or MaxBatch entries) in one pipeline,
+// so the cost on a stream's own path is a channel send, not a round trip
+// per chunk. Safe for concurrent use.
+type Appender struct {
+	cfg     Config
+	rdb     redis.UniversalClient
+	log     *slog.Logger
+	in      chan item
+	dropped atomic.Int64
+	batches atomic.Int64
+}
+
+// NewAppender returns an appender on rdb; Run must run for it to write.
+func NewAppender(cfg Config, rdb redis.UniversalClient, log *slog.Logger) (*Appender, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if rdb == nil || log == nil {
+		return nil, errors.New("streamlog: a Redis client and a logger are required")
+	}
+	cfg = cfg.withDefaults()
+	return &Appender{cfg: cfg, rdb: rdb, log: log, in: make(chan item, cfg.Buffer)}, nil
+}
+
+// Open starts requestID's log with its owner's identity. It must come
+// before the request's first Append.
+func (a *Appender) Open(requestID, owner string) bool {
+	return a.put(item{requestID: requestID, owner: owner})
+}
+
+// Append adds ev to requestID's log. It reports false when the entry was
+// dropped because Redis has fallen too far behind; a resume then ends at
+// the gap (Reader reports it).
+func (a *Appender) Append(requestID string, ev Event) bool {
+	return a.put(item{requestID: requestID, ev: ev})
+}
+
+func (a *Appender) put(it item) bool {
+	select {
+	case a.in <- it:
+		return true
+	default:
+		if a.dropped.Add(1) == 1 {
+			a.log.Warn("stream log behind, entries dropped", "request_id", it.requestID)
+		}
+		return false
+	}
+}
+
+// Pending is how many entries wait for a flush.
+func (a *Appender) Pending() int { return len(a.in) }
+
+// Dropped is how many entries were dropped since the start.
+func (a *Appender) Dropped() int64 { return a.dropped.Load() }
+
+// Batches is how many pipelined writes were made since the start.
+func (a *Appender) Batches() int64 { return a.batches.Load() }
+
+// Run writes entries until ctx ends, then writes what is still waiting
+// and returns. Whoever calls Run owns its goroutine; it must stop after
+// every stream that appends has ended.
+func (a *Appender) Run(ctx context.Context) {
+	batch := make([]item, 0, a.cfg.MaxBatch)
+	// The timer runs from the first entry of a batch, so an entry waits
+	// at most FlushInterval however busy the process is.
+	tick := time.NewTimer(time.Hour)
+	tick.Stop()
+	for {
+		select {
+		case it := <-a.in:
+			if len(batch) == 0 {
+				tick.Reset(a.cfg.FlushInterval)
+			}
+			batch = append(batch, it)
+			if len(batch) >= a.cfg.MaxBatch {
+				tick.Stop()
+				batch = a.flush(ctx, batch)
+			}
+		case <-tick.C:
+			batch = a.flush(ctx, batch)
+		case <-ctx.Done():
+			tick.Stop()
+			a.flush(context.WithoutCancel(ctx), a.drain(batch))
+			return
+		}
+	}
+}
+
+// drain appends to batch what is still waiting, without waiting.
+func (a *Appender) drain(batch []item) []item {
+	for {
+		select {
+		case it := <-a.in:
+			batch = append(batch, it)
+		default:
+			return batch
+		}
+	}
+}
+
+// flush writes batch in one pipeline: an XADD per entry and one PEXPIRE
+// per log touched. It returns batch emptied for reuse.
+func (a *Appender) flush(ctx context.Context, batch []item) []item {
+	if len(batch) == 0 {
+		return batch
+	}
+	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+	defer cancel()
+	a.batches.Add(1)
+	pipe := a.rdb.Pipeline()
+	seen := make(map[string]struct{}, 8)
+	for _, it := range batch {
+		key := Key(a.cfg.Prefix, it.requestID)
+		var values []any
+		if it.owner != "" {
+			values = []any{fieldOwner, it.owner}
+		} else {
+			values = []any{fieldID, strconv.FormatInt(it.ev.ID, 10), fieldEvent, it.ev.Name, fieldData, it.ev.Data}
+		}
+		pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: values})
+		seen[key] = struct{}{}
+	}
+	for key := range seen {
+		pipe.PExpire(ctx, key, a.cfg.TTL)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		a.log.Warn("stream log write failed", "entries", len(batch), "err", fmt.Errorf("streamlog: pipelined xadd: %w", err))
+	}
+	clear(batch)
+	return batch[:0]
+}

@@ -1,0 +1,81 @@
+package streamlog_test
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/streamlog"
+)
+
+// BenchmarkAppend drives the stream log at saturation: Append per event
+// from the benchmark loop (a stream's own path), the appender writing
+// pipelined batches to a real redis-server meanwhile. When its buffer is
+// full the loop waits for room (counted as full-waits) instead of
+// dropping, so ns/op is the end-to-end cost per event until the last one
+// is readable: the appender's throughput bound. Also reported: the
+// pipelined writes per 1000 events.
+func BenchmarkAppend(b *testing.B) {
+	srv := redistest.Start(b)
+	prefix := redistest.Prefix(b)
+	a := startAppender(b, streamlog.Config{Prefix: prefix, TTL: time.Minute}, srv)
+	r, _ := streamlog.NewReader(prefix, srv.Client(b))
+	data := []byte(`{"content":" token"}`)
+	const streams = 64
+	ids := make([]string, streams)
+	for i := range ids {
+		ids[i] = "bench-" + strconv.Itoa(i)
+		a.Open(ids[i], "u")
+	}
+	start, full := a.Batches(), 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		ev := streamlog.Event{ID: int64(i/streams + 1), Data: data}
+		for !a.Append(ids[i%streams], ev) {
+			full++
+			for a.Pending() > streamlog.DefaultBuffer/2 {
+				runtime.Gosched()
+			}
+		}
+	}
+
+	// Wait until the last event is in Redis: the appender kept up.
+	last := ids[(b.N-1)%streams]
+	want := int64((b.N-1)/streams + 1)
+	var cur streamlog.Cursor
+	for {
+		evs, next, err := r.Read(context.Background(), last, cur, time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
+		cur = next
+		if len(evs) > 0 && evs[len(evs)-1].ID == want {
+			break
+		}
+	}
+	b.ReportMetric(float64(a.Batches()-start)*1000/float64(b.N), "writes/1000events")
+	b.ReportMetric(float64(full), "full-waits")
+}
+
+// BenchmarkAppendCall is what one event costs the stream that sends it:
+// the Append call alone, with room in the buffer (nothing is written).
+func BenchmarkAppendCall(b *testing.B) {
+	srv := redistest.Start(b)
+	a, err := streamlog.NewAppender(streamlog.Config{Prefix: "bench:", TTL: time.Minute, Buffer: b.N + 1}, srv.Client(b), slog.New(slog.DiscardHandler))
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := []byte(`{"content":" token"}`)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		if !a.Append("r", streamlog.Event{ID: int64(i + 1), Data: data}) {
+			b.Fatal("dropped with room in the buffer")
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package streamlog_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+func startAppender(tb testing.TB, cfg streamlog.Config, srv *redistest.Server) *streamlog.Appender {
+	tb.Helper()
+	a, err := streamlog.NewAppender(cfg, srv.Client(tb), testutil.DiscardLogger())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.Run(ctx); close(done) }()
+	tb.Cleanup(func() { cancel(); <-done })
+	return a
+}
+
+// Events appended are read back in order with the owner, batched into
+// far fewer writes than events, and the log gets the TTL.
+func TestAppendThenRead(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute}, srv)
+	r, err := streamlog.NewReader(prefix, srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 500
+	a.Open("req-1", "alice")
+	for i := 1; i <= n; i++ {
+		a.Append("req-1", streamlog.Event{ID: int64(i), Data: []byte(`{"content":"` + strconv.Itoa(i) + `"}`)})
+	}
+	a.Append("req-1", streamlog.Event{ID: n + 1, Name: "done", Data: []byte(`{}`)})
+	var got []streamlog.Event
+	var cur streamlog.Cursor
+	deadline := time.Now().Add(5 * time.Second)
+	for len(got) < n+1 && time.Now().Before(deadline) {
+		evs, next, err := r.Read(t.Context(), "req-1", cur, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, cur = append(got, evs...), next
+	}
+	if len(got) != n+1 {
+		t.Fatalf("read %d events, want %d", len(got), n+1)
+	}
+	for i, ev := range got {
+		if ev.ID != int64(i+1) {
+			t.Fatalf("event %d has id %d", i, ev.ID)
+		}
+	}
+	if got[n].Name != "done" || string(got[0].Data) != `{"content":"1"}` {
+		t.Fatalf("first %+v last %+v", got[0], got[n])
+	}
+	owner, err := r.Owner(t.Context(), "req-1")
+	if err != nil || owner != "alice" {
+		t.Fatalf("owner %q, %v", owner, err)
+	}
+	if b := a.Batches(); b < 1 || b > n/10 {
+		t.Errorf("%d pipelined writes for %d entries: not batched", b, n+2)
+	}
+	ttl := srv.Client(t).TTL(t.Context(), streamlog.Key(prefix, "req-1")).Val()
+	if ttl <= 0 || ttl > time.Minute {
+		t.Errorf("log TTL %v, want within 1m", ttl)
+	}
+	if _, err := r.Owner(t.Context(), "unknown"); !errors.Is(err, streamlog.ErrNotFound) {
+		t.Errorf("unknown owner: %v, want ErrNotFound", err)
+	}
+}
+
+// A log entry someone else wrote that could inject SSE fields is refused.
+func TestReadRefusesMalformedEntry(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	rdb := srv.Client(t)
+	r, _ := streamlog.NewReader(prefix, rdb)
+	key := streamlog.Key(prefix, "evil")
+	for _, vals := range [][]any{
+		{"i", "1", "e", "", "d", "{}\n\nevent: done"},
+		{"i", "x", "e", "", "d", "{}"},
+		{"i", "1", "e", "done\nid: 9", "d", "{}"},
+		{"i", "1", "e", ""},
+	} {
+		rdb.Del(t.Context(), key)
+		rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, Values: vals})
+		if _, _, err := r.Read(t.Context(), "evil", "", 0); !errors.Is(err, streamlog.ErrMalformed) {
+			t.Errorf("%v: err %v, want ErrMalformed", vals, err)
+		}
+	}
+}
