@@ -111,7 +111,9 @@ func newServer(tb testing.TB, cut bool) *httptest.Server {
 			}
 			b = protocol.AppendChunkEvent(b, i+1, c)
 		}
-		b, _ = protocol.AppendJSONEvent(b, protocol.EventDone, protocol.Done{FinishReason: "stop", Path: "direct"})
+		// The terminal event takes the next id: ids never restart.
+		done, _ := json.Marshal(protocol.Done{FinishReason: "stop", Path: "direct"})
+		b = protocol.AppendIDEvent(b, int64(len(want)+1), protocol.EventDone, done)
 		_, _ = w.Write(b)
 	}))
 	tb.Cleanup(srv.Close)

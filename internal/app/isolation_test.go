@@ -553,7 +553,9 @@ func TestWaitingStreamMemory(t *testing.T) {
 	}
 	t.Parallel()
 	const streams, bodyKiB = 100, 100
-	c := newCluster(t, fastSim(), map[string]string{"DIRECT_PATH_ENABLED": "false", "QUEUE_FAILOVER_TIMEOUT_SECONDS": "120"})
+	c := newCluster(t, fastSim(), map[string]string{"DIRECT_PATH_ENABLED": "false", "QUEUE_FAILOVER_TIMEOUT_SECONDS": "120",
+		// Streams whose client left end at once: the warm-up waits for that.
+		"STREAM_RESUME_WINDOW_SECONDS": "0"})
 	p := startAPIProc(t, c.env)
 	url := "http://" + p.addr
 	// Warm up: one stream through every step, so first-use allocations

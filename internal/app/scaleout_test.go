@@ -28,6 +28,10 @@ func scaleoutEnv(tb testing.TB, upstream string, redisEnv map[string]string) map
 		"WORKER_HEARTBEAT_SECONDS": "1", "QUEUE_RECLAIM_IDLE_SECONDS": "2",
 		"SHUTDOWN_GRACE_SECONDS": "1", "QUEUE_FAILOVER_BASE_DELAY_MS": "10", "QUEUE_FAILOVER_MAX_DELAY_MS": "50",
 		"CONNECTION_POOL_SIZE": "4", "CONNECTION_POOL_PER_USER": "4", "WORKER_CONCURRENCY": "16",
+		// 160 streams on 4 slots: on a busy 2-core machine draining them
+		// can take longer than the default 30 s; the test is about every
+		// stream completing, not about speed.
+		"QUEUE_FAILOVER_TIMEOUT_SECONDS": "120",
 	}
 	for k, v := range redisEnv {
 		env[k] = v
