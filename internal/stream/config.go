@@ -1,0 +1,133 @@
+package stream
+
+// The handler's configuration: its settings, their defaults and their
+// validation (docs/OPERATIONS.md, "Settings").
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// Defaults of zero Config fields.
+const (
+	// DefaultWriteTimeout cuts a client that does not take one event
+	// within it.
+	DefaultWriteTimeout = 10 * time.Second
+	// DefaultPoolRetryAfter is advised when the pool is full and no queue
+	// takes the request, unless a Gate advises otherwise.
+	DefaultPoolRetryAfter = time.Second
+	// DefaultBodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS).
+	DefaultBodyReadTimeout = 10 * time.Second
+	// DefaultFrameBuffer is how many frames a producer may be ahead of
+	// the client; with the gateway's buffer (gateway.DefaultBuffer) and
+	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
+	// holds for a slow client.
+	DefaultFrameBuffer = 64
+)
+
+// Config is the handler's part of the configuration. Zero fields marked
+// with a default take it; the others are required.
+type Config struct {
+	// MaxBodyBytes bounds the request body (MAX_BODY_BYTES).
+	MaxBodyBytes int64
+	// Limits bound messages and max_tokens (MAX_MESSAGES, MAX_TOKENS_LIMIT).
+	Limits protocol.Limits
+	// Heartbeat is the `: ping` period while nothing else was sent
+	// (HEARTBEAT_INTERVAL_SECONDS).
+	Heartbeat time.Duration
+	// WriteTimeout cuts a client that does not take one event within it.
+	// Default 10s.
+	WriteTimeout time.Duration
+	// DirectPathEnabled off sends every request to the queue (DIRECT_PATH_ENABLED).
+	DirectPathEnabled bool
+	// PoolRetryAfter is the Retry-After advised when the pool is full and
+	// no queue takes the request, when there is no Gate. Default 1s.
+	PoolRetryAfter time.Duration
+	// APIKeys are the accepted bearer keys, or `sha256:<hex>` digests of
+	// them, each optionally ending in =high|normal|low; empty means no
+	// authentication (API_KEYS).
+	APIKeys []string
+	// IgnoreUserIDHeader makes X-User-ID count for nothing
+	// (TRUST_USER_ID_HEADER=false). Zero: the header names the user.
+	IgnoreUserIDHeader bool
+	// TrustedProxies are CIDRs whose X-Forwarded-For and X-Real-IP are
+	// believed (TRUSTED_PROXIES). Empty: the peer is the client.
+	TrustedProxies []string
+	// Models, when not empty, are the only `model` values accepted
+	// (LLM_MODELS); empty passes any through.
+	Models []string
+	// FrameBuffer is how many frames a producer may be ahead of the client.
+	// Default 64.
+	FrameBuffer int
+	// ResumeWindow is how long a stream whose client left keeps
+	// generating for a resume (STREAM_RESUME_WINDOW_SECONDS); 0 cancels
+	// it at once. It needs Deps.LogWriter and LogReader.
+	ResumeWindow time.Duration
+	// LogTTL is STREAM_LOG_TTL_SECONDS: how long a stop mark outlives the
+	// request, like its log.
+	LogTTL time.Duration
+	// PriorityMax is the highest X-Priority a caller without a key maximum
+	// may ask for; a higher ask is lowered to it (PRIORITY_MAX). Default
+	// normal: an anonymous caller cannot jump the queue.
+	PriorityMax protocol.Priority
+	// BodyReadTimeout bounds reading the request body
+	// (BODY_READ_TIMEOUT_SECONDS). Default 10s.
+	BodyReadTimeout time.Duration
+	// Retry is the delay before a direct request that failed before its
+	// first chunk is handed to the queue, and the Retry-After advised when
+	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
+	// defaults.
+	Retry llm.RetryPolicy
+}
+
+func (c Config) withDefaults() Config {
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.PoolRetryAfter == 0 {
+		c.PoolRetryAfter = DefaultPoolRetryAfter
+	}
+	if c.FrameBuffer == 0 {
+		c.FrameBuffer = DefaultFrameBuffer
+	}
+	if c.PriorityMax == "" {
+		c.PriorityMax = protocol.PriorityNormal
+	}
+	if c.BodyReadTimeout == 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	return c
+}
+
+// Validate reports bad values; it does not change c.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.MaxBodyBytes < 1 {
+		errs = append(errs, errors.New("stream: MaxBodyBytes must be positive"))
+	}
+	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
+		errs = append(errs, errors.New("stream: limits must be positive"))
+	}
+	if c.ResumeWindow < 0 || c.LogTTL < 0 {
+		errs = append(errs, errors.New("stream: ResumeWindow and LogTTL must not be negative"))
+	}
+	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 || c.BodyReadTimeout < 0 {
+		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter, FrameBuffer and BodyReadTimeout not negative"))
+	}
+	if _, err := newResolver(c); err != nil {
+		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))
+	}
+	if _, err := protocol.ParsePriority(string(c.PriorityMax)); err != nil {
+		errs = append(errs, fmt.Errorf("stream: PriorityMax: %w", err))
+	}
+	if err := c.Retry.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("stream: %w", err))
+	}
+	return errors.Join(errs...)
+}
