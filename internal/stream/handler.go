@@ -170,6 +170,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		x.prio, prob = h.priority(x)
 	}
 	if prob == nil {
+		telemetry.SetRequest(trace.SpanFromContext(r.Context()), x.requestID, string(x.prio))
+	}
+	if prob == nil {
 		prob = h.admit(r.Context(), x.user, x.prio)
 	}
 	if prob != nil {

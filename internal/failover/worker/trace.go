@@ -38,7 +38,7 @@ func (w *Worker) startJob(ctx context.Context, job *protocol.Job, d failover.Del
 	ctx = w.deps.Tracing.ExtractJob(ctx, *job)
 	return w.deps.Tracing.StartJob(ctx, telemetry.JobInfo{
 		RequestID: job.RequestID, System: w.cfg.QueueSystem, Destination: w.cfg.QueueName,
-		EnqueueTime: job.EnqueueTime,
+		EnqueueTime: job.EnqueueTime, Priority: string(job.Priority),
 	})
 }
 
