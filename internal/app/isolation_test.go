@@ -431,7 +431,9 @@ func TestHostileClientsAndBoundedDrain(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 5*time.Second, func() bool { return p.goroutines() <= baseline+5 },
+	// Back to the baseline is what counts, not how fast a loaded machine
+	// gets there.
+	testutil.Eventually(t, 20*time.Second, func() bool { return p.goroutines() <= baseline+5 },
 		fmt.Sprintf("goroutines back to the baseline %d", baseline))
 
 	// The drain: an endless stream and fresh half-body connections open.
