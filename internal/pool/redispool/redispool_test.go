@@ -64,7 +64,7 @@ func testLimitsHoldAcrossInstances(t *testing.T, s target) {
 		pools[i] = newTestPoolOn(t, s, cfg, nil, func(bool) { fellBack.Store(true) })
 	}
 
-	var global, maxGlobal atomic.Int64
+	var global, maxGlobal, maxUser atomic.Int64
 	perUserHeld := make([]atomic.Int64, len(users))
 	var granted, refusedGlobal, refusedUser atomic.Int64
 	ctx := context.Background()
@@ -102,8 +102,11 @@ func testLimitsHoldAcrossInstances(t *testing.T, s target) {
 					if n > size {
 						t.Errorf("%d holders, limit %d", n, size)
 					}
-					if nu := perUserHeld[u].Add(1); nu > perUser {
+					nu := perUserHeld[u].Add(1)
+					if nu > perUser {
 						t.Errorf("user %s: %d holders, limit %d", users[u], nu, perUser)
+					}
+					for m := maxUser.Load(); nu > m && !maxUser.CompareAndSwap(m, nu); m = maxUser.Load() {
 					}
 					// Holding the slot is a round trip that checks Redis too.
 					if c, err := admin.ZCard(ctx, LeasesKey(cfg.Prefix)).Result(); err != nil || c > size {
@@ -119,9 +122,12 @@ func testLimitsHoldAcrossInstances(t *testing.T, s target) {
 	wg.Wait()
 	t.Logf("granted %d, refused %d (global) and %d (per user), max concurrent holders %d",
 		granted.Load(), refusedGlobal.Load(), refusedUser.Load(), maxGlobal.Load())
-	// Both limits must have been binding, or the test proved nothing.
-	if refusedGlobal.Load() == 0 || refusedUser.Load() == 0 || maxGlobal.Load() < size/2 {
-		t.Errorf("too little contention to test the limits")
+	// Both limits must have been binding, or the test proved nothing: the
+	// per-user one shows as refusals or as a user at its limit (with
+	// waiters served round-robin between users, the global limit often
+	// binds first).
+	if refusedGlobal.Load() == 0 || (refusedUser.Load() == 0 && maxUser.Load() < perUser) || maxGlobal.Load() < size/2 {
+		t.Errorf("too little contention to test the limits (max per user %d)", maxUser.Load())
 	}
 	if fellBack.Load() {
 		t.Error("fell back to the local pool with Redis up")
