@@ -8,7 +8,6 @@ package openaiwire
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -85,7 +84,7 @@ func DecodeRequest(body []byte, lim protocol.Limits) (Request, error) {
 	}
 	var raw rawRequest
 	if err := json.Unmarshal(body, &raw); err != nil {
-		return Request{}, invalid("malformed JSON: %s", jsonErrorText(err))
+		return Request{}, invalid("malformed JSON: %s", protocol.JSONErrorText(err))
 	}
 	if raw.Messages == nil {
 		return Request{}, invalid("messages is required")
@@ -167,20 +166,4 @@ func decodeMessage(i int, m rawMessage) (protocol.Message, error) {
 		return protocol.Message{Role: role, Content: strings.Join(texts, "\n")}, nil
 	}
 	return protocol.Message{}, invalid("messages[%d].content must be a string or an array of text parts", i)
-}
-
-// jsonErrorText describes a decoding error without echoing the input.
-func jsonErrorText(err error) string {
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &se):
-		return fmt.Sprintf("syntax error at byte %d", se.Offset)
-	case errors.As(err, &te):
-		if te.Field != "" {
-			return fmt.Sprintf("field %s has the wrong type", te.Field)
-		}
-		return "a value has the wrong type"
-	}
-	return "unexpected end of input"
 }

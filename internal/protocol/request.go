@@ -61,7 +61,7 @@ func DecodeChatRequest(body []byte, lim Limits) (ChatRequest, error) {
 	}
 	var raw rawRequest
 	if err := strictUnmarshal(body, &raw); err != nil {
-		return ChatRequest{}, invalid("malformed JSON: %s", jsonErrorText(err))
+		return ChatRequest{}, invalid("malformed JSON: %s", JSONErrorText(err))
 	}
 	var req ChatRequest
 	switch {
@@ -159,8 +159,9 @@ func validateMessages(msgs []Message, max int) error {
 	return nil
 }
 
-// jsonErrorText describes a decoding error without echoing the input.
-func jsonErrorText(err error) string {
+// JSONErrorText describes a JSON decoding error without echoing the
+// input, for a client-facing 400 (the OpenAI dialect uses it too).
+func JSONErrorText(err error) string {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	switch {
