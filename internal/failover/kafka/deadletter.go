@@ -362,10 +362,12 @@ const purgeWait = 30 * time.Second
 
 // PurgeDeadLetters removes every dead letter: Kafka cannot delete single
 // records, so it deletes the dead-letter topic and creates it again with
-// EnsureTopics (Config.Partitions, Config.ReplicationFactor,
-// DeadLetterRetention). It returns how many records the topic held. A
-// worker dead-lettering meanwhile fails its write and leaves the job to
-// come back after ClaimTTL, so nothing is lost.
+// Config.Partitions and Config.ReplicationFactor, then runs EnsureTopics
+// (retention and the other settings it checks). It returns how many
+// records the topic held. A worker dead-lettering meanwhile fails its
+// write and leaves the job to come back after ClaimTTL, so nothing is
+// lost; processes that cached the topic's metadata see the new topic
+// within kafka-go's metadata refresh (6s).
 func (q *Queue) PurgeDeadLetters(ctx context.Context) (int64, error) {
 	topic := q.cfg.DeadLetterTopic
 	n, err := q.DeadLetterDepth(ctx)
@@ -381,18 +383,27 @@ func (q *Queue) PurgeDeadLetters(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("kafka: delete topic %s: %w", topic, err)
 	}
-	// Deletion finishes in the background on a real cluster: wait until
-	// the metadata no longer knows the topic, then create it again.
+	// A deletion finishes in the background: until it has, creating the
+	// topic again answers that it exists. The create is the probe, because
+	// kafka-go answers metadata requests from a cache.
 	deadline := time.Now().Add(purgeWait)
 	for {
-		mctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
-		_, err := q.partitions(mctx, topic)
+		cctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
+		res, err := q.client.CreateTopics(cctx, &kafkago.CreateTopicsRequest{Topics: []kafkago.TopicConfig{{
+			Topic: topic, NumPartitions: q.cfg.Partitions, ReplicationFactor: q.cfg.ReplicationFactor,
+		}}})
 		cancel()
-		if errors.Is(err, kafkago.UnknownTopicOrPartition) {
+		if err == nil {
+			err = res.Errors[topic]
+		}
+		if err == nil {
 			break
 		}
+		if !errors.Is(err, kafkago.TopicAlreadyExists) {
+			return 0, fmt.Errorf("kafka: create %s again after deleting it: %w", topic, err)
+		}
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("kafka: topic %s still there %s after its deletion (last: %v)", topic, purgeWait, err)
+			return 0, fmt.Errorf("kafka: topic %s still there %s after its deletion: %w", topic, purgeWait, err)
 		}
 		t := time.NewTimer(100 * time.Millisecond)
 		select {
@@ -403,7 +414,7 @@ func (q *Queue) PurgeDeadLetters(ctx context.Context) (int64, error) {
 		}
 	}
 	if err := q.EnsureTopics(ctx); err != nil {
-		return 0, fmt.Errorf("kafka: create %s again after purging it: %w", topic, err)
+		return 0, fmt.Errorf("kafka: settings of %s after purging it: %w", topic, err)
 	}
 	return n, nil
 }
