@@ -4,7 +4,8 @@
 // shard, or the Kafka dead-letter topic) and replays through the same
 // queued path the api uses (failover.Spiller): subscribe to the result
 // channel, then enqueue under a new request id, then relay the answer. It
-// creates no client; internal/app wires it from the configuration.
+// holds no backend and creates no client: internal/app adapts the queues
+// to Store and wires the tool from the configuration.
 package admin
 
 import (
