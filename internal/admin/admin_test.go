@@ -161,6 +161,29 @@ func (r *rig) deadLetter(keep bool, prompts ...string) []string {
 	return ids
 }
 
+// deadLetterRaw dead-letters a job body as it is, and returns its id.
+func (r *rig) deadLetterRaw(body []byte) string {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	q := r.queue(true)
+	if err := q.Enqueue(ctx, "raw", body); err != nil {
+		r.t.Fatal(err)
+	}
+	ds, err := q.Fetch(ctx, 1)
+	if err != nil || len(ds) != 1 {
+		r.t.Fatalf("Fetch: %v %v", ds, err)
+	}
+	if err := q.DeadLetter(ctx, ds[0], "malformed job"); err != nil {
+		r.t.Fatal(err)
+	}
+	dls, err := q.DeadLetters(ctx, 1<<20)
+	if err != nil || len(dls) == 0 {
+		r.t.Fatalf("DeadLetters: %v %v", dls, err)
+	}
+	return dls[len(dls)-1].ID
+}
+
 func (r *rig) deadLetters() int64 {
 	r.t.Helper()
 	n, err := r.queue(true).DeadLetterDepth(context.Background())
@@ -415,6 +438,15 @@ func TestReplayRefusals(t *testing.T) {
 	kept := r.deadLetter(true, "kept prompt")
 	redacted := r.deadLetter(false, "secret prompt")
 
+	poison := r.deadLetterRaw([]byte("poison \x1b[2J"))
+	show := r.run("", "show", poison)
+	wantCode(t, show, admin.ExitOK)
+	if !strings.Contains(show.stdout, "the job does not decode") || strings.Contains(show.stdout, "\x1b") {
+		t.Fatalf("show of an undecodable job:\n%q", show.stdout)
+	}
+	wantCode(t, r.run("", "replay", "-yes", poison), admin.ExitNotReplayable)
+	wantCode(t, r.run("", "purge", "-yes", poison), admin.ExitOK)
+
 	res := r.run("", "replay", "-yes", kept[0], redacted[0])
 	wantCode(t, res, admin.ExitNotReplayable)
 	if !strings.Contains(res.stderr, "DEAD_LETTER_KEEP_PAYLOAD") {
@@ -425,7 +457,7 @@ func TestReplayRefusals(t *testing.T) {
 		t.Fatalf("backlog %d after refused replays", r.backlog())
 	}
 
-	show := r.run("", "show", redacted[0])
+	show = r.run("", "show", redacted[0])
 	wantCode(t, show, admin.ExitOK)
 	if strings.Contains(show.stdout, "secret prompt") || !strings.Contains(show.stdout, "prompt:      not kept") {
 		t.Fatalf("show of a redacted dead letter:\n%s", show.stdout)

@@ -90,6 +90,9 @@ func (t *Tool) replay(ctx context.Context, args []string) int {
 			break
 		}
 	}
+	if *detach && sum.done+sum.failed > 0 && t.deps.Log != nil {
+		fmt.Fprintf(t.deps.Stderr, "the answers stay in their stream logs for %s: GET /v1/streams/{new request id} as the original caller\n", t.cfg.StreamLogTTL)
+	}
 	return t.summarize(sum, skipped)
 }
 
@@ -206,11 +209,16 @@ func (t *Tool) runBatch(ctx context.Context, batch []replayTarget, offset, total
 		rec := tg.rec
 		if rec == nil {
 			r, err := t.deps.Store.Get(ctx, tg.id)
-			if err != nil {
+			if errors.Is(err, ErrNotFound) {
 				// Replayed or purged by someone else since the start, or
 				// expired.
-				fmt.Fprintf(t.deps.Stderr, "[%d/%d] dead letter %s: %v; skipped\n", offset+i+1, total, tg.id, err)
+				fmt.Fprintf(t.deps.Stderr, "[%d/%d] dead letter %s is gone; skipped\n", offset+i+1, total, tg.id)
 				sum.gone++
+				continue
+			}
+			if err != nil {
+				fmt.Fprintf(t.deps.Stderr, "[%d/%d] dead letter %s not read: %v\n", offset+i+1, total, tg.id, err)
+				sum.notEnqueued++
 				continue
 			}
 			rec = &r
@@ -289,7 +297,11 @@ func (t *Tool) pump(ctx context.Context, r *run) {
 	defer func() { r.relay.Close(completed) }()
 	for {
 		select {
-		case res := <-r.relay.Results():
+		case res, ok := <-r.relay.Results():
+			if !ok { // a source that ends without a terminal result failed
+				r.add(t, protocol.Result{Kind: protocol.KindError, Problem: protocol.StreamFailed()}, outcomeError)
+				return
+			}
 			switch res.Kind {
 			case protocol.KindHeartbeat:
 				continue
