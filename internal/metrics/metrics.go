@@ -57,6 +57,8 @@ type Metrics struct {
 	RateLimited       prometheus.Counter       // spillway_rate_limited_total
 	MalformedMessages *prometheus.CounterVec   // spillway_malformed_messages_total{source}
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
+	ResultsDropped    *prometheus.CounterVec   // spillway_results_dropped_total{reason}
+	StreamGaps        *prometheus.CounterVec   // spillway_stream_gaps_total{outcome}
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
 }
 
@@ -125,6 +127,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		SubscriptionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_subscriptions_lost_total", Help: "Result subscriptions ended by the subscriber (overflow, connection_lost).",
 		}, []string{"reason"}),
+		ResultsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_results_dropped_total", Help: "Result messages the api's relay did not pass on, by reason (stale_attempt, duplicate).",
+		}, []string{"reason"}),
+		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_stream_gaps_total", Help: "Gaps in queued answers' sequence, by outcome (healed, broken).",
+		}, []string{"outcome"}),
 		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
 		}),
@@ -132,7 +140,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
-		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid)
+		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.ResultsDropped, m.StreamGaps,
+		m.TraceInvalid)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)
@@ -152,6 +161,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.WorkerRetries.WithLabelValues(r)
 	}
 	m.UpstreamResponses.WithLabelValues("200")
+	for _, r := range []string{"stale_attempt", "duplicate"} {
+		m.ResultsDropped.WithLabelValues(r)
+	}
+	for _, o := range []string{"healed", "broken"} {
+		m.StreamGaps.WithLabelValues(o)
+	}
 	return m
 }
 

@@ -88,13 +88,35 @@ type Metrics interface {
 	MalformedMessage(source string)
 	// SubscriptionLost counts a result subscription that ended on its own.
 	SubscriptionLost(reason string)
+	// ResultDropped counts a well-formed result message the relay did not
+	// pass on, by reason: ResultStale or ResultDuplicate.
+	ResultDropped(reason string)
+	// StreamGap counts a gap in an answer's sequence once it closed, by
+	// outcome: GapHealed or GapBroken.
+	StreamGap(outcome string)
 }
+
+// Reasons of Metrics.ResultDropped and outcomes of Metrics.StreamGap
+// (docs/METRICS.md, "Result subscriptions").
+const (
+	// ResultStale: an older attempt wrote it (a worker that lost the job).
+	ResultStale = "stale_attempt"
+	// ResultDuplicate: every chunk of the batch had passed already (a
+	// publish retried after its reply was lost).
+	ResultDuplicate = "duplicate"
+	// GapHealed: the missing chunks arrived late, or a reset voided them.
+	GapHealed = "healed"
+	// GapBroken: the gap did not heal and the stream ended in stream-gap.
+	GapBroken = "broken"
+)
 
 type nopMetrics struct{}
 
 func (nopMetrics) QueueRejected(string, protocol.Priority) {}
 func (nopMetrics) MalformedMessage(string)                 {}
 func (nopMetrics) SubscriptionLost(string)                 {}
+func (nopMetrics) ResultDropped(string)                    {}
+func (nopMetrics) StreamGap(string)                        {}
 
 // Quota bounds what waits in the queue, per identity and in bytes, across
 // every api process; admission.Quota implements it. Safe for concurrent

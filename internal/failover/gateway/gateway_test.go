@@ -65,6 +65,8 @@ func (c *counters) get(key string) int {
 func (c *counters) QueueRejected(reason string, _ protocol.Priority) { c.add("rejected:" + reason) }
 func (c *counters) MalformedMessage(source string)                   { c.add("malformed:" + source) }
 func (c *counters) SubscriptionLost(reason string)                   { c.add("lost:" + reason) }
+func (c *counters) ResultDropped(reason string)                      { c.add("dropped:" + reason) }
+func (c *counters) StreamGap(outcome string)                         { c.add("gap:" + outcome) }
 
 // env is one test's queue, result channel and metrics.
 type env struct {
@@ -462,6 +464,9 @@ func TestGatewayGapEndsStream(t *testing.T) {
 		if p := r.Problem(); p == nil || p.Slug() != protocol.ProblemStreamGap || p.Status != http.StatusServiceUnavailable {
 			t.Fatalf("problem %+v, want stream-gap 503", p)
 		}
+		if got := e.m.get("gap:" + gateway.GapBroken); got != 1 {
+			t.Errorf("StreamGap(broken) = %d, want 1", got)
+		}
 	})
 }
 
@@ -477,6 +482,7 @@ func TestGatewayGapHeals(t *testing.T) {
 		e.publish("heal-1", `BATCH:1:[{"seq":3,"content":"c"}]`)
 		testutil.AdvanceFakeClock(gwHeartbeat / 2)
 		e.publish("heal-1", `BATCH:1:[{"seq":2,"content":"b"}]`)
+		e.publish("heal-1", `BATCH:1:[{"seq":2,"content":"b"}]`) // a retried publish's copy
 		e.publish("heal-1", `SIGNAL:DONE:1:3`)
 		var got string
 		for {
@@ -490,6 +496,10 @@ func TestGatewayGapHeals(t *testing.T) {
 		}
 		if got != "abc" {
 			t.Errorf("answer %q, want abc", got)
+		}
+		if healed, broken, dup := e.m.get("gap:"+gateway.GapHealed), e.m.get("gap:"+gateway.GapBroken),
+			e.m.get("dropped:"+gateway.ResultDuplicate); healed != 1 || broken != 0 || dup != 1 {
+			t.Errorf("StreamGap healed %d broken %d, ResultDropped(duplicate) %d; want 1, 0, 1", healed, broken, dup)
 		}
 	})
 }
@@ -525,6 +535,9 @@ func TestGatewayFencesOlderAttempt(t *testing.T) {
 		want := []string{"reset", "heartbeat", "batch", "done"}
 		if fmt.Sprint(kinds) != fmt.Sprint(want) || got != "x" {
 			t.Errorf("relay passed %v with chunks %q, want %v and %q", kinds, got, want, "x")
+		}
+		if n := e.m.get("dropped:" + gateway.ResultStale); n != 2 {
+			t.Errorf("ResultDropped(stale_attempt) = %d, want 2 (attempt 1's batch and done)", n)
 		}
 	})
 }
