@@ -188,9 +188,10 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		job.Trace = g.deps.Tracing.InjectJob(ctx)
 	}
 	body, err := protocol.EncodeJob(job)
-	if err != nil {
+	if limit := g.maxJobBytes(); err != nil || len(body) > limit {
+		// It will never fit: refused before anything is subscribed.
 		g.deps.Metrics.QueueRejected("too_large", job.Priority)
-		return nil, protocol.TooLargeToQueue()
+		return nil, protocol.TooLargeToQueue(limit)
 	}
 	if p, err := g.reserve(ctx, job, len(body)); p != nil || err != nil {
 		return nil, cmp.Or(p, protocol.QueueUnavailable(g.retryAfter()))
@@ -207,11 +208,28 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
 		g.release(job)
+		if errors.Is(err, failover.ErrJobTooLarge) {
+			// The queue learned a lower limit than the one checked above
+			// (Kafka's topic, read at start).
+			g.deps.Metrics.QueueRejected("too_large", job.Priority)
+			g.deps.Log.Warn("job refused by the queue as too large", "request_id", job.RequestID, "bytes", len(body), "err", err)
+			return nil, protocol.TooLargeToQueue(g.maxJobBytes())
+		}
 		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	return startRelay(g, job, sub), nil
+}
+
+// maxJobBytes is the largest encoded job the queue takes: the job
+// format's own bound, lowered by a Producer that states a smaller one.
+func (g *Gateway) maxJobBytes() int {
+	limit := protocol.MaxJobBytes
+	if l, ok := g.deps.Producer.(failover.JobLimiter); ok {
+		limit = min(limit, l.MaxJobBytes())
+	}
+	return limit
 }
 
 // reserve counts the job against the quota: a problem refuses it, an

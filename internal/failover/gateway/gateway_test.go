@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -425,6 +426,70 @@ func TestGatewayRefusesJobTooLargeToQueue(t *testing.T) {
 		}
 		if got := e.m.get("rejected:too_large"); got != 1 {
 			t.Errorf("QueueRejected(too_large) = %d, want 1", got)
+		}
+	})
+}
+
+// limitedProducer is a producer stating a job limit (failover.JobLimiter).
+type limitedProducer struct {
+	*producerFunc
+	limit int
+}
+
+func (p limitedProducer) MaxJobBytes() int { return p.limit }
+
+// A queue stating a lower job limit (Kafka's record size) refuses a job
+// over it with 413 at once, naming the limit, before any subscription;
+// a job under it is queued.
+func TestGatewayRefusesJobOverQueueLimit(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		p := limitedProducer{producerFunc: &producerFunc{enqueue: e.q.Enqueue}, limit: 4096}
+		g := e.gateway(p)
+		job := newJob("big-1")
+		job.Payload.Messages[0].Content = strings.Repeat("x", 5000)
+		ops := e.res.Ops()
+		r, err := g.Spill(context.Background(), job)
+		var prob *protocol.Problem
+		if r != nil || !errors.As(err, &prob) || prob.Status != http.StatusRequestEntityTooLarge || !strings.Contains(prob.Detail, "4096 bytes") {
+			t.Fatalf("Spill = %v, %v; want 413 body-too-large naming the 4096-byte limit", r, err)
+		}
+		if n := e.res.Ops() - ops; n != 0 || p.calls.Load() != 0 {
+			t.Errorf("a refused Spill made %d result-channel calls and %d enqueues, want none", n, p.calls.Load())
+		}
+		spill(t, g, "small-1")
+		if p.calls.Load() != 1 {
+			t.Errorf("a job under the limit was not enqueued")
+		}
+		if got := e.m.get("rejected:too_large"); got != 1 {
+			t.Errorf("QueueRejected(too_large) = %d, want 1", got)
+		}
+	})
+}
+
+// A queue that refuses a job as too large at Enqueue (its limit lowered
+// after the gateway checked) gives 413, not the 503 "retry shortly" of
+// an unavailable queue, and nothing stays subscribed.
+func TestGatewayEnqueueTooLargeIs413(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		p := limitedProducer{producerFunc: &producerFunc{enqueue: func(context.Context, string, []byte) error {
+			return fmt.Errorf("kafka: produce: %w", failover.ErrJobTooLarge)
+		}}, limit: 1 << 20}
+		g := e.gateway(p)
+		r, err := g.Spill(context.Background(), newJob("refused-1"))
+		var prob *protocol.Problem
+		if r != nil || !errors.As(err, &prob) || prob.Slug() != protocol.ProblemBodyTooLarge || prob.Status != http.StatusRequestEntityTooLarge {
+			t.Fatalf("Spill = %v, %v; want 413 body-too-large", r, err)
+		}
+		if e.m.get("rejected:too_large") != 1 || e.m.get("rejected:enqueue_failed") != 0 {
+			t.Errorf("rejections %v, want one too_large and no enqueue_failed", e.m.n)
+		}
+		listened, err := e.res.PublishResult(context.Background(), "refused-1", []byte(`SIGNAL:HEARTBEAT:1`))
+		if err != nil || listened {
+			t.Errorf("after the refusal a publish was heard (%v, %v): the subscription stayed", listened, err)
 		}
 	})
 }

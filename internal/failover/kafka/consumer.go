@@ -320,7 +320,7 @@ func (c *Consumer) readPartition(ctx context.Context, gen *kafkago.Generation, i
 		Partition:      id,
 		Dialer:         c.q.dialer(c.name),
 		MinBytes:       1,
-		MaxBytes:       10 << 20,
+		MaxBytes:       max(10<<20, cfg.TopicMaxMessageBytes()),
 		MaxWait:        fetchMaxWait,
 		ReadBackoffMin: 50 * time.Millisecond,
 		ReadBackoffMax: time.Second,

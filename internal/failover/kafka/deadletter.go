@@ -83,7 +83,8 @@ func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error
 		for off := b.first; off < b.last; {
 			fctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 			res, err := q.client.Fetch(fctx, &kafkago.FetchRequest{
-				Topic: topic, Partition: p, Offset: off, MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond,
+				Topic: topic, Partition: p, Offset: off, MinBytes: 1, MaxBytes: int64(max(10<<20, q.cfg.TopicMaxMessageBytes())),
+				MaxWait: 100 * time.Millisecond,
 			})
 			if err == nil {
 				err = res.Error

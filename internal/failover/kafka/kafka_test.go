@@ -144,6 +144,9 @@ func TestConfig(t *testing.T) {
 		{"negative write timeout", Config{Brokers: b, WriteTimeout: -time.Second}, false},
 		{"negative claim ttl", Config{Brokers: b, ClaimTTL: -time.Second}, false},
 		{"heartbeat not below session", Config{Brokers: b, HeartbeatInterval: 6 * time.Second}, false},
+		{"message bytes below 1 KiB", Config{Brokers: b, MaxMessageBytes: 1000}, false},
+		{"message bytes above 64 MiB", Config{Brokers: b, MaxMessageBytes: 64<<20 + 1}, false},
+		{"message bytes 8 MiB", Config{Brokers: b, MaxMessageBytes: 8 << 20}, true},
 	} {
 		before := tc.cfg
 		before.Brokers = slices.Clone(tc.cfg.Brokers)
@@ -161,7 +164,7 @@ func TestConfig(t *testing.T) {
 		t.Errorf("default names %q %q %q differ from docs/QUEUE.md", d.Topic, d.Group, d.DeadLetterTopic)
 	}
 	if d.Partitions != 4 || d.ReplicationFactor != 1 || d.RequiredAcks != -1 || d.BatchTimeout != 5*time.Millisecond ||
-		d.WriteTimeout != 5*time.Second || d.ClaimTTL != 15*time.Second {
+		d.WriteTimeout != 5*time.Second || d.ClaimTTL != 15*time.Second || d.MaxMessageBytes != 1<<20 {
 		t.Errorf("defaults = %+v", d)
 	}
 	if got := (Config{Brokers: b, Topic: "jobs"}).withDefaults().DeadLetterTopic; got != "jobs.dead_letter" {
