@@ -346,7 +346,7 @@ func New(cfg Config, log *slog.Logger) (*Queue, error) {
 		BatchTimeout: cfg.BatchTimeout,
 		// kafka-go's default (1 MiB) is below a job of MAX_BODY_BYTES
 		// with its key and headers; the topics take a batch this big.
-		BatchBytes: int64(cfg.batchBytes()),
+		BatchBytes:   int64(cfg.batchBytes()),
 		ReadTimeout:  cfg.WriteTimeout,
 		WriteTimeout: cfg.WriteTimeout,
 		// A few quick retries ride out a leader change; the ctx of each
