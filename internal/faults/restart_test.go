@@ -92,6 +92,11 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 	// The "10 s later", scaled to the suite's short settings.
 	testutil.Eventually(t, 10*time.Second, func() bool { return time.Since(restarted) >= 3*time.Second }, "3 s after the restart")
 	onVictim.stopStarting()
+	runningAtKill := map[*clientStream]bool{}
+	before, _ := onVictim.all()
+	for _, cs := range before {
+		runningAtKill[cs] = cs.chunks.Load() > 0
+	}
 	killed := time.Now()
 	victim.Kill()
 	onVictim.halt()
@@ -143,16 +148,24 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 	}, "the queue empties")
 	cancelled := cancellations(c1, c2)
 	orphans, orphansCancelled := 0, 0
+	var worst time.Duration
 	for _, cs := range victimStreams {
 		if cs.path != protocol.PathQueued || cs.finished(killed) || cs.rep.Problem != nil {
 			continue // direct, answered before the crash, or ended by the restart
 		}
 		orphans++
-		if _, ok := cancelled[cs.id]; ok {
-			orphansCancelled++
-		} else {
+		at, ok := cancelled[cs.id]
+		if !ok {
 			t.Errorf("the dead api's job %s was never cancelled", cs.id)
+			continue
 		}
+		orphansCancelled++
+		if runningAtKill[cs] {
+			worst = max(worst, at.Sub(killed))
+		}
+	}
+	if limit := procHeartbeat + 2*time.Second; worst > limit {
+		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v, limit %v)", worst, procHeartbeat, limit)
 	}
 
 	// Every slot back within the lease TTL once the load stopped.
@@ -194,6 +207,7 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 	f.add("failed_after_recovery", failedAfterRecovery)
 	f.add("orphans", orphans)
 	f.add("orphans_cancelled", orphansCancelled)
+	f.add("worst_cancel_after_crash", worst)
 	f.add("slots_back_after_load", slotsBack)
 	f.add("dead_letters", dead)
 	f.add("keys_without_ttl", persistent)

@@ -205,11 +205,15 @@ func waitAll(tb testing.TB, css []*clientStream, d time.Duration) {
 	}
 }
 
-// tallyStreams counts streams by outcome.
+// tallyStreams counts streams by path and outcome ("queued done").
 func tallyStreams(css []*clientStream) map[string]int {
 	m := map[string]int{}
 	for _, cs := range css {
-		m[cs.outcome()]++
+		path := cs.path
+		if path == "" {
+			path = "none"
+		}
+		m[path+" "+cs.outcome()]++
 	}
 	return m
 }
@@ -294,7 +298,7 @@ type figures struct {
 func (f *figures) add(k string, v any) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.kv = append(f.kv, k+"="+strings.ReplaceAll(strings.TrimSpace(fmtValue(v)), " ", ""))
+	f.kv = append(f.kv, k+"="+strings.TrimSpace(fmtValue(v)))
 }
 
 func fmtValue(v any) string {
