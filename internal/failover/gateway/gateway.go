@@ -97,7 +97,7 @@ type Metrics interface {
 }
 
 // Reasons of Metrics.ResultDropped and outcomes of Metrics.StreamGap
-// (docs/METRICS.md, "Result subscriptions").
+// (docs/METRICS.md, "Result subscriptions (api)").
 const (
 	// ResultStale: an older attempt wrote it (a worker that lost the job).
 	ResultStale = "stale_attempt"
