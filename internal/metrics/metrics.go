@@ -60,10 +60,14 @@ type Metrics struct {
 	ResultsDropped    *prometheus.CounterVec   // spillway_results_dropped_total{reason}
 	StreamGaps        *prometheus.CounterVec   // spillway_stream_gaps_total{outcome}
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
+	RedisCommand      *prometheus.HistogramVec // spillway_redis_command_seconds{op}
 }
 
 // latencyBuckets cover sub-millisecond overheads up to minute-long waits.
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// redisBuckets resolve a healthy Redis (tens of µs) up to a call timeout.
+var redisBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 
 // New creates every collector and registers it on reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -133,6 +137,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_stream_gaps_total", Help: "Gaps in queued answers' sequence, by outcome (healed, broken).",
 		}, []string{"outcome"}),
+		RedisCommand: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "spillway_redis_command_seconds", Help: "Redis commands as this process saw them (queueing for a connection included), by command (evalsha for scripts, pipeline for pipelines).",
+			Buckets: redisBuckets,
+		}, []string{"op"}),
 		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
 		}),
@@ -141,7 +149,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
 		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.ResultsDropped, m.StreamGaps,
-		m.TraceInvalid)
+		m.TraceInvalid, m.RedisCommand)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)

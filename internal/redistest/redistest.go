@@ -74,7 +74,8 @@ func StartWith(tb testing.TB, extra ...string) *Server {
 // serverArgs are the settings of every test redis-server.
 func serverArgs(dir string, port int) []string {
 	return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--maxclients", "20000"}
+		"--save", "", "--appendonly", "no", "--dir", dir, "--maxclients", "20000",
+		"--enable-debug-command", "local"} // DEBUG SLEEP plays a busy Redis
 }
 
 // startServer runs bin with args(dir, port) on a free port and waits until
