@@ -23,6 +23,14 @@ func (m *Metrics) MalformedMessage(source string) { m.MalformedMessages.WithLabe
 // SubscriptionLost counts a result subscription that ended on its own.
 func (m *Metrics) SubscriptionLost(reason string) { m.SubscriptionsLost.WithLabelValues(reason).Inc() }
 
+// ResultDropped counts a result message the api's relay did not pass on,
+// by reason (stale_attempt, duplicate).
+func (m *Metrics) ResultDropped(reason string) { m.ResultsDropped.WithLabelValues(reason).Inc() }
+
+// StreamGap counts a gap in a queued answer's sequence once it closed, by
+// outcome (healed, broken).
+func (m *Metrics) StreamGap(outcome string) { m.StreamGaps.WithLabelValues(outcome).Inc() }
+
 // JobSettled counts a job a worker finished, by outcome.
 func (m *Metrics) JobSettled(outcome string) { m.WorkerJobs.WithLabelValues(outcome).Inc() }
 

@@ -32,6 +32,8 @@ var (
 		`SIGNAL:RETRYING:{"attempt":0,"retry_in_seconds":1,"reason":"x"}`,
 		`SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":-1,"reason":"x"}`,
 		`SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"a\nb"}`,
+		`SIGNAL:RETRYING:4:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
+		`SIGNAL:RETRYING:01:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
 		`BATCH:[{"seq":1,"content":"a"}]]`,
 		`SIGNAL:DONE:{}}`,
 		`BATCH:[]`,
