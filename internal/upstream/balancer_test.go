@@ -401,7 +401,7 @@ func TestAffinityThroughBalancer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	ctx := WithSession(context.Background(), "conversation-42")
+	ctx := llm.WithCaller(context.Background(), llm.Caller{Session: "conversation-42"})
 	for range 20 {
 		if _, err := collect(ctx, b, chat("x")); err != nil {
 			t.Fatal(err)

@@ -22,7 +22,8 @@ type Upstream struct {
 	index    int
 	nameHash uint64
 	provider llm.Provider
-	caps     Caps // nil when uncapped
+	caps     Caps    // nil when uncapped
+	circuit  Circuit // nil when the provider has no circuit of its own
 
 	local      atomic.Int64 // calls in flight from this process
 	quotaUntil atomic.Int64 // Unix ns before which the quota is known spent
@@ -40,6 +41,14 @@ func (u *Upstream) Load() int {
 		return max(u.caps.Load(u.index), int(u.local.Load()))
 	}
 	return int(u.local.Load())
+}
+
+// openFor returns how long u's circuit still refuses calls; 0 without one.
+func (u *Upstream) openFor() time.Duration {
+	if u.circuit == nil {
+		return 0
+	}
+	return u.circuit.OpenFor()
 }
 
 // latencyScore is the latency router's cost: peak-EWMA first-chunk latency
