@@ -57,6 +57,7 @@ type Server struct {
 	requests  atomic.Int64
 	cancelled atomic.Int64
 	active    atomic.Int64
+	peak      atomic.Int64
 	throttled atomic.Int64
 }
 
@@ -91,6 +92,11 @@ func (s *Server) Throttled() int64 { return s.throttled.Load() }
 // Active returns how many chat completions, streaming or not, are being
 // answered now (simllm_active_streams).
 func (s *Server) Active() int64 { return s.active.Load() }
+
+// Peak returns the most chat completions ever answered at once
+// (simllm_active_streams_peak): what a gateway's cap on this upstream let
+// through.
+func (s *Server) Peak() int64 { return s.peak.Load() }
 
 type chatRequest struct {
 	Model         string             `json:"model"`
@@ -167,8 +173,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if body.Model == "" {
 		body.Model = ModelID
 	}
-	s.active.Add(1)
+	n := s.active.Add(1)
 	defer s.active.Add(-1)
+	for p := s.peak.Load(); n > p; p = s.peak.Load() {
+		if s.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
 	a := answer{id: newID(), created: time.Now().Unix(), model: body.Model}
 	if body.Stream {
 		s.stream(w, r, req, a, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
@@ -348,6 +359,10 @@ func (s *Server) registry() *prometheus.Registry {
 			Name: "simllm_active_streams",
 			Help: "Chat completions being answered now.",
 		}, func() float64 { return float64(s.Active()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "simllm_active_streams_peak",
+			Help: "The most chat completions answered at once since start.",
+		}, func() float64 { return float64(s.Peak()) }),
 	)
 	return reg
 }
