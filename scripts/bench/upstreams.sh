@@ -16,7 +16,8 @@
 # (least-loaded with weights 1; weighted with UP_WEIGHTS, 4:2:1, the
 # replicas' speeds) the load tool keeps UP_LOAD concurrent clients (2 × the
 # caps) for UP_SECONDS (20), then UP_LOW (half the caps) clients for as
-# long, below capacity. Each run reports streams/s, first-chunk and total
+# long, below capacity; a last run below capacity gives least-loaded the
+# same weights. Each run reports streams/s, first-chunk and total
 # p50/p99, paths, and per replica its calls (its share) and the most calls
 # it ever had at once (simllm_active_streams_peak), which must not pass
 # UP_CAP.
@@ -98,6 +99,7 @@ run least-loaded least-loaded-2x "$UP_LOAD" 0
 run weighted weighted-2x "$UP_LOAD" 1
 run least-loaded least-loaded-half "$UP_LOW" 0
 run weighted weighted-half "$UP_LOW" 1
+run least-loaded least-loaded-weights-half "$UP_LOW" 1
 
 d=$RESULTS/$SCENARIO
 jq -s --argjson cap "$UP_CAP" --argjson pool "$UP_POOL" --argjson secs "$UP_SECONDS" --argjson ft "$UP_FT" \
@@ -117,6 +119,7 @@ jq -s --argjson cap "$UP_CAP" --argjson pool "$UP_POOL" --argjson secs "$UP_SECO
 	 outcome: {lost: (map(.result.lost) | add),
 		caps_exceeded: ([.[].replicas[] | select(.peak > $cap)] | length)}}' \
 	"$d/least-loaded-2x.json" "$d/weighted-2x.json" "$d/least-loaded-half.json" "$d/weighted-half.json" \
+	"$d/least-loaded-weights-half.json" \
 	>"$RESULTS/upstreams.json"
 
 jq -r '.runs | to_entries[] | .value as $r | "\(.key): \($r.streams_per_s) streams/s, first chunk p50/p99 \($r.first_chunk_p50_ms)/\($r.first_chunk_p99_ms) ms, total p50 \($r.total_p50_ms) ms, shares \($r.replicas | map("\(.name) \(.share) (peak \(.peak))") | join(", ")), lost \($r.lost)"' \
