@@ -167,6 +167,9 @@ func (b *Balancer) acquire(ctx context.Context, req *protocol.ChatRequest, a ask
 			return nil, err
 		}
 	}
+	if a.since.IsZero() {
+		a.since = time.Now() // its place in line: when it started waiting
+	}
 	w := &waiter{ctx: ctx, req: req, a: a, want: b.wants(req.Model, a.tried), got: make(chan granted, 1)}
 	b.line.join(w)
 	select {
