@@ -32,7 +32,9 @@ func (m *Metrics) Retried(reason string) { m.WorkerRetries.WithLabelValues(reaso
 
 // UpstreamKnown shows upstream in spillway_upstream_responses_total
 // (its code="200" series at 0) before its first call.
-func (m *Metrics) UpstreamKnown(upstream string) { m.UpstreamResponses.WithLabelValues(upstream, "200") }
+func (m *Metrics) UpstreamKnown(upstream string) {
+	m.UpstreamResponses.WithLabelValues(upstream, "200")
+}
 
 // UpstreamResponded counts a provider call to upstream that got a
 // response, by its HTTP status (llm.ResponseCode).
