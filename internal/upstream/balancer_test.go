@@ -374,7 +374,7 @@ func TestProbeBringsBackAndCountsFailures(t *testing.T) {
 func TestLatencyRouterPrefersFasterUpstream(t *testing.T) {
 	t.Parallel()
 	slow, fast := newMock(t), newMock(t)
-	slow.delay.Store(int64(200 * time.Millisecond)) // far above any noise in fast's latency
+	slow.delay.Store(int64(500 * time.Millisecond)) // far above any noise in fast's latency
 	specs := specsFor([]*mockUpstream{slow, fast}, 0)
 	b, err := New(specs, Config{Routing: RoutingLatency}, Deps{NewProvider: openAIProvider})
 	if err != nil {
