@@ -220,8 +220,14 @@ func TestUpstreamAffinityKeepsSessionsOnBothPaths(t *testing.T) {
 	const sessions = 12
 	home := make([]int, sessions)
 	var wg sync.WaitGroup
+	// At most 3 sessions at once: no upstream is ever 4 calls busier than
+	// another, so the balance escape (LLM_AFFINITY_BALANCE) never moves a
+	// session here.
+	running := make(chan struct{}, 3)
 	for s := range sessions {
 		wg.Go(func() {
+			running <- struct{}{}
+			defer func() { <-running }()
 			for j := range 4 {
 				url, path := directURL, protocol.PathDirect
 				if j%2 == 1 {
