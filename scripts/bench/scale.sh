@@ -21,14 +21,15 @@
 #              result messages per shard).
 # The shapes run in turn SCALE_ROUNDS (2) times; a shape's figures are
 # medians over its rounds. Part 2, the cost of a chunk: shape (1,1)
-# saturated again with answers of SCALE_LONG_TOKENS (64) chunks; the
-# difference from the 16-chunk runs, per chunk, separates what a chunk
-# costs from what a stream costs (the projection in docs/BENCHMARKS.md uses
-# both).
+# saturated again (SCALE_LONG_N, 1000 streams) with answers of
+# SCALE_LONG_TOKENS (256) chunks; the difference from the 16-chunk runs,
+# per chunk, separates what a chunk costs from what a stream costs (the projection in docs/BENCHMARKS.md uses
+# both). After each saturated run, MEMORY USAGE of a sample of its stream
+# logs (up to 70 per node) tells what one log keeps in Redis.
 #
 # Writes $RESULTS/scale/*.json and $RESULTS/scale.json. Environment:
 # SCALE_SHAPES, SCALE_C, SCALE_N, SCALE_LIGHT_C, SCALE_LIGHT_N,
-# SCALE_WORKERS, SCALE_ROUNDS, SCALE_LONG_TOKENS, SIM_* (50/5/16).
+# SCALE_WORKERS, SCALE_ROUNDS, SCALE_LONG_TOKENS, SCALE_LONG_N, SIM_* (50/5/16).
 source "$(dirname "$0")/lib.sh"
 SCENARIO=scale
 require_tools jq curl redis-server redis-cli ss
@@ -40,7 +41,8 @@ SCALE_LIGHT_C=${SCALE_LIGHT_C:-20}
 SCALE_LIGHT_N=${SCALE_LIGHT_N:-600}
 SCALE_WORKERS=${SCALE_WORKERS:-256}
 SCALE_ROUNDS=${SCALE_ROUNDS:-2}
-SCALE_LONG_TOKENS=${SCALE_LONG_TOKENS:-64}
+SCALE_LONG_TOKENS=${SCALE_LONG_TOKENS:-256}
+SCALE_LONG_N=${SCALE_LONG_N:-1000}
 FT=${SIM_FIRST_TOKEN_MS:-50} TI=${SIM_TOKEN_MS:-5} TOK=${SIM_TOKENS:-16}
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -56,6 +58,20 @@ SIM_LONG_PORT=$SIM_PORT SIM_LONG_PID=$SIM_PID
 commandstats() {
 	redis-cli -p "$1" info commandstats | tr -d '\r' |
 		awk -F'[:=,]' 'BEGIN {printf "{"} /^cmdstat_/ {sub("cmdstat_", "", $1); printf "%s\"%s\":%s", sep, $1, $3; sep=","} END {print "}"}'
+}
+# log_bytes PREFIX: the mean MEMORY USAGE of up to 70 stream logs per node under
+# PREFIX (sampled on every node), in bytes; 0 when none is found.
+log_bytes() {
+	local port key sum=0 count=0 b
+	for port in "${CLUSTER_PORTS[@]}"; do
+		while read -r key; do
+			[[ -z $key || $key == *:reader ]] && continue
+			b=$(redis-cli -p "$port" memory usage "$key" samples 0)
+			[[ $b =~ ^[0-9]+$ ]] || continue
+			sum=$((sum + b)) count=$((count + 1))
+		done < <(redis-cli -p "$port" --scan --pattern "$1log:{*" | head -n 70)
+	done
+	((count > 0)) && echo $((sum / count)) || echo 0
 }
 # cluster_stats: {"<port>": {command: calls}} for every node.
 cluster_stats() {
@@ -78,8 +94,10 @@ measure_shape() {
 		SIM_PORT=$SIM_LONG_PORT
 		CPU_PID=([simllm]=$SIM_LONG_PID)
 	fi
+	# The stream logs outlive the run, for the memory reading after it.
 	local settings=(DIRECT_PATH_ENABLED=false QUEUE_PREFIX="$run:" QUEUE_SHARDS=3 POOL_BACKEND=redis
-		CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 QUEUE_MAX_PER_IDENTITY=1000)
+		CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 QUEUE_MAX_PER_IDENTITY=1000
+		STREAM_LOG_TTL_SECONDS=7200)
 	for ((i = 0; i < ${#CLUSTER_PIDS[@]}; i++)); do CPU_PID[redis_$((i + 1))]=${CLUSTER_PIDS[i]}; done
 	for ((i = 1; i <= n; i++)); do
 		start_api "api-$run-$i" "${settings[@]}"
@@ -109,10 +127,13 @@ measure_shape() {
 		run_load "$run-light" 120 "${common[@]}" -c "$SCALE_LIGHT_C" -n "$SCALE_LIGHT_N"
 	fi
 	before=$(cluster_stats)
-	run_load "$run" 300 "${common[@]}" -c "$SCALE_C" -n "$SCALE_N"
+	local streams=$SCALE_N
+	((tokens == TOK)) || streams=$SCALE_LONG_N
+	run_load "$run" 300 "${common[@]}" -c "$SCALE_C" -n "$streams"
 	after=$(cluster_stats)
-	jq -n --argjson b "$before" --argjson a "$after" \
-		'$a | with_entries(.key as $k | .value |= with_entries(.value -= ($b[$k][.key] // 0) | select(.value > 0)))' \
+	jq -n --argjson b "$before" --argjson a "$after" --argjson lb "$(log_bytes "$run:")" \
+		'{commands: ($a | with_entries(.key as $k | .value |= with_entries(.value -= ($b[$k][.key] // 0) | select(.value > 0)))),
+		  log_bytes: $lb}' \
 		>"$dir/$run.redis.json"
 	for ((i = ${#started[@]} - 1; i >= 0; i--)); do stop_pid "${started[i]}"; done
 }
@@ -148,7 +169,8 @@ run_json() {
 		 light_streams_per_s: (if $light == null then null else $light.result.done / $light.result.elapsed_seconds * 10 | round / 10 end),
 		 cpu_ms_per_stream: {api: per_stream("api"), consumer: per_stream("consumer"), redis: per_stream("redis"),
 		                     balancer: per_stream("balancer"), simllm: per_stream("simllm")},
-		 redis_per_node: ($r[0] | map_values({spublish: (.spublish // 0), xadd: (.xadd // 0),
+		 log_bytes_per_stream: $r[0].log_bytes,
+		 redis_per_node: ($r[0].commands | map_values({spublish: (.spublish // 0), xadd: (.xadd // 0),
 		                     xreadgroup: (.xreadgroup // 0), xack: (.xack // 0),
 		                     scripts: ((.evalsha // 0) + (.eval // 0) + (.fcall // 0)), all: ([.[]] | add)})),
 		 load: .load_before}
@@ -177,6 +199,7 @@ jq -n --argjson runs "$runs_json" --argjson long "$long_json" --argjson c "$SCAL
 		                    redis: med(.cpu_ms_per_stream.redis), balancer: med(.cpu_ms_per_stream.balancer),
 		                    simllm: med(.cpu_ms_per_stream.simllm)},
 		redis_commands_per_stream: med(.redis_commands_per_stream),
+		log_bytes_per_stream: med(.log_bytes_per_stream),
 		spublish_per_s_busiest_node: med(.spublish_per_s_per_node | max),
 		commands_per_s_busiest_node: med(.commands_per_s_per_node | max),
 		lost: (map(.lost) | add), loads: map(.load)})) as $shapes
@@ -195,12 +218,14 @@ jq -n --argjson runs "$runs_json" --argjson long "$long_json" --argjson c "$SCAL
 			   consumer: (($l.consumer - ($short | med(.cpu_ms_per_stream.consumer))) * 1000 / ($longtok - $tok) | round),
 			   redis: (($l.redis - ($short | med(.cpu_ms_per_stream.redis))) * 1000 / ($longtok - $tok) | round)}),
 		redis_commands_per_chunk: (($long.redis_commands_per_stream - ($runs | map(select(.apis == 1 and .consumers == 1))
-			| med(.redis_commands_per_stream))) / ($longtok - $tok) * 100 | round / 100)},
+			| med(.redis_commands_per_stream))) / ($longtok - $tok) * 100 | round / 100),
+		log_bytes_per_chunk: (($long.log_bytes_per_stream - ($runs | map(select(.apis == 1 and .consumers == 1))
+			| med(.log_bytes_per_stream))) / ($longtok - $tok) | round)},
 	   runs: $runs,
 	   outcome: {lost: (($runs | map(.lost) | add) + $long.lost)}}' >"$RESULTS/scale.json"
 
 jq -r '(.shapes[] | "scale: \(.apis) api x \(.consumers) consumer: \(.streams_per_s) streams/s; first chunk p50/p99 \(.light_first_chunk_p50_ms)/\(.light_first_chunk_p99_ms) ms light, \(.first_chunk_p50_ms)/\(.first_chunk_p99_ms) ms saturated; cpu ms/stream api \(.cpu_ms_per_stream.api) consumer \(.cpu_ms_per_stream.consumer) redis \(.cpu_ms_per_stream.redis); busiest node \(.commands_per_s_busiest_node) commands/s; lost \(.lost)"),
-	"scale: per extra chunk: cpu µs api \(.chunk_cost.cpu_us_per_chunk.api) consumer \(.chunk_cost.cpu_us_per_chunk.consumer) redis \(.chunk_cost.cpu_us_per_chunk.redis), \(.chunk_cost.redis_commands_per_chunk) Redis commands"' \
+	"scale: per extra chunk: cpu µs api \(.chunk_cost.cpu_us_per_chunk.api) consumer \(.chunk_cost.cpu_us_per_chunk.consumer) redis \(.chunk_cost.cpu_us_per_chunk.redis), \(.chunk_cost.redis_commands_per_chunk) Redis commands, \(.chunk_cost.log_bytes_per_chunk) bytes of stream log"' \
 	"$RESULTS/scale.json" >&2
 jq -e '.outcome.lost == 0 and all(.runs[], .chunk_cost.long; (.paths | keys) == ["queued"])' "$RESULTS/scale.json" >/dev/null ||
 	die "scale: streams lost or not queued (see $RESULTS/scale.json)"
