@@ -110,6 +110,7 @@ func KafkaConfig(cfg *config.Config, claims kafka.Claims) kafka.Config {
 	return kafka.Config{
 		Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
 		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims, MaxMessageBytes: KafkaJobBytes(cfg.MaxBodyBytes),
+		DeadLetterRetention: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
 	}
 }
 

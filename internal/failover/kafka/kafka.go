@@ -67,6 +67,8 @@ const (
 	DefaultClaimTTL          = 15 * time.Second
 	DefaultTimeout           = 5 * time.Second
 	DefaultMaxMessageBytes   = 1 << 20
+	// DefaultDeadLetterRetention is DEAD_LETTER_TTL_HOURS' default.
+	DefaultDeadLetterRetention = 168 * time.Hour
 )
 
 // Bounds of Config.MaxMessageBytes, and the room a record and its batch
@@ -143,6 +145,16 @@ type Config struct {
 	// the setting of topics that have less. A larger job is refused with
 	// failover.ErrJobTooLarge. Default 1 MiB; 1 KiB to 64 MiB.
 	MaxMessageBytes int
+	// DeadLetterRetention is the dead-letter topic's retention.ms
+	// (DEAD_LETTER_TTL_HOURS): EnsureTopics sets it on the topic, so a
+	// dead letter is deleted by the brokers once it is that old. Whole
+	// milliseconds. Default 168h.
+	DeadLetterRetention time.Duration
+	// KeepPayload stores the job's body in a dead letter
+	// (DEAD_LETTER_KEEP_PAYLOAD); false writes an empty value and the
+	// body's SHA-1 and size in headers, so prompts do not pile up in the
+	// topic.
+	KeepPayload bool
 	// Tracing writes the trace context of Enqueue's ctx into the record's
 	// traceparent, tracestate and baggage headers (docs/TRACING.md); nil
 	// writes none.
@@ -193,6 +205,7 @@ func (cfg Config) Validate() error {
 		{"HeartbeatInterval", cfg.HeartbeatInterval, c.HeartbeatInterval, time.Millisecond},
 		{"ClaimTTL", cfg.ClaimTTL, c.ClaimTTL, time.Millisecond},
 		{"Timeout", cfg.Timeout, c.Timeout, time.Millisecond},
+		{"DeadLetterRetention", cfg.DeadLetterRetention, c.DeadLetterRetention, time.Millisecond},
 	} {
 		if d.set < 0 || d.value < d.least {
 			errs = append(errs, fmt.Errorf("%s %s is below %s (0 means the default)", d.field, d.set, d.least))
@@ -270,6 +283,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.DeadLetterRetention == 0 {
+		cfg.DeadLetterRetention = DefaultDeadLetterRetention
 	}
 	return cfg
 }
@@ -417,11 +433,13 @@ func (q *Queue) isClosed() bool {
 // EnsureTopics creates the job topic and the dead-letter topic with
 // Config.Partitions, Config.ReplicationFactor and TopicMaxMessageBytes
 // unless they exist. Of topics that exist, a smaller partition count than
-// configured is logged, and a max.message.bytes below TopicMaxMessageBytes
-// is raised to it; when that fails (no permission to alter topics), the
+// configured is logged; a max.message.bytes below TopicMaxMessageBytes is
+// raised to it, and when that fails (no permission to alter topics) the
 // error is returned and the Queue lowers MaxJobBytes to what the smaller
 // topic carries, so a larger job is refused at once as too large instead
-// of failing at the broker. Safe to call from every process at start.
+// of failing at the broker; and the dead-letter topic's retention.ms is
+// set to Config.DeadLetterRetention when it differs. Safe to call from
+// every process at start.
 func (q *Queue) EnsureTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	defer cancel()
@@ -458,7 +476,7 @@ func (q *Queue) EnsureTopics(ctx context.Context) error {
 		q.log.Warn("kafka topic has fewer partitions than configured; add partitions to scale out consumers",
 			"topic", q.cfg.Topic, "partitions", len(parts), "configured", q.cfg.Partitions)
 	}
-	return q.ensureMessageBytes(ctx, topics)
+	return errors.Join(q.ensureMessageBytes(ctx, topics), q.ensureDeadLetterRetention(ctx))
 }
 
 // ensureMessageBytes reads each topic's max.message.bytes and raises any
