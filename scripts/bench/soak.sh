@@ -36,6 +36,9 @@
 #   - streams/s of the last direct minute ≥ (1 − SOAK_TPUT_TOLERANCE) ×
 #     the first's (0.10);
 #   - the mix used both paths;
+#   - no Redis pool lease or waiter is left 12 s after the load, once the
+#     renewal round has retried the releases that timed out: one left then
+#     is held by nobody and takes a slot until it expires;
 #   - 60 s after the load, goroutines ≤ start + SOAK_GOROUTINE_SLACK (20)
 #     and RSS ≤ start × (1 + SOAK_RSS_TOLERANCE) (0.25). Goroutines are
 #     compared net of the upstream connections the api keeps idle (two
@@ -148,6 +151,14 @@ counters_json() {
 		'{refused_global: $rg, refused_user: $ru, evalsha_count: $ec, evalsha_sum: $es, queue_wait_count: $qc, queue_wait_sum: $qs}'
 }
 
+# live_pool_entries leases|waiters prints how many entries of the Redis
+# pool's leases or waiters set have not expired.
+live_pool_entries() {
+	local now
+	now=$(redis-cli -p "$REDIS_PORT" time | head -1)
+	redis-cli -p "$REDIS_PORT" zcount "queue:pool:{pool}:$1" "$((now * 1000))" +inf
+}
+
 # upstream_conns prints how many connections the api holds open to simllm
 # (idle ones between loads: the transport keeps them for reuse).
 upstream_conns() {
@@ -199,6 +210,12 @@ minute() {
 	done
 	load_finish "$name"
 	[[ -n $prof ]] && wait_pid "$prof"
+	# Every stream of the minute has ended: a lease still live in Redis a
+	# second later is held by nobody (or its release timed out and waits
+	# for the renewal round), and takes a slot until it expires.
+	sleep 1
+	local idle_leases
+	idle_leases=$(live_pool_entries leases)
 	sample "$name-end"
 	((S_FALLBACK > fb_max)) && fb_max=$S_FALLBACK
 	c1=$(counters_json)
@@ -207,7 +224,7 @@ minute() {
 	rkeys=$(redis-cli -p "$REDIS_PORT" dbsize 2>/dev/null || echo 0)
 	jq --arg phase "$phase" --argjson users "$users" --argjson fb "$fb_max" \
 		--argjson gone "$((S_GONE - gone0))" --argjson gor "$S_GOR" --argjson rss "$S_RSS" \
-		--argjson c0 "$c0" --argjson c1 "$c1" --argjson rmem "${rmem:-0}" --argjson rkeys "${rkeys:-0}" \
+		--argjson c0 "$c0" --argjson c1 "$c1" --argjson il "$idle_leases" --argjson rmem "${rmem:-0}" --argjson rkeys "${rkeys:-0}" \
 		"$JQ_DEFS"'.result as $r | ($c1 | with_entries(.value -= $c0[.key])) as $d | {
 		minute: .run, phase: $phase, users: $users,
 		streams_per_s: (if $r.elapsed_seconds > 0 then $r.done / $r.elapsed_seconds | . * 10 | round / 10 else null end),
@@ -222,9 +239,9 @@ minute() {
 		pool_refusals: {global: $d.refused_global, user: $d.refused_user},
 		evalsha_calls: $d.evalsha_count, evalsha_mean_ms: (if $d.evalsha_count > 0 then $d.evalsha_sum * 1000 / $d.evalsha_count | r3 else null end),
 		queue_wait_mean_ms: (if $d.queue_wait_count > 0 then $d.queue_wait_sum * 1000 / $d.queue_wait_count | r3 else null end),
-		fallback_max: $fb, redis_gone_lines: $gone, goroutines_after: $gor, rss_kib_after: $rss,
+		fallback_max: $fb, redis_gone_lines: $gone, leases_live_after: $il, goroutines_after: $gor, rss_kib_after: $rss,
 		load_before: .load_before, load_after: .load_after, exit_code}' "$dir/$name.json" >"$dir/$name.minute.json"
-	log "$name: $(jq -r '"\(.streams_per_s)/s, first chunk p99 \(.first_chunk_p99_ms)ms, queued \(.paths.queued // 0), api CPU \(.api_cpu_us_per_stream)µs/stream, evalsha \(.evalsha_mean_ms)ms, fallback \(.fallback_max), gone \(.redis_gone_lines)"' "$dir/$name.minute.json")"
+	log "$name: $(jq -r '"\(.streams_per_s)/s, first chunk p99 \(.first_chunk_p99_ms)ms, queued \(.paths.queued // 0), api CPU \(.api_cpu_us_per_stream)µs/stream, evalsha \(.evalsha_mean_ms)ms, fallback \(.fallback_max), gone \(.redis_gone_lines), idle leases \(.leases_live_after)"' "$dir/$name.minute.json")"
 }
 
 snapshot fresh
@@ -249,7 +266,14 @@ for ((i = 1; i <= SOAK_MIX_MINUTES; i++)); do
 	minutes+=("$dir/mix-$i.minute.json")
 done
 snapshot end
-sleep "$SOAK_AFTER_SECONDS"
+LEASES_END=$(live_pool_entries leases) WAITERS_END=$(live_pool_entries waiters)
+# A lease still live once every stream has ended and the renewal round
+# (every 10 s) has retried the releases that timed out is held by nobody.
+orphan_wait=$((SOAK_AFTER_SECONDS < 12 ? SOAK_AFTER_SECONDS : 12))
+sleep "$orphan_wait"
+LEASES_ORPHAN=$(live_pool_entries leases) WAITERS_ORPHAN=$(live_pool_entries waiters)
+log "pool entries after the load: leases $LEASES_END, waiters $WAITERS_END; ${orphan_wait}s later leases $LEASES_ORPHAN, waiters $WAITERS_ORPHAN"
+sleep $((SOAK_AFTER_SECONDS - orphan_wait))
 snapshot after
 GONE_TOTAL=$(gone_lines)
 
@@ -257,7 +281,8 @@ jq -n --slurpfile m "$RESULTS/machine.json" --slurpfile rows <(cat "${minutes[@]
 	--slurpfile fresh "$dir/snap-fresh.json" --slurpfile start "$dir/snap-start.json" \
 	--slurpfile fin "$dir/snap-end.json" --slurpfile after "$dir/snap-after.json" \
 	--argjson gone "$GONE_TOTAL" --argjson tt "$SOAK_TPUT_TOLERANCE" --argjson rt "$SOAK_RSS_TOLERANCE" \
-	--argjson gs "$SOAK_GOROUTINE_SLACK" \
+	--argjson gs "$SOAK_GOROUTINE_SLACK" --argjson le "$LEASES_END" --argjson we "$WAITERS_END" \
+	--argjson lo "$LEASES_ORPHAN" --argjson wo "$WAITERS_ORPHAN" --argjson ow "$orphan_wait" \
 	--argjson settings "$(jq -n --argjson dm "$SOAK_DIRECT_MINUTES" --argjson mm "$SOAK_MIX_MINUTES" \
 		--argjson ms "$SOAK_MINUTE_SECONDS" --argjson c "$SOAK_C" --argjson tok "$SOAK_TOKENS" \
 		--argjson du "$SOAK_DIRECT_USERS" --argjson mu "$SOAK_MIX_USERS" --argjson pu "$SOAK_PER_USER" \
@@ -272,10 +297,12 @@ jq -n --slurpfile m "$RESULTS/machine.json" --slurpfile rows <(cat "${minutes[@]
 	| def check(name; value; limit; ok): {check: name, value: value, limit: limit, ok: ok};
 	{scenario: "soak", machine: $m[0], settings: $settings, minutes: $rows,
 	 snapshots: {fresh: $fresh[0], start: $s, "end": $fin[0], after: $a},
+	 pool_after_load: {leases_at_end: $le, waiters_at_end: $we, wait_s: $ow, leases_held_by_nobody: $lo, waiters_left: $wo},
 	 totals: {done: ($rows | map(.done) | add), errors: ($rows | map(.errors) | add),
 	          refused: ($rows | map(.refused) | add), lost: ($rows | map(.lost) | add),
 	          queued: ($rows | map(.paths.queued // 0) | add), redis_gone_lines: $gone,
-	          fallback_max: ($rows | map(.fallback_max) | max)},
+	          fallback_max: ($rows | map(.fallback_max) | max),
+	          idle_leases_after_minutes: ($rows | map(.leases_live_after) | add)},
 	 checks: [
 		check("no stream lost, failed or refused"; ($rows | map(.lost + .errors + .refused) | add); 0;
 			($rows | all(.lost == 0 and .errors == 0 and .refused == 0))),
@@ -287,6 +314,7 @@ jq -n --slurpfile m "$RESULTS/machine.json" --slurpfile rows <(cat "${minutes[@]
 			check("the mix used both paths (queued share)"; ($x | map(.queued_share) | median); "0 < share < 1";
 				($x | all(.queued_share > 0 and .queued_share < 1)))
 		 else empty end),
+		check("no pool lease or waiter left \($ow)s after the load (held by nobody)"; ($lo + $wo); 0; ($lo + $wo == 0)),
 		check("goroutines +\($settings.after_s)s after the load − start, net of idle upstream connections";
 			($a.goroutines_net - $s.goroutines_net); $gs; ($a.goroutines_net <= $s.goroutines_net + $gs)),
 		check("RSS +\($settings.after_s)s after the load ÷ start"; ($a.rss_kib / $s.rss_kib | r3); (1 + $rt);
@@ -299,11 +327,12 @@ jq -r '
 	"machine: \(.machine.cpu), \(.machine.nproc) cores, commit \(.machine.commit) (+\(.machine.uncommitted_files) uncommitted), \(.machine.date)",
 	"settings: \(.settings.clients) clients, \(.settings.tokens) chunks/answer, \(.settings.minute_seconds)s minutes, direct users \(.settings.direct_users), mix users \(.settings.mix_users) at \(.settings.per_user_limit) each",
 	"",
-	"minute      streams/s  fc p50 ms  fc p99 ms  queued%  q wait ms  err/ref/lost  spills busy/user  api µs/stream  redis µs/stream  redis MiB  evalsha ms  fallback  gone  goroutines  RSS KiB  load before",
-	(.minutes[] | "\(.minute | . + " " * (10 - length)) \(.streams_per_s | pad(10)) \(.first_chunk_p50_ms | pad(10)) \(.first_chunk_p99_ms | pad(10)) \((.queued_share // 0) * 100 | round | pad(8)) \(.queue_wait_mean_ms // "-" | pad(10)) \("\(.errors)/\(.refused)/\(.lost)" | pad(13)) \("\(.pool_refusals.global)/\(.pool_refusals.user)" | pad(17)) \(.api_cpu_us_per_stream | pad(14)) \(.redis_cpu_us_per_stream | pad(16)) \(.redis_used_memory_mib | pad(10)) \(.evalsha_mean_ms | pad(11)) \(.fallback_max | pad(9)) \(.redis_gone_lines | pad(5)) \(.goroutines_after | pad(11)) \(.rss_kib_after | pad(8))  \(.load_before)"),
+	"minute      streams/s  fc p50 ms  fc p99 ms  queued%  q wait ms  err/ref/lost  spills busy/user  api µs/stream  redis µs/stream  redis MiB  evalsha ms  fallback  gone  idle leases  goroutines  RSS KiB  load before",
+	(.minutes[] | "\(.minute | . + " " * (10 - length)) \(.streams_per_s | pad(10)) \(.first_chunk_p50_ms | pad(10)) \(.first_chunk_p99_ms | pad(10)) \((.queued_share // 0) * 100 | round | pad(8)) \(.queue_wait_mean_ms // "-" | pad(10)) \("\(.errors)/\(.refused)/\(.lost)" | pad(13)) \("\(.pool_refusals.global)/\(.pool_refusals.user)" | pad(17)) \(.api_cpu_us_per_stream | pad(14)) \(.redis_cpu_us_per_stream | pad(16)) \(.redis_used_memory_mib | pad(10)) \(.evalsha_mean_ms | pad(11)) \(.fallback_max | pad(9)) \(.redis_gone_lines | pad(5)) \(.leases_live_after | pad(12)) \(.goroutines_after | pad(11)) \(.rss_kib_after | pad(8))  \(.load_before)"),
 	"",
 	"api        goroutines  upstream conns  net goroutines  RSS KiB  heap in use KiB  load",
 	(.snapshots | to_entries[] | "\(.key | . + " " * (10 - length)) \(.value.goroutines | pad(10)) \(.value.upstream_conns | pad(15)) \(.value.goroutines_net | pad(15)) \(.value.rss_kib | pad(8)) \(.value.heap_inuse_bytes / 1024 | round | pad(16))  \(.value.load)"),
+	"pool after the load: \(.pool_after_load.leases_at_end) leases and \(.pool_after_load.waiters_at_end) waiters at the end, \(.pool_after_load.leases_held_by_nobody) leases and \(.pool_after_load.waiters_left) waiters \(.pool_after_load.wait_s)s later",
 	"",
 	(.checks[] | "\(if .ok then "OK  " else "FAIL" end) \(.check): \(.value) (limit \(.limit))"),
 	"verdict: \(if .ok then "PASS" else "FAIL" end)"' "$RESULTS/soak.json" | tee "$RESULTS/soak.txt"
