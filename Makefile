@@ -49,8 +49,9 @@ bench: deps build
 # soak holds one api under 200 clients for SOAK_DIRECT_MINUTES (5) on the
 # direct path and SOAK_MIX_MINUTES (2) half through the queue, minute by
 # minute, and fails when a stream is lost, the pool falls back, throughput
-# decays or goroutines/RSS do not come back (docs/BENCHMARKS.md, "Soak").
-# About 9 minutes; loopback only; not part of `make test`.
+# decays, a pool lease is left held by nobody or goroutines/RSS do not come
+# back (docs/BENCHMARKS.md, "Soak").
+# About 10 minutes; loopback only; not part of `make test`.
 soak: deps
 	scripts/bench/soak.sh
 

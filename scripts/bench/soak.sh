@@ -26,11 +26,15 @@
 #             SOAK_AFTER_SECONDS (60) later.
 #
 # Per minute: streams/s, first-chunk p50/p99, errors, refusals and lost
-# streams, the paths taken, the api's CPU per stream, its mean pool-script
-# latency (spillway_redis_command_seconds{op="evalsha"}), the highest
+# streams, the paths taken and the spills to the queue by cause (busy:
+# the pool's acquire timed out; user: the identity was full), the
+# consumer's mean queue wait, the api's and Redis's CPU per stream, Redis
+# memory, the api's mean pool-script latency
+# (spillway_redis_command_seconds{op="evalsha"}), the highest
 # spillway_pool_fallback sampled every SOAK_SAMPLE_SECONDS (2) and the "Redis
-# gone" lines the api and the consumer logged, goroutines and RSS, and the
-# load averages. Checks, each failing the run (exit 1):
+# gone" lines the api and the consumer logged, the pool leases still live a
+# second after the minute's last stream ended, goroutines and RSS, and the
+# load averages. SOAK_SKIP_BUILD=1 uses bin/ as it is. Checks, each failing the run (exit 1):
 #   - no stream lost, failed or refused;
 #   - no fallback: spillway_pool_fallback never 1, no "Redis gone" line;
 #   - streams/s of the last direct minute ≥ (1 − SOAK_TPUT_TOLERANCE) ×
