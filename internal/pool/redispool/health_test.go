@@ -131,7 +131,7 @@ func TestStoppedRedisFallsBackAtOnce(t *testing.T) {
 // Latency is not an outage either. With toxiproxy between the Pool and
 // Redis, 20 callers run while every reply is delayed 100–300 ms, then for
 // 1.5 s by 1.2 s (beyond the 500 ms call timeout and the 1 s probe
-// timeout, well within DownAfter's 3 s): calls time out and fail alone,
+// timeout, well within the test's DownAfter of 8 s): calls time out and fail alone,
 // the probe answers again once the stall ends, nothing falls back, and
 // grants resume.
 func TestLatencyNoFallback(t *testing.T) {
@@ -144,7 +144,9 @@ func TestLatencyNoFallback(t *testing.T) {
 		t.Fatalf("toxiproxy: %v", err)
 	}
 	t.Cleanup(px.Stop)
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 6, PerUser: 6, LeaseTTL: 3 * time.Second}
+	// DownAfter well above the stall: on a loaded machine the probe's own
+	// redial through the proxy adds to it.
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 6, PerUser: 6, LeaseTTL: 3 * time.Second, DownAfter: 8 * time.Second}
 	var fellBack atomic.Int32
 	p := newTestPool(t, px.Listen, cfg, nil, func(on bool) {
 		if on {
