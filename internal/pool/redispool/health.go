@@ -44,17 +44,6 @@ type slowError struct{ err error }
 func (e *slowError) Error() string { return e.err.Error() }
 func (e *slowError) Unwrap() error { return e.err }
 
-type redisState = rediserr.State
-
-const (
-	redisFine = rediserr.Fine
-	redisSlow = rediserr.Busy
-	redisGone = rediserr.Gone
-)
-
-// classify is rediserr.Classify.
-func classify(err error) redisState { return rediserr.Classify(err) }
-
 // Health probe timing.
 const (
 	// DefaultDownAfter is the default Config.DownAfter
@@ -125,7 +114,7 @@ func (p *Pool) watch(cause error, verdict chan struct{}) {
 		case err == nil:
 			p.log.Debug("redispool: Redis slow but answering; staying on the distributed pool", "cause", cause)
 			return
-		case classify(err) == redisGone:
+		case rediserr.Classify(err) == rediserr.Gone:
 			p.setFallback(true, err)
 			return
 		}

@@ -138,12 +138,7 @@ func TestLatencyNoFallback(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	admin := s.Client(t)
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	px := toxiproxy.NewProxy(srv, "pool", "127.0.0.1:0", s.Addr)
-	if err := px.Start(); err != nil {
-		t.Fatalf("toxiproxy: %v", err)
-	}
-	t.Cleanup(px.Stop)
+	px := startProxy(t, s.Addr)
 	// DownAfter well above the stall: on a loaded machine the probe's own
 	// redial through the proxy adds to it.
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 6, PerUser: 6, LeaseTTL: 3 * time.Second, DownAfter: 8 * time.Second}
@@ -154,15 +149,7 @@ func TestLatencyNoFallback(t *testing.T) {
 		}
 	})
 	ctx := context.Background()
-	addToxic := func(name string, latency, jitter int) {
-		t.Helper()
-		_, err := px.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
-			`{"name":%q,"type":"latency","stream":"downstream","attributes":{"latency":%d,"jitter":%d}}`, name, latency, jitter)))
-		if err != nil {
-			t.Fatalf("add toxic %s: %v", name, err)
-		}
-	}
-	addToxic("slow", 200, 100)
+	addLatency(t, px, "slow", 200, 100)
 	stop := make(chan struct{})
 	var granted, refused atomic.Int64
 	var wg sync.WaitGroup
@@ -192,7 +179,7 @@ func TestLatencyNoFallback(t *testing.T) {
 	if err := px.Toxics.RemoveToxic(ctx, "slow"); err != nil {
 		t.Fatal(err)
 	}
-	addToxic("stall", 1200, 0)
+	addLatency(t, px, "stall", 1200, 0)
 	<-time.After(1500 * time.Millisecond) // the length of the stall, not a wait for a condition
 	if err := px.Toxics.RemoveToxic(ctx, "stall"); err != nil {
 		t.Fatal(err)
@@ -219,12 +206,7 @@ func TestTimedOutAcquireLeavesNoLease(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	admin := s.Client(t)
-	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
-	px := toxiproxy.NewProxy(srv, "pool", "127.0.0.1:0", s.Addr)
-	if err := px.Start(); err != nil {
-		t.Fatalf("toxiproxy: %v", err)
-	}
-	t.Cleanup(px.Stop)
+	px := startProxy(t, s.Addr)
 	c := redis.NewClient(&redis.Options{Addr: px.Listen, ContextTimeoutEnabled: true})
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 10, PerUser: 3, LeaseTTL: 30 * time.Second, DownAfter: time.Minute}
 	p, err := New(cfg, c, testutil.DiscardLogger(), nil)
@@ -250,10 +232,7 @@ func TestTimedOutAcquireLeavesNoLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	wl.Release()
-	if _, err := px.Toxics.AddToxicJson(strings.NewReader(
-		`{"name":"slow","type":"latency","stream":"downstream","attributes":{"latency":700}}`)); err != nil {
-		t.Fatal(err)
-	}
+	addLatency(t, px, "slow", 700, 0)
 	var calls sync.WaitGroup
 	for i := range 3 {
 		calls.Go(func() {
@@ -279,4 +258,26 @@ func TestTimedOutAcquireLeavesNoLease(t *testing.T) {
 		t.Fatalf("identity after the stall: %v", err)
 	}
 	l.Release()
+}
+
+// startProxy runs a toxiproxy in front of addr until the test ends.
+func startProxy(t *testing.T, addr string) *toxiproxy.Proxy {
+	t.Helper()
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	px := toxiproxy.NewProxy(srv, "pool", "127.0.0.1:0", addr)
+	if err := px.Start(); err != nil {
+		t.Fatalf("toxiproxy: %v", err)
+	}
+	t.Cleanup(px.Stop)
+	return px
+}
+
+// addLatency delays every reply through px by latency ± jitter ms.
+func addLatency(t *testing.T, px *toxiproxy.Proxy, name string, latency, jitter int) {
+	t.Helper()
+	_, err := px.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
+		`{"name":%q,"type":"latency","stream":"downstream","attributes":{"latency":%d,"jitter":%d}}`, name, latency, jitter)))
+	if err != nil {
+		t.Fatalf("add toxic %s: %v", name, err)
+	}
 }

@@ -557,11 +557,16 @@ func (p *Pool) release(id, user string) {
 	p.releaseRedis(id, user)
 }
 
-// releaseLater files a release for the next renewal round. Only leases
-// granted by Redis are filed, so there are at most Size of them.
+// releaseLater files a release for the next renewal round: a lease held
+// through a fallback, a release that timed out, or a lease a timed-out
+// acquire may have granted (forget).
 func (p *Pool) releaseLater(id, user string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.releaseLaterLocked(id, user)
+}
+
+func (p *Pool) releaseLaterLocked(id, user string) {
 	if p.closed {
 		return
 	}

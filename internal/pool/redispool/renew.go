@@ -44,18 +44,10 @@ func (p *Pool) renew() {
 	unreleased := p.unreleased
 	p.unreleased = nil
 	p.mu.Unlock()
-	for _, m := range orphans {
-		p.leave(m) // keeps it an orphan if Redis fails again
-	}
-	for id, user := range unreleased {
-		if fb, _ := p.mode(); fb {
-			p.releaseLater(id, user) // gone again: after the next return
-			continue
-		}
-		p.releaseRedis(id, user) // files it again if Redis is still slow or gone
-	}
-
+	// Live leases first: a long list of releases on a slow Redis must not
+	// delay their renewal past LeaseTTL.
 	lostLeases, lostWaiters, err := p.runRenew(context.Background(), leases, members)
+	defer p.settleLater(orphans, unreleased)
 	if err != nil {
 		var ue *unavailableError
 		var se *slowError
@@ -95,5 +87,28 @@ func (p *Pool) renew() {
 	}
 	if rejoin {
 		p.kickDispatch()
+	}
+}
+
+// settleLater withdraws the waiter entries and releases the leases filed
+// for a renewal round, for at most LeaseTTL/6; what is left, or fails
+// again, is filed for the next round.
+func (p *Pool) settleLater(orphans []string, unreleased map[string]string) {
+	deadline := time.Now().Add(p.cfg.LeaseTTL / 6)
+	for _, m := range orphans {
+		if fb, _ := p.mode(); fb || time.Now().After(deadline) {
+			p.mu.Lock()
+			p.orphans = append(p.orphans, m)
+			p.mu.Unlock()
+			continue
+		}
+		p.leave(m) // keeps it an orphan if Redis fails again
+	}
+	for id, user := range unreleased {
+		if fb, _ := p.mode(); fb || time.Now().After(deadline) {
+			p.releaseLater(id, user) // gone, or out of time: the next round
+			continue
+		}
+		p.releaseRedis(id, user) // files it again if Redis is still slow or gone
 	}
 }

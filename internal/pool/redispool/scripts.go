@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 var (
@@ -79,10 +81,10 @@ func (p *Pool) run(ctx context.Context, timeout time.Duration, s *redis.Script, 
 		if ctx.Err() != nil {
 			return nil, err // the caller gave up: says nothing about Redis
 		}
-		switch classify(r.err) {
-		case redisGone:
+		switch rediserr.Classify(r.err) {
+		case rediserr.Gone:
 			return nil, &unavailableError{err}
-		case redisSlow:
+		case rediserr.Busy:
 			return nil, &slowError{err}
 		}
 		return nil, err
@@ -242,10 +244,7 @@ func (p *Pool) forget(id, user, member string) {
 	if p.closed {
 		return
 	}
-	if p.unreleased == nil {
-		p.unreleased = make(map[string]string)
-	}
-	p.unreleased[id] = user
+	p.releaseLaterLocked(id, user)
 	if member != "" {
 		p.orphans = append(p.orphans, member)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // errModeChanged tells Acquire to start over on the other backend.
@@ -273,10 +274,10 @@ func (p *Pool) subscribe() (*redis.PubSub, <-chan any) {
 	if _, err := ps.Receive(ctx); err != nil {
 		_ = ps.Close()
 		err = fmt.Errorf("redispool: subscribe %s: %w", p.channel, err)
-		switch classify(err) {
-		case redisGone:
+		switch rediserr.Classify(err) {
+		case rediserr.Gone:
 			p.setFallback(true, err)
-		case redisSlow:
+		case rediserr.Busy:
 			p.suspect(err) // the ticker subscribes again
 		default:
 			p.log.Warn("redispool: subscribe failed; waiters are served by the 1s re-check only", "error", err)
