@@ -79,7 +79,10 @@ func TestSharedStateOnRedisCluster(t *testing.T) {
 		if paths[protocol.PathDirect] == 0 || paths[protocol.PathQueued] == 0 {
 			t.Fatalf("paths %v: want both direct and queued streams", paths)
 		}
-		testutil.Eventually(t, 10*time.Second, func() bool { return a.pool.Stats().InUse == 0 }, "every slot released")
+		// A release that timed out on a loaded machine is retried by the
+		// next renewal round (every LeaseTTL/3, 10s), and at worst the
+		// lease expires (LeaseTTL, 30s).
+		testutil.Eventually(t, 40*time.Second, func() bool { return a.pool.Stats().InUse == 0 }, "every slot released")
 		t.Logf("peak %d calls on a pool of %d; paths %v", up.top.Load(), size, paths)
 	})
 
