@@ -163,13 +163,16 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 	orphans, orphansCancelled := 0, 0
 	var worst time.Duration
 	for _, cs := range victimStreams {
-		if cs.path != protocol.PathQueued || cs.finished(killed) || cs.rep.Problem != nil {
-			continue // direct, answered before the crash, or ended by the restart
+		if cs.path != protocol.PathQueued || cs.rep.Terminal != "" {
+			// Direct, or ended: answered (its done may have reached the
+			// client just after the kill was sent), or ended by the restart.
+			continue
 		}
 		orphans++
 		at, ok := cancelled[cs.id]
 		if !ok {
-			t.Errorf("the dead api's job %s was never cancelled", cs.id)
+			t.Errorf("the dead api's job %s (chunks %d, ended %v after the crash) was never cancelled; consumer logs:\n%s",
+				cs.id, cs.rep.Chunks, cs.ended.Sub(killed), strings.Join(append(c1.mentions(cs.id), c2.mentions(cs.id)...), "\n"))
 			continue
 		}
 		orphansCancelled++

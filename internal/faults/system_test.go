@@ -165,16 +165,6 @@ func (s *system) open(ctx context.Context, base, text, user string, maxTokens in
 	return cs
 }
 
-// finished reports whether the stream had ended by t.
-func (cs *clientStream) finished(t time.Time) bool {
-	select {
-	case <-cs.done:
-		return !cs.ended.After(t)
-	default:
-		return false
-	}
-}
-
 // outcome names how a stream ended: "done", an error's problem slug,
 // "refused <status> <slug>", or "lost: <reason>".
 func (cs *clientStream) outcome() string {
