@@ -180,8 +180,9 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 			worst = max(worst, at.Sub(killed))
 		}
 	}
-	if limit := procHeartbeat + 2*time.Second; worst > limit {
-		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v, limit %v)", worst, procHeartbeat, limit)
+	if worst > orphanCancelBound {
+		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v; bound on a loaded machine %v)",
+			worst, procHeartbeat, orphanCancelBound)
 	}
 
 	// Every slot back within the lease TTL once the load stopped.
@@ -194,7 +195,7 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 		}
 		return false
 	}, "every slot back")
-	if slotsBack > procLeaseTTL+2*time.Second {
+	if slotsBack > procLeaseTTL+3*time.Second {
 		t.Errorf("slots back %v after the load ended, want within the lease TTL (%v)", slotsBack, procLeaseTTL)
 	}
 	dead, err := sys.rdb.XLen(ctx, redisstream.DeadLetterKey(queuePrefix)).Result()
