@@ -169,6 +169,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
 		TrustedProxies:     cfg.TrustedProxies,
 		Models:             cfg.LLMModels,
+		ServedModels:       ServedModels(cfg),
 		BodyReadTimeout:    cfg.BodyReadTimeout(),
 		ResumeWindow:       cfg.StreamResumeWindow(),
 		LogTTL:             cfg.StreamLogTTL(),
@@ -208,6 +209,21 @@ func OpenAIModels(cfg *config.Config) []string {
 		}
 	}
 	return models
+}
+
+// ServedModels are the models the upstreams serve when every upstream
+// lists its own: a request for another is a 400. Nil when some upstream
+// takes any model, or with one plain upstream (it judges the model).
+func ServedModels(cfg *config.Config) []string {
+	if cfg.LLMProvider != config.ProviderOpenAI {
+		return nil
+	}
+	for _, s := range cfg.Upstreams {
+		if len(s.Models) == 0 {
+			return nil
+		}
+	}
+	return OpenAIModels(cfg)
 }
 
 // StreamLogConfig is the stream log's part of cfg.

@@ -51,7 +51,7 @@ type Metrics struct {
 	QueueWait         prometheus.Histogram     // spillway_queue_wait_seconds
 	WorkerJobs        *prometheus.CounterVec   // spillway_worker_jobs_total{outcome}
 	WorkerRetries     *prometheus.CounterVec   // spillway_worker_retries_total{reason}
-	UpstreamResponses *prometheus.CounterVec   // spillway_upstream_responses_total{code}
+	UpstreamResponses *prometheus.CounterVec   // spillway_upstream_responses_total{upstream,code}
 	DeadLetterDepth   prometheus.Gauge         // spillway_dead_letter_depth
 	CircuitState      *prometheus.GaugeVec     // spillway_circuit_state{provider}
 	RateLimited       prometheus.Counter       // spillway_rate_limited_total
@@ -114,8 +114,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "spillway_worker_retries_total", Help: "Provider calls retried by workers, by why the last one failed.",
 		}, []string{"reason"}),
 		UpstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spillway_upstream_responses_total", Help: "Provider calls that got a response, by HTTP status (200 also for a failure inside a stream).",
-		}, []string{"code"}),
+			Name: "spillway_upstream_responses_total", Help: "Provider calls that got a response, by upstream and HTTP status (200 also for a failure inside a stream).",
+		}, []string{"upstream", "code"}),
 		DeadLetterDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spillway_dead_letter_depth", Help: "Entries in the dead-letter queue.",
 		}),
@@ -168,7 +168,6 @@ func New(reg prometheus.Registerer) *Metrics {
 	for _, r := range RetryReasons {
 		m.WorkerRetries.WithLabelValues(r)
 	}
-	m.UpstreamResponses.WithLabelValues("200")
 	for _, r := range []string{"stale_attempt", "duplicate"} {
 		m.ResultsDropped.WithLabelValues(r)
 	}
