@@ -72,7 +72,9 @@ func TestAPICrashOrphansCancelled(t *testing.T) {
 	running := map[string]bool{}
 	var orphans []string
 	for _, cs := range onVictim {
-		if cs.path != protocol.PathQueued || cs.finished(killed) && cs.rep.Terminal == protocol.EventDone {
+		// A stream that got its done is no orphan, even when the done
+		// reached the client just after the kill was sent.
+		if cs.path != protocol.PathQueued || cs.rep.Terminal == protocol.EventDone {
 			continue
 		}
 		orphans = append(orphans, cs.id)
@@ -92,7 +94,7 @@ func TestAPICrashOrphansCancelled(t *testing.T) {
 		}
 		return false
 	}, "the dead api's leases expire")
-	if victimSlotsBack > procLeaseTTL+2*time.Second {
+	if victimSlotsBack > procLeaseTTL+3*time.Second {
 		t.Errorf("the dead api's slots came back %v after the crash, want within the lease TTL (%v)", victimSlotsBack, procLeaseTTL)
 	}
 
@@ -125,10 +127,9 @@ func TestAPICrashOrphansCancelled(t *testing.T) {
 			worst = max(worst, at.Sub(killed))
 		}
 	}
-	// One heartbeat is the bound a worker keeps (it publishes at least that
-	// often); the rest is slack for a loaded machine.
-	if limit := procHeartbeat + 2*time.Second; worst > limit {
-		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v, limit %v)", worst, procHeartbeat, limit)
+	if worst > orphanCancelBound {
+		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v; bound on a loaded machine %v)",
+			worst, procHeartbeat, orphanCancelBound)
 	}
 	testutil.Eventually(t, procLeaseTTL+10*time.Second, func() bool {
 		ids, err := sys.liveLeases(ctx)

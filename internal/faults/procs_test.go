@@ -173,6 +173,19 @@ func (p *proc) entries(msg string) []logEntry {
 	return out
 }
 
+// mentions returns the log lines that contain s.
+func (p *proc) mentions(s string) []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []string
+	for _, line := range p.lines {
+		if strings.Contains(line, s) {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
 // metric scrapes the process's /metrics for the value of the sample whose
 // name and labels are series; 0 when absent.
 func (p *proc) metric(series string) float64 {

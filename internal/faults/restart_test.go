@@ -163,13 +163,16 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 	orphans, orphansCancelled := 0, 0
 	var worst time.Duration
 	for _, cs := range victimStreams {
-		if cs.path != protocol.PathQueued || cs.finished(killed) || cs.rep.Problem != nil {
-			continue // direct, answered before the crash, or ended by the restart
+		if cs.path != protocol.PathQueued || cs.rep.Terminal != "" {
+			// Direct, or ended: answered (its done may have reached the
+			// client just after the kill was sent), or ended by the restart.
+			continue
 		}
 		orphans++
 		at, ok := cancelled[cs.id]
 		if !ok {
-			t.Errorf("the dead api's job %s was never cancelled", cs.id)
+			t.Errorf("the dead api's job %s (chunks %d, ended %v after the crash) was never cancelled; consumer logs:\n%s",
+				cs.id, cs.rep.Chunks, cs.ended.Sub(killed), strings.Join(append(c1.mentions(cs.id), c2.mentions(cs.id)...), "\n"))
 			continue
 		}
 		orphansCancelled++
@@ -177,8 +180,9 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 			worst = max(worst, at.Sub(killed))
 		}
 	}
-	if limit := procHeartbeat + 2*time.Second; worst > limit {
-		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v, limit %v)", worst, procHeartbeat, limit)
+	if worst > orphanCancelBound {
+		t.Errorf("a running orphan was cancelled %v after the crash, want within a heartbeat (%v; bound on a loaded machine %v)",
+			worst, procHeartbeat, orphanCancelBound)
 	}
 
 	// Every slot back within the lease TTL once the load stopped.
@@ -191,7 +195,7 @@ func TestRedisRestartUnderLoad(t *testing.T) {
 		}
 		return false
 	}, "every slot back")
-	if slotsBack > procLeaseTTL+2*time.Second {
+	if slotsBack > procLeaseTTL+3*time.Second {
 		t.Errorf("slots back %v after the load ended, want within the lease TTL (%v)", slotsBack, procLeaseTTL)
 	}
 	dead, err := sys.rdb.XLen(ctx, redisstream.DeadLetterKey(queuePrefix)).Result()

@@ -27,8 +27,15 @@ import (
 // them, with the production ratios (reclaim well above a heartbeat).
 const (
 	procHeartbeat = time.Second
-	procLeaseTTL  = 3 * time.Second
-	queuePrefix   = "queue:"
+	// orphanCancelBound bounds how long after an api's crash a running job
+	// of its may go on. A worker publishes at least every heartbeat, so the
+	// goal is one heartbeat (measured: about 100 ms, a batch); the rest is
+	// room for a machine loaded by other tests. It stays below every other
+	// way such a job could end (the api's silence limit, 9 s, and the
+	// queue timeout), so only the nobody-listens rule meets it.
+	orphanCancelBound = procHeartbeat + 5*time.Second
+	procLeaseTTL      = 3 * time.Second
+	queuePrefix       = "queue:"
 )
 
 // answer is the simulated provider's answer: tokens chunks, interval apart.
@@ -163,16 +170,6 @@ func (s *system) open(ctx context.Context, base, text, user string, maxTokens in
 		cs.rep = loadtest.StreamCheck{Want: want}.Check(&chunkTap{r: resp.Body, n: &cs.chunks})
 	}()
 	return cs
-}
-
-// finished reports whether the stream had ended by t.
-func (cs *clientStream) finished(t time.Time) bool {
-	select {
-	case <-cs.done:
-		return !cs.ended.After(t)
-	default:
-		return false
-	}
 }
 
 // outcome names how a stream ended: "done", an error's problem slug,
