@@ -39,6 +39,32 @@ type peakUpstream struct {
 	served map[string]int
 }
 
+// doneWriter calls leave once, before the first write that carries the
+// stream's [DONE] (or when the handler returns without one).
+type doneWriter struct {
+	http.ResponseWriter
+	leave func()
+	left  bool
+}
+
+func (w *doneWriter) leaveOnce() {
+	if !w.left {
+		w.left = true
+		w.leave()
+	}
+}
+
+func (w *doneWriter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte("[DONE]")) {
+		w.leaveOnce()
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the connection (flushes and
+// write deadlines).
+func (w *doneWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 func (u *peakUpstream) servedCount(text string) int {
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -71,13 +97,19 @@ func startPeakUpstream(tb testing.TB, sc llm.SimConfig) *peakUpstream {
 				u.mu.Unlock()
 			}
 			n := u.now.Add(1)
-			defer u.now.Add(-1)
 			for {
 				top := u.top.Load()
 				if n <= top || u.top.CompareAndSwap(top, n) {
 					break
 				}
 			}
+			// The call leaves the count just before its [DONE] is
+			// written: from then on the api may end the call, release
+			// its slot and start another while this handler is still
+			// returning, and that is no excess.
+			dw := &doneWriter{ResponseWriter: w, leave: func() { u.now.Add(-1) }}
+			defer dw.leaveOnce()
+			w = dw
 		}
 		inner.ServeHTTP(w, r)
 	}))
