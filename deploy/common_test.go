@@ -155,14 +155,10 @@ func (r *describeRecorder) MustRegister(cs ...prometheus.Collector) {
 func (r *describeRecorder) Unregister(prometheus.Collector) bool { return false }
 
 // pendingMetrics are names in the design's metric list that
-// internal/metrics does not register yet: the adaptive-concurrency and
-// degradation work (spillway_pool_effective_limit,
-// spillway_degradation_level) and the several-upstreams work (the
-// spillway_upstream_* family). The dashboard already has their panels;
-// they stay empty until the metrics land.
+// internal/metrics does not register: the several-upstreams work (the
+// spillway_upstream_* family, registered by the balancer). The dashboard
+// already has their panels; they stay empty until the metrics land.
 var pendingMetrics = map[string]bool{
-	"spillway_pool_effective_limit":         true,
-	"spillway_degradation_level":            true,
 	"spillway_upstream_responses_total":     true,
 	"spillway_upstream_in_flight":           true,
 	"spillway_upstream_healthy":             true,

@@ -11,8 +11,11 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
@@ -34,6 +37,14 @@ type deps struct {
 	queue   *OpenedQueue
 	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
 	name    string              // this process in the consumer group
+	// recent is the cluster-wide last minute of provider calls and queue
+	// waits this process adds to (the degradation level's inputs).
+	recent *admission.Recent
+	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off.
+	adaptive *adaptive.Controller
+	// runs are the background loops every process runs for its whole
+	// life and stops after its last job or stream: recent's flush.
+	runs    []func(context.Context)
 	closers []func()
 }
 
@@ -87,6 +98,13 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	// it, each call that reached the upstream is counted once in
 	// spillway_upstream_responses_total.
 	provider = llm.CountResponses(provider, d.obs.m.UpstreamResponded)
+	// Every call's outcome feeds the cluster-wide error rate of the
+	// degradation level (docs/OPERATIONS.md, "Degradation levels").
+	if d.recent, err = admission.NewRecent(cfg.QueuePrefix, d.rdb, log.With("component", "degrade")); err != nil {
+		return nil, err
+	}
+	d.runs = append(d.runs, d.recent.Run)
+	provider = llm.Observe(provider, d.observeCall)
 	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
 		return nil, err
 	}
@@ -135,14 +153,28 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 
 // newPool builds the pool POOL_BACKEND names: a local one, or the Redis
 // pool shared by every api and consumer process, whose fallback state is
-// reported in spillway_pool_fallback.
+// reported in spillway_pool_fallback. With ADAPTIVE_CONCURRENCY it also
+// builds the controller that moves the pool's limit, kept in the pool's
+// own store: in process for a local pool, in Redis for the shared one
+// (docs/OPERATIONS.md, "Adaptive concurrency").
 func (d *deps) newPool(role string) (pool.Pool, error) {
 	cfg := d.cfg
+	log := d.log.With("component", "pool")
 	if cfg.PoolBackend != config.PoolBackendRedis {
-		return pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+		p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.AdaptiveConcurrency {
+			if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), adaptive.NewLocalStore(), log, p.SetLimit); err != nil {
+				return nil, err
+			}
+			d.runs = append(d.runs, d.adaptive.Run)
+		}
+		return p, nil
 	}
 	m := d.obs.m
-	p, err := redispool.New(RedisPoolConfig(cfg, InstanceName(role)), d.rdb, d.log.With("component", "pool"), func(on bool) {
+	p, err := redispool.New(RedisPoolConfig(cfg, InstanceName(role)), d.rdb, log, func(on bool) {
 		if on {
 			m.PoolFallback.Set(1)
 		} else {
@@ -154,7 +186,51 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 	}
 	// The pool's leases go before the client closes.
 	d.closers = append(d.closers, p.Close)
+	if cfg.AdaptiveConcurrency {
+		if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), p, log, nil); err != nil {
+			return nil, err
+		}
+		d.runs = append(d.runs, d.adaptive.Run)
+	}
 	return p, nil
+}
+
+// observeCall takes one provider call's outcome (llm.Observe): the
+// adaptive limit learns from every call, the error rate from those that
+// count.
+func (d *deps) observeCall(c llm.Call) {
+	if d.adaptive != nil {
+		d.adaptive.Observe(c)
+	}
+	if c.Counted() {
+		d.recent.ObserveCall(c.Failed())
+	}
+}
+
+// workerMetrics is what the workers count through: the metrics, with
+// each queue wait also added to the degradation level's inputs.
+func (d *deps) workerMetrics() worker.Metrics {
+	return waitMetrics{Metrics: d.obs.m, recent: d.recent}
+}
+
+// waitMetrics adds queue waits to recent as well as to the histogram.
+type waitMetrics struct {
+	*metrics.Metrics
+	recent *admission.Recent
+	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off.
+	adaptive *adaptive.Controller
+}
+
+// QueueWaited observes a queue wait.
+func (m waitMetrics) QueueWaited(dur time.Duration) {
+	m.Metrics.QueueWaited(dur)
+	m.recent.ObserveWait(dur)
+}
+
+// QueueWaitedTraced observes a queue wait with its trace as exemplar.
+func (m waitMetrics) QueueWaitedTraced(ctx context.Context, dur time.Duration) {
+	m.Metrics.QueueWaitedTraced(ctx, dur)
+	m.recent.ObserveWait(dur)
 }
 
 // provider is the provider behind its breaker.

@@ -44,6 +44,7 @@ type Metrics struct {
 	PoolSlotsInUse    prometheus.Gauge         // spillway_pool_slots_in_use
 	PoolSlotsCapacity prometheus.Gauge         // spillway_pool_slots_capacity
 	PoolFallback      prometheus.Gauge         // spillway_pool_fallback
+	PoolLimit         prometheus.Gauge         // spillway_pool_effective_limit
 	PoolRefusals      *prometheus.CounterVec   // spillway_pool_refusals_total{limit}
 	QueueDepth        prometheus.Gauge         // spillway_queue_depth
 	QueueThreshold    prometheus.Gauge         // spillway_queue_threshold
@@ -58,6 +59,7 @@ type Metrics struct {
 	MalformedMessages *prometheus.CounterVec   // spillway_malformed_messages_total{source}
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
+	DegradationLevel  prometheus.Gauge         // spillway_degradation_level
 }
 
 // latencyBuckets cover sub-millisecond overheads up to minute-long waits.
@@ -84,6 +86,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		PoolFallback: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spillway_pool_fallback", Help: "1 while the Redis pool has fallen back to a local limit.",
+		}),
+		PoolLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spillway_pool_effective_limit", Help: "Provider calls at once the pool allows now: CONNECTION_POOL_SIZE, lowered by adaptive concurrency (cluster-wide for the Redis pool).",
 		}),
 		PoolRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_pool_refusals_total", Help: "TryAcquire refusals by limit (global, user).",
@@ -128,11 +133,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
 		}),
+		DegradationLevel: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spillway_degradation_level", Help: "Degradation level: 0 normal, 1 elevated, 2 high, 3 critical.",
+		}),
 	}
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
-		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid)
+		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid,
+		m.PoolLimit, m.DegradationLevel)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)
@@ -140,7 +149,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.StreamsTotal.WithLabelValues(p, o)
 		}
 	}
-	for _, r := range []string{"overflow", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
+	for _, r := range []string{"overflow", "degraded", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
 		for _, p := range protocol.Priorities {
 			m.QueueRejections.WithLabelValues(r, string(p))
 		}
@@ -163,5 +172,5 @@ var DocumentedNames = []string{
 	"spillway_queue_depth", "spillway_queue_threshold", "spillway_queue_rejections_total",
 	"spillway_queue_wait_seconds", "spillway_worker_jobs_total", "spillway_worker_retries_total",
 	"spillway_dead_letter_depth", "spillway_circuit_state", "spillway_rate_limited_total",
-	"spillway_upstream_responses_total",
+	"spillway_upstream_responses_total", "spillway_pool_effective_limit", "spillway_degradation_level",
 }
