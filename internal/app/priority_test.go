@@ -1,8 +1,10 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"net/http"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -18,6 +20,9 @@ import (
 // completes.
 func TestQueueShedsLowPriorityFirst(t *testing.T) {
 	t.Parallel()
+	// Built before the backlog: on a loaded machine the build alone can
+	// outlast the queue timeout of the requests waiting for it.
+	binary(t, "consumer")
 	// Threshold 20: low refused from 10, normal from 16, high at 20.
 	c := newCluster(t, fastSim(), map[string]string{
 		"QUEUE_OVERFLOW_THRESHOLD": "20", "QUEUE_OVERFLOW_HYSTERESIS": "2", "QUEUE_DEPTH_CACHE_TTL_MS": "20",
@@ -83,4 +88,58 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 		defer resp.Body.Close()
 		return resp.StatusCode == http.StatusOK && loadtest.CheckStream(resp.Body, nil).Terminal == protocol.EventDone
 	}, "low priority accepted after the backlog drained")
+}
+
+// A backlog of mixed priorities, on real Redis, drained by one consumer
+// with one slot: the jobs start high first, then normal, then low, first
+// come first served within each, whatever order they were sent in.
+func TestQueueStartsHigherPriorityFirst(t *testing.T) {
+	t.Parallel()
+	binary(t, "consumer") // before the backlog, which waits for it
+	c := newCluster(t, fastSim(), map[string]string{"CONNECTION_POOL_SIZE": "1", "PRIORITY_MAX": "high"})
+	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	sent := []struct{ name, prio string }{
+		{"low-1", "low"}, {"normal-1", "normal"}, {"high-1", "high"},
+		{"low-2", "low"}, {"normal-2", "normal"}, {"high-2", "high"},
+	}
+	type answer struct {
+		name string
+		rep  loadtest.Report
+	}
+	start := time.Now()
+	answers := make(chan answer, len(sent))
+	for _, s := range sent {
+		resp := postStream(t, ctx, url, prompt(s.name), map[string]string{"X-Priority": s.prio})
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: HTTP %d", s.name, resp.StatusCode)
+		}
+		go func() {
+			defer resp.Body.Close()
+			answers <- answer{s.name, loadtest.StreamCheck{Want: c.want(s.name), Start: start}.Check(resp.Body)}
+		}()
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return c.depth() == int64(len(sent)) }, "the whole backlog queued")
+	c.consumer(map[string]string{"WORKER_CONCURRENCY": "1"})
+	var got []answer
+	for range sent {
+		select {
+		case a := <-answers:
+			if a.rep.Lost || a.rep.Terminal != protocol.EventDone {
+				t.Fatalf("%s: %+v", a.name, a.rep)
+			}
+			got = append(got, a)
+		case <-time.After(60 * time.Second):
+			t.Fatal("the backlog did not drain within 60 s")
+		}
+	}
+	slices.SortFunc(got, func(a, b answer) int { return cmp.Compare(a.rep.FirstChunk, b.rep.FirstChunk) })
+	var order []string
+	for _, a := range got {
+		order = append(order, a.name)
+	}
+	if want := []string{"high-1", "high-2", "normal-1", "normal-2", "low-1", "low-2"}; !slices.Equal(order, want) {
+		t.Fatalf("start order %v, want %v", order, want)
+	}
 }

@@ -85,6 +85,19 @@ func (c *cluster) backlog() int64 {
 	return n
 }
 
+// depth is the backlog over every priority's stream (one shard).
+func (c *cluster) depth() int64 {
+	var n int64
+	for _, p := range protocol.Priorities {
+		l, err := c.rdb.XLen(context.Background(), redisstream.PriorityStreamKey(c.prefix, p)).Result()
+		if err != nil && err != redis.Nil {
+			c.tb.Fatal(err)
+		}
+		n += l
+	}
+	return n
+}
+
 func (c *cluster) deadLetters() int64 {
 	n, err := c.rdb.XLen(context.Background(), redisstream.DeadLetterKey(c.prefix)).Result()
 	if err != nil && err != redis.Nil {

@@ -124,6 +124,7 @@ func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
 	return redisstream.Config{
 		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(), Shards: cfg.QueueShards,
 		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
+		PriorityAging: cfg.PriorityAging(),
 	}
 }
 
@@ -158,7 +159,8 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
 		QueueSystem: system, QueueName: name,
-		ReclaimIdle: cfg.QueueReclaimIdle(),
+		ReclaimIdle:   cfg.QueueReclaimIdle(),
+		PriorityAging: cfg.PriorityAging(),
 	}
 }
 

@@ -182,7 +182,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	}
 	// Subscribed and confirmed: nothing a worker publishes can be missed
 	// (docs/QUEUE.md, invariant 1).
-	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
+	if err := g.enqueue(ctx, job, body); err != nil {
 		sub.Close()
 		g.release(job)
 		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
@@ -190,6 +190,15 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	return startRelay(g, job, sub), nil
+}
+
+// enqueue puts the job in its priority's line when the queue keeps one
+// per priority (failover.PriorityProducer), else in the one line.
+func (g *Gateway) enqueue(ctx context.Context, job protocol.Job, body []byte) error {
+	if pp, ok := g.deps.Producer.(failover.PriorityProducer); ok {
+		return pp.EnqueuePriority(ctx, job.RequestID, job.Priority, body)
+	}
+	return g.deps.Producer.Enqueue(ctx, job.RequestID, body)
 }
 
 // reserve counts the job against the quota: a problem refuses it, an

@@ -69,7 +69,7 @@ func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error
 		}
 		for _, m := range msgs {
 			d := parseDeadLetter(m)
-			d.ID = q.deliveryID(i, m.ID)
+			d.ID = q.shardID(i, m.ID)
 			out = append(out, d)
 		}
 	}
