@@ -95,6 +95,7 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 	c := redispool.Config{
 		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
 		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
+		DownAfter: time.Duration(cfg.RedisDownAfterMS) * time.Millisecond,
 	}
 	if cfg.AdaptiveConcurrency {
 		c.AdaptiveLimit = PoolLimitName

@@ -115,6 +115,12 @@ func (c *Config) Validate() error {
 	}
 	v.atLeast("ADAPTIVE_FIRST_TOKEN_TARGET_MS", c.AdaptiveFirstTokenTargetMS, 0)
 	v.atLeast("ADAPTIVE_INTERVAL_MS", c.AdaptiveIntervalMS, minAdaptiveIntervalMS)
+	v.atLeast("REDIS_POOL_SIZE", c.RedisPoolSize, 0)
+	v.atLeast("REDIS_MIN_IDLE_CONNS", c.RedisMinIdleConns, 0)
+	v.atLeast("REDIS_DIAL_TIMEOUT_MS", c.RedisDialTimeoutMS, 10)
+	v.atLeast("REDIS_TIMEOUT_MS", c.RedisTimeoutMS, 10)
+	v.atLeast("REDIS_POOL_TIMEOUT_MS", c.RedisPoolTimeoutMS, 10)
+	v.atLeast("REDIS_DOWN_AFTER_MS", c.RedisDownAfterMS, 100)
 	if v.atLeast("QUEUE_SHARDS", c.QueueShards, 1) {
 		if c.QueueShards > maxQueueShards {
 			v.fail("QUEUE_SHARDS", "(%d) must be at most %d", c.QueueShards, maxQueueShards)
