@@ -23,10 +23,13 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 	// Built before the backlog: on a loaded machine the build alone can
 	// outlast the queue timeout of the requests waiting for it.
 	binary(t, "consumer")
-	// Threshold 20: low refused from 10, normal from 16, high at 20.
+	// Threshold 20: low refused from 6, normal from 16, high at 20. A
+	// backlog of 6 is 30 % of the threshold: degradation level 1, which
+	// refuses nothing (from 50 %, level 2 would refuse low on its own, and
+	// hold for 30 s after the backlog drained).
 	c := newCluster(t, fastSim(), map[string]string{
 		"QUEUE_OVERFLOW_THRESHOLD": "20", "QUEUE_OVERFLOW_HYSTERESIS": "2", "QUEUE_DEPTH_CACHE_TTL_MS": "20",
-		"QUEUE_RETRY_AFTER_SECONDS": "7",
+		"QUEUE_RETRY_AFTER_SECONDS": "7", "QUEUE_SHED_LOW_FRACTION": "0.3",
 	})
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false", "PRIORITY_MAX": "high"})
 	ctx, cancel := context.WithCancel(t.Context())
@@ -36,7 +39,7 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 		text string
 	}
 	var accepted []sent
-	for i := range 10 {
+	for i := range 6 {
 		text := "backlog " + strconv.Itoa(i)
 		resp := postStream(t, ctx, url, prompt(text), nil)
 		if resp.StatusCode != http.StatusOK {
@@ -46,13 +49,13 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 	}
 	// The gate reads a cached depth: wait until it has read the backlog.
 	testutil.Eventually(t, 5*time.Second, func() bool {
-		return scrape(t, url+"/metrics", "spillway_queue_depth") >= 10
-	}, "the gate reading a backlog of 10")
+		return scrape(t, url+"/metrics", "spillway_queue_depth") >= 6
+	}, "the gate reading a backlog of 6")
 
 	refused := postStream(t, ctx, url, prompt("low"), map[string]string{"X-Priority": "low"})
 	ra, _ := strconv.Atoi(refused.Header.Get("Retry-After"))
 	if refused.StatusCode != http.StatusServiceUnavailable {
-		t.Fatalf("low priority at a backlog of 10: HTTP %d, want 503", refused.StatusCode)
+		t.Fatalf("low priority at a backlog of 6: HTTP %d, want 503", refused.StatusCode)
 	}
 	if p := readProblem(t, refused); p.Slug() != protocol.ProblemQueueOverflow || ra < 1 || ra > 7 {
 		t.Fatalf("low priority refusal %+v Retry-After %d, want queue-overflow within [1, 7]", p, ra)
@@ -60,7 +63,7 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 	for _, prio := range []string{"normal", "high"} {
 		resp := postStream(t, ctx, url, prompt(prio), map[string]string{"X-Priority": prio})
 		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s priority at a backlog of 10: HTTP %d, want a queued stream", prio, resp.StatusCode)
+			t.Fatalf("%s priority at a backlog of 6: HTTP %d, want a queued stream", prio, resp.StatusCode)
 		}
 		accepted = append(accepted, sent{resp, prio})
 	}
