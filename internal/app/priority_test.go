@@ -123,7 +123,7 @@ func TestQueueStartsHigherPriorityFirst(t *testing.T) {
 			answers <- answer{s.name, loadtest.StreamCheck{Want: c.want(s.name), Start: start}.Check(resp.Body)}
 		}()
 	}
-	testutil.Eventually(t, 5*time.Second, func() bool { return c.depth() == int64(len(sent)) }, "the whole backlog queued")
+	testutil.Eventually(t, 5*time.Second, func() bool { return c.backlog() == int64(len(sent)) }, "the whole backlog queued")
 	c.consumer(map[string]string{"WORKER_CONCURRENCY": "1"})
 	var got []answer
 	for range sent {
