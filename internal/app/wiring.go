@@ -134,6 +134,7 @@ func KafkaConfig(cfg *config.Config, claims kafka.Claims) kafka.Config {
 	return kafka.Config{
 		Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
 		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims,
+		DeadLetterRetention: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
 	}
 }
 

@@ -83,11 +83,13 @@ type Config struct {
 	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
 	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
 	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
-	// DeadLetterMaxLen bounds the dead-letter stream (XADD MAXLEN ~). Default 10000.
+	// DeadLetterMaxLen bounds each dead-letter stream (XADD MAXLEN ~); Kafka has no count bound. Default 10000.
 	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN" envDefault:"10000"`
-	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record. Default 168.
+	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record, and the
+	// Kafka dead-letter topic's retention. Default 168.
 	DeadLetterTTLHours int `env:"DEAD_LETTER_TTL_HOURS" envDefault:"168"`
-	// DeadLetterKeepPayload stores the job's prompt in a dead letter; false keeps a digest and sizes only. Default false.
+	// DeadLetterKeepPayload stores the job's prompt in a dead letter (both queues); false keeps a
+	// digest and sizes only. Default false.
 	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD" envDefault:"false"`
 	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
 	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`

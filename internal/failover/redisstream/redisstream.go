@@ -386,16 +386,26 @@ func (q *Queue) shardID(i int, id string) string {
 	return strconv.Itoa(i) + ":" + id
 }
 
+// locateShard returns the shard an id of the form "[<shard>:]<rest>"
+// names (the shard with several shards) and the rest: a delivery's line
+// and entry id, or a dead letter's entry id.
+func (q *Queue) locateShard(id string) (*shard, string, error) {
+	if !q.multi {
+		return q.shards[0], id, nil
+	}
+	is, rest, ok := strings.Cut(id, ":")
+	i, err := strconv.Atoi(is)
+	if !ok || err != nil || i < 0 || i >= len(q.shards) || rest == "" {
+		return nil, "", fmt.Errorf("redisstream: id %q does not name one of %d shards", id, len(q.shards))
+	}
+	return q.shards[i], rest, nil
+}
+
 // locate returns the line and entry id a delivery id names.
 func (q *Queue) locate(deliveryID string) (*line, string, error) {
-	sh, rest := q.shards[0], deliveryID
-	if q.multi {
-		is, r, ok := strings.Cut(deliveryID, ":")
-		i, err := strconv.Atoi(is)
-		if !ok || err != nil || i < 0 || i >= len(q.shards) {
-			return nil, "", fmt.Errorf("redisstream: delivery id %q does not name one of %d shards", deliveryID, len(q.shards))
-		}
-		sh, rest = q.shards[i], r
+	sh, rest, err := q.locateShard(deliveryID)
+	if err != nil {
+		return nil, "", err
 	}
 	l := sh.lines[protocol.PriorityNormal.Rank()]
 	if p, id, ok := strings.Cut(rest, ":"); ok {
