@@ -20,11 +20,9 @@
 -- priority. The lines are merged by place, ties to the older entry, then
 -- to the higher priority.
 --
--- Returns {jobs, last}: jobs is a list of {rank (0 low, 1 normal, 2 high),
--- entry id, body ("take") or place in ms ("peek")}, in order. When no job
--- waits, last holds the id of each stream's newest entry ("0-0" when it
--- is empty), from which XREAD BLOCK waits for the next one; else it is
--- empty. A missing stream or group is an error starting NOGROUP, so the
+-- Returns the list of jobs, each {rank (0 low, 1 normal, 2 high), entry
+-- id, body ("take") or place in ms ("peek")}, in order; empty when none
+-- waits. A missing stream or group is an error starting NOGROUP, so the
 -- caller recreates them.
 local group, consumer = ARGV[1], ARGV[2]
 local want = tonumber(ARGV[3])
@@ -97,21 +95,12 @@ while #order < want do
   lines[best].taken = lines[best].taken + 1
 end
 
-if #order == 0 then
-  local last = {}
-  for rank = 0, 2 do
-    local newest = redis.call('XREVRANGE', lines[rank].key, '+', '-', 'COUNT', 1)
-    last[rank + 1] = (newest[1] and newest[1][1]) or '0-0'
-  end
-  return {{}, last}
-end
-
 local out = {}
 if not take then
   for i, o in ipairs(order) do
     out[i] = {o[1], o[2].id, o[2].place}
   end
-  return {out, {}}
+  return out
 end
 
 -- Deliver: the first `taken` jobs of a line are exactly what XREADGROUP
@@ -136,4 +125,4 @@ end
 for i, o in ipairs(order) do
   out[i] = {o[1], o[2].id, bodies[o[2].id] or ''}
 end
-return {out, {}}
+return out

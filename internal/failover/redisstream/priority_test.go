@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/failover"
@@ -185,6 +186,94 @@ func TestPriorityDeliveryIDs(t *testing.T) {
 			if err := q.Ack(ctx, failover.Delivery{ID: bad}); err == nil && (shards > 1 || bad != "9:1-0") {
 				t.Errorf("%d shards: ack of %q accepted", shards, bad)
 			}
+		}
+	}
+}
+
+// A blocking read that finds jobs already on two lines (they arrived after
+// next.lua looked) hands over the better placed one and holds the other
+// for the next Fetch, which returns it still claimed by this member.
+func TestBlockingReadHoldsWhatExceedsLimit(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := ctxT(t, 20*time.Second)
+	q := newQueue(t, c, redistest.Prefix(t), "a")
+	if err := q.ensureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnqueuePriority(ctx, "req-n", protocol.PriorityNormal, []byte("normal")); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.EnqueuePriority(ctx, "req-h", protocol.PriorityHigh, []byte("high")); err != nil {
+		t.Fatal(err)
+	}
+	ds, err := q.block(ctx, q.shards[0], 1, 10*time.Millisecond)
+	if err != nil || len(ds) != 1 || string(ds[0].Body) != "high" {
+		t.Fatalf("block = %+v, %v; want the high job alone", ds, err)
+	}
+	// The held job comes first, even with another job waiting.
+	if err := q.EnqueuePriority(ctx, "req-h2", protocol.PriorityHigh, []byte("high 2")); err != nil {
+		t.Fatal(err)
+	}
+	got := fetchAll(t, q, 1)
+	if string(got[0].Body) != "normal" || got[0].Attempt != 1 {
+		t.Fatalf("next Fetch = %+v, want the held normal job", got[0])
+	}
+	for _, d := range append(ds, append(got, fetchAll(t, q, 1)...)...) {
+		if err := q.Ack(ctx, d); err != nil {
+			t.Fatalf("ack %s: %v", d.ID, err)
+		}
+	}
+	if n, _ := q.Depth(ctx); n != 0 {
+		t.Errorf("depth %d after acking all three", n)
+	}
+}
+
+// An idle consumer blocked on the lines gets a job of any priority as it
+// arrives, without waiting for Block to pass: on redis-server, and on
+// miniredis for embedded mode.
+func TestBlockingReadWakesOnAnyLine(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	m := miniredis.RunT(t)
+	mc := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = mc.Close() })
+	for name, c := range map[string]redis.UniversalClient{"redis": srv.Client(t), "miniredis": mc} {
+		t.Run(name, func(t *testing.T) { testBlockingReadWakesOnAnyLine(t, c) })
+	}
+}
+
+func testBlockingReadWakesOnAnyLine(t *testing.T, c redis.UniversalClient) {
+	ctx := ctxT(t, 20*time.Second)
+	q, err := New(Config{Prefix: redistest.Prefix(t), Consumer: "a", Block: 10 * time.Second}, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.ensureGroup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []protocol.Priority{protocol.PriorityLow, protocol.PriorityHigh, protocol.PriorityNormal} {
+		got := make(chan []failover.Delivery, 1)
+		go func() {
+			ds, _ := q.Fetch(ctx, 5)
+			got <- ds
+		}()
+		// Enqueued while the Fetch is (most likely) blocked; either way it
+		// must come back with the job, well before Block.
+		if err := q.EnqueuePriority(ctx, "req-"+string(p), p, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case ds := <-got:
+			if len(ds) != 1 || string(ds[0].Body) != string(p) {
+				t.Fatalf("%s: Fetch = %+v", p, ds)
+			}
+			if err := q.Ack(ctx, ds[0]); err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: an idle Fetch did not take the new job within 5 s", p)
 		}
 	}
 }

@@ -275,6 +275,10 @@ type Queue struct {
 	mu          sync.Mutex
 	nextReclaim time.Time // when some Fetch runs XAUTOCLAIM next
 	nextRead    int       // shard a blocking read waits on next
+	// held are deliveries a read handed this member beyond what its Fetch
+	// could return (jobs that reached several lines at once as a blocking
+	// read began); the next Fetch returns them first.
+	held []failover.Delivery
 
 	reclaimMu    sync.Mutex // one XAUTOCLAIM round at a time
 	nextReclaimL int        // line scanned first by the next reclaim round, guarded by reclaimMu
@@ -600,6 +604,9 @@ func (q *Queue) Fetch(ctx context.Context, limit int) ([]failover.Delivery, erro
 		if err := q.ensureGroup(ctx); err != nil {
 			return nil, ctxErrOr(ctx, err)
 		}
+		if ds := q.takeHeld(ctx, limit); len(ds) > 0 {
+			return ds, nil
+		}
 		due, untilReclaim := q.reclaimTurn(time.Now())
 		if due {
 			ds, err := q.reclaim(ctx, limit)
@@ -725,16 +732,18 @@ func (q *Queue) reclaimLine(ctx context.Context, l *line, limit int) ([]failover
 }
 
 // read delivers up to limit waiting jobs in place order, or waits up to
-// block for one to arrive and returns none (Fetch then reads again).
+// block for one to arrive.
 // With one shard that is one next.lua call that takes them. With several,
 // each shard is first asked for its best limit (peek), the answers are
 // merged, and each shard with some of the best is asked to take that
-// many: two pipelined rounds, since no script spans Cluster slots. When nothing
-// waits the read blocks on one shard's streams (the next one each time)
-// for at most ShardBlock, like a single shard for Block.
+// many: two pipelined rounds, since no script spans Cluster slots. When
+// nothing waits the read blocks on one shard's lines (the next one each
+// time) for at most ShardBlock, like a single shard for Block, with
+// XREADGROUP: a blocked read is served by the one line that got a job, so
+// each new job wakes one consumer, not every idle one.
 func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]failover.Delivery, error) {
 	if len(q.shards) == 1 {
-		js, last, err := q.next(ctx, q.shards[0], limit, true)
+		js, err := q.next(ctx, q.shards[0], limit, true)
 		if err != nil || len(js) > 0 {
 			ds := make([]failover.Delivery, len(js))
 			for i, j := range js {
@@ -742,7 +751,7 @@ func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]fai
 			}
 			return ds, err
 		}
-		return nil, q.wait(ctx, q.shards[0], last, block)
+		return q.block(ctx, q.shards[0], limit, block)
 	}
 	type candidate struct {
 		shard int
@@ -750,7 +759,6 @@ func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]fai
 		ms    int64
 	}
 	var cands []candidate
-	lasts := make([][]string, len(q.shards))
 	ns := make([]int, len(q.shards))
 	for i := range ns {
 		ns[i] = limit
@@ -759,14 +767,12 @@ func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]fai
 		if r.err != nil {
 			return nil, r.err
 		}
-		lasts[i] = r.last
 		for _, j := range r.jobs {
 			cands = append(cands, candidate{shard: i, place: j.place, ms: entryMillis(j.id)})
 		}
 	}
 	if len(cands) == 0 {
-		i := q.readTurn()
-		return nil, q.wait(ctx, q.shards[i], lasts[i], min(block, q.cfg.ShardBlock))
+		return q.block(ctx, q.shards[q.readTurn()], limit, min(block, q.cfg.ShardBlock))
 	}
 	slices.SortStableFunc(cands, func(a, b candidate) int {
 		return cmp.Or(cmp.Compare(a.place, b.place), cmp.Compare(a.ms, b.ms), cmp.Compare(a.shard, b.shard))
@@ -825,18 +831,15 @@ type nextJob struct {
 }
 
 // next runs next.lua on shard sh for up to n jobs: taken for this
-// consumer when take is set, else only peeked. With none waiting it
-// returns the newest entry id of each of the shard's streams (low, normal,
-// high), for wait.
-func (q *Queue) next(ctx context.Context, sh *shard, n int, take bool) ([]nextJob, []string, error) {
+// consumer when take is set, else only peeked.
+func (q *Queue) next(ctx context.Context, sh *shard, n int, take bool) ([]nextJob, error) {
 	r := q.nextMany(ctx, []*shard{sh}, []int{n}, take)[0]
-	return r.jobs, r.last, r.err
+	return r.jobs, r.err
 }
 
 // nextResult is next.lua's answer for one shard.
 type nextResult struct {
 	jobs []nextJob
-	last []string
 	err  error
 }
 
@@ -881,16 +884,11 @@ func (q *Queue) nextMany(ctx context.Context, shards []*shard, ns []int, take bo
 
 // parseNext reads next.lua's answer for shard sh.
 func (q *Queue) parseNext(c *redis.Cmd, sh *shard, take bool, mode string) nextResult {
-	v, err := c.Slice()
+	items, err := c.Slice()
 	if err != nil {
 		return nextResult{err: fmt.Errorf("redisstream: next %s of %s: %w", mode, sh.lines[1].stream, err)}
 	}
-	bad := nextResult{err: fmt.Errorf("redisstream: next %s of %s: unexpected reply %v", mode, sh.lines[1].stream, v)}
-	if len(v) != 2 {
-		return bad
-	}
-	items, _ := v[0].([]any)
-	lastv, _ := v[1].([]any)
+	bad := nextResult{err: fmt.Errorf("redisstream: next %s of %s: unexpected reply %v", mode, sh.lines[1].stream, items)}
 	var r nextResult
 	for _, it := range items {
 		f, ok := it.([]any)
@@ -911,33 +909,72 @@ func (q *Queue) parseNext(c *redis.Cmd, sh *shard, take bool, mode string) nextR
 		}
 		r.jobs = append(r.jobs, j)
 	}
-	for _, x := range lastv {
-		id, ok := x.(string)
-		if !ok {
-			return bad
-		}
-		r.last = append(r.last, id)
-	}
-	if len(r.jobs) == 0 && len(r.last) != 3 {
-		return bad
-	}
 	return r
 }
 
-// wait blocks up to block until an entry newer than last (next.lua's
-// newest ids) is added to one of shard sh's streams. It delivers nothing:
-// XREAD without a group only watches, and Fetch reads again in order.
-func (q *Queue) wait(ctx context.Context, sh *shard, last []string, block time.Duration) error {
-	streams := make([]string, 0, 6)
-	for _, l := range sh.lines {
-		streams = append(streams, l.stream)
+// block waits up to block for a job on any line of shard sh and takes
+// it: XREADGROUP BLOCK over the shard's three lines, COUNT 1. A read that
+// blocked is served by the one line that got an entry: one job, to one
+// waiting consumer. A read that did not block (jobs arrived since next.lua
+// looked) gets the first new job of each line that has one; they are
+// ordered by place, and what exceeds limit is held for the next Fetch.
+func (q *Queue) block(ctx context.Context, sh *shard, limit int, block time.Duration) ([]failover.Delivery, error) {
+	streams := []string{sh.lines[0].stream, sh.lines[1].stream, sh.lines[2].stream, ">", ">", ">"}
+	res, err := q.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: q.cfg.Group, Consumer: q.cfg.Consumer, Streams: streams, Count: 1, Block: block,
+	}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, nil
 	}
-	streams = append(streams, last...)
-	err := q.client.XRead(ctx, &redis.XReadArgs{Streams: streams, Count: 1, Block: block}).Err()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return fmt.Errorf("redisstream: xread %s: %w", sh.lines[1].stream, err)
+	if err != nil {
+		return nil, fmt.Errorf("redisstream: xreadgroup %s %s: %w", sh.lines[1].stream, q.cfg.Group, err)
 	}
-	return nil
+	type got struct {
+		d     failover.Delivery
+		place int64
+	}
+	var gs []got
+	for _, s := range res {
+		for _, l := range sh.lines {
+			if l.stream != s.Stream {
+				continue
+			}
+			for _, m := range s.Messages {
+				place := entryMillis(m.ID) + int64(1-l.prio.Rank())*q.cfg.PriorityAging.Milliseconds()
+				gs = append(gs, got{failover.Delivery{ID: q.deliveryID(l, m.ID), Body: bodyOf(m), Attempt: 1}, place})
+			}
+		}
+	}
+	slices.SortStableFunc(gs, func(a, b got) int { return cmp.Compare(a.place, b.place) })
+	ds := make([]failover.Delivery, len(gs))
+	for i, g := range gs {
+		ds[i] = g.d
+	}
+	if len(ds) > limit {
+		q.mu.Lock()
+		q.held = append(q.held, ds[limit:]...)
+		q.mu.Unlock()
+		ds = ds[:limit]
+	}
+	return ds, nil
+}
+
+// takeHeld returns up to limit held deliveries, each touched first, so it
+// is still this member's and its idle time starts again; one another
+// member took over meanwhile is dropped.
+func (q *Queue) takeHeld(ctx context.Context, limit int) []failover.Delivery {
+	q.mu.Lock()
+	n := min(limit, len(q.held))
+	ds := slices.Clone(q.held[:n])
+	q.held = q.held[n:]
+	q.mu.Unlock()
+	out := ds[:0]
+	for _, d := range ds {
+		if err := q.Touch(ctx, d); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func bodyOf(m redis.XMessage) []byte {
