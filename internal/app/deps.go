@@ -24,15 +24,16 @@ import (
 const telemetryStopTimeout = 5 * time.Second
 
 // deps is what both processes build the same way, once: observability,
-// the Redis client, the provider behind its circuit breaker, the pool and
-// the queue. close releases them newest first, after every component
-// built on them stopped.
+// the Redis client, the provider behind its circuit breaker (one per
+// upstream with several), the pool and the queue. close releases them
+// newest first, after every component built on them stopped.
 type deps struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	obs     *observability
 	rdb     redis.UniversalClient
-	breaker *admission.Breaker // the provider every call goes through
+	llm     llm.Provider      // the provider every call goes through, behind its circuit(s)
+	circuit admission.Circuit // what the api's gate asks before admitting
 	pool    pool.Pool
 	queue   *OpenedQueue
 	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
@@ -81,31 +82,14 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
-	provider := opts.Provider
-	switch {
-	case provider != nil:
-	case usesBalancer(cfg):
-		if provider, err = d.newBalancer(role); err != nil {
-			return nil, err
-		}
-	default:
-		if provider, err = newProvider(cfg, d.tel); err != nil {
-			return nil, err
-		}
-	}
-	// Every call to the provider, direct or from a worker, goes through
-	// the breaker, so an open circuit fails fast on both paths; beneath
-	// it, each call that reached the upstream is counted once in
-	// spillway_upstream_responses_total.
-	provider = llm.CountResponses(provider, d.obs.m.UpstreamResponded)
 	// Every call's outcome feeds the cluster-wide error rate of the
-	// degradation level (docs/OPERATIONS.md, "Degradation levels").
+	// degradation level (docs/OPERATIONS.md, "Degradation levels") and,
+	// when on, the adaptive limit (newPool builds it).
 	if d.recent, err = admission.NewRecent(cfg.QueuePrefix, d.rdb, log.With("component", "degrade")); err != nil {
 		return nil, err
 	}
 	d.runs = append(d.runs, d.recent.Run)
-	provider = llm.Observe(provider, d.observeCall)
-	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
+	if err := d.newProvider(role, opts.Provider); err != nil {
 		return nil, err
 	}
 	if d.pool, err = d.newPool(role); err != nil {
@@ -231,8 +215,6 @@ func (d *deps) workerMetrics() worker.Metrics {
 type waitMetrics struct {
 	*metrics.Metrics
 	recent *admission.Recent
-	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off.
-	adaptive *adaptive.Controller
 }
 
 // QueueWaited observes a queue wait.
@@ -247,13 +229,60 @@ func (m waitMetrics) QueueWaitedTraced(ctx context.Context, dur time.Duration) {
 	m.recent.ObserveWait(dur)
 }
 
-// provider is the provider behind its breaker.
-func (d *deps) provider() llm.Provider { return d.breaker }
+// newProvider builds the provider every call goes through, direct or from
+// a worker, so an open circuit fails fast on both paths; beneath the
+// circuit, each call that reached the upstream is counted once in
+// spillway_upstream_responses_total, and observed (observeCall). A
+// single provider (injected, the
+// simulator, or one plain upstream) sits behind one breaker. Several
+// upstreams each sit behind their own, inside the Balancer
+// (docs/UPSTREAMS.md, "Health"): one failing replica opens only its
+// circuit and is routed around, and the gate refuses only while every
+// circuit is open.
+func (d *deps) newProvider(role string, injected llm.Provider) error {
+	cfg := d.cfg
+	if injected == nil && usesBalancer(cfg) {
+		b, circuits, err := d.newBalancer(role)
+		if err != nil {
+			return err
+		}
+		// The balancer's answer, after its retries on other upstreams, is
+		// what the pool's adaptive limit and the error rate learn from.
+		d.llm, d.circuit = llm.Observe(b, d.observeCall), circuits
+		return nil
+	}
+	p, label := injected, ""
+	if p == nil {
+		var err error
+		if p, err = newProvider(cfg, d.tel); err != nil {
+			return err
+		}
+		if cfg.LLMProvider == config.ProviderOpenAI && len(cfg.Upstreams) == 1 {
+			label = cfg.Upstreams[0].Name
+		}
+	}
+	if label == "" {
+		label = p.Name()
+	}
+	m := d.obs.m
+	m.UpstreamKnown(label)
+	counted := llm.CountResponses(p, func(code string) { m.UpstreamResponded(label, code) })
+	observed := llm.Observe(counted, d.observeCall)
+	br, err := admission.NewBreaker(BreakerConfig(cfg), observed, m, d.log)
+	if err != nil {
+		return err
+	}
+	d.llm, d.circuit = br, br
+	return nil
+}
+
+// provider is the provider behind its circuit(s).
+func (d *deps) provider() llm.Provider { return d.llm }
 
 // workerProvider is the provider as queue workers call it: behind the same
-// breaker, but waiting for an upstream slot where the api's direct path
+// circuits, but waiting for an upstream slot where the api's direct path
 // would hand its request to the queue.
-func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.breaker} }
+func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.llm} }
 
 // close releases what newDeps built, newest first: the queue, the pool
 // and the clients, then the tracer provider last.

@@ -10,7 +10,7 @@ import (
 
 // CountResponses wraps p so that count is called once per call that got a
 // response from the upstream, with ResponseCode's label: the value of
-// spillway_upstream_responses_total{code} (docs/TIMEOUTS.md). A call that
+// spillway_upstream_responses_total{upstream,code} (docs/TIMEOUTS.md). A call that
 // got no response (refused connection, timeout before the headers, the
 // caller's cancellation before any) is not counted. It is the one place
 // that counts, so that the direct path and the workers agree; put it
@@ -55,9 +55,14 @@ func (c Call) Throttled() bool {
 }
 
 // Counted reports whether the call counts in an error rate: it was not
-// cancelled by its caller, and a provider was asked (not ErrNoCapacity).
+// cancelled by its caller, and a provider was asked: not ErrNoCapacity,
+// nor a refusal by an open circuit (an error with CircuitOpen() true,
+// which the several-upstreams balancer returns when every circuit is
+// open).
 func (c Call) Counted() bool {
-	return !errors.Is(c.Err, context.Canceled) && !errors.Is(c.Err, ErrNoCapacity)
+	var co interface{ CircuitOpen() bool }
+	return !errors.Is(c.Err, context.Canceled) && !errors.Is(c.Err, ErrNoCapacity) &&
+		!(errors.As(c.Err, &co) && co.CircuitOpen())
 }
 
 // Failed reports whether a counted call failed for a reason the provider

@@ -94,10 +94,11 @@ func TestObserveReportsEachCall(t *testing.T) {
 		fmt.Errorf("no upstream: %w", llm.ErrNoCapacity),
 		context.Canceled,
 		&llm.Error{Retryable: true, Err: llm.ErrFirstTokenTimeout},
+		fmt.Errorf("every upstream: %w", circuitOpen{}),
 	}}
 	calls = nil
 	p = llm.Observe(inner, observe)
-	for range 8 {
+	for range 9 {
 		_, _ = p.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil })
 	}
 	type class struct{ throttled, counted, failed bool }
@@ -108,7 +109,8 @@ func TestObserveReportsEachCall(t *testing.T) {
 		{false, true, false}, // 400: the request's fault
 		{false, false, false},
 		{false, false, false},
-		{false, true, true}, // first-token timeout
+		{false, true, true},   // first-token timeout
+		{false, false, false}, // refused by open circuits: no call made
 		{false, true, false},
 	}
 	if len(calls) != len(want) {
@@ -120,3 +122,9 @@ func TestObserveReportsEachCall(t *testing.T) {
 		}
 	}
 }
+
+// circuitOpen is a refusal by an open circuit, as the balancer returns.
+type circuitOpen struct{}
+
+func (circuitOpen) Error() string     { return "circuit open" }
+func (circuitOpen) CircuitOpen() bool { return true }

@@ -8,7 +8,7 @@
 # per scenario, the raw load tool results and process logs beneath, and
 # summary.json / summary.txt with the goals of issue "make bench" checked.
 #
-#   scripts/bench/run.sh                  # every scenario, ~7-8 minutes
+#   scripts/bench/run.sh                  # every scenario, ~15 minutes
 #   SCENARIOS="direct flood" scripts/bench/run.sh
 #   BENCH_PROFILE=1 scripts/bench/run.sh  # also save pprof CPU/heap profiles
 #
@@ -18,7 +18,7 @@ source "$(dirname "$0")/lib.sh"
 export RESULTS BIN BENCH_PROFILE
 require_tools go jq curl redis-server redis-cli ss timeout
 
-SCENARIOS=${SCENARIOS:-direct queued waiting flood noisy}
+SCENARIOS=${SCENARIOS:-direct queued waiting flood noisy upstreams scale}
 
 log "building into $BIN"
 (cd "$ROOT" && go build -o "$BIN/" ./cmd/...)
@@ -39,7 +39,7 @@ done
 
 # Summary: the issue's goals, each met or missed and by how much.
 files=()
-for s in direct queued waiting flood noisy; do [[ -f $RESULTS/$s.json ]] && files+=("$RESULTS/$s.json"); done
+for s in direct queued waiting flood noisy upstreams scale; do [[ -f $RESULTS/$s.json ]] && files+=("$RESULTS/$s.json"); done
 jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 	(map({key: .scenario, value: .}) | from_entries) as $s
 	| def goal(name; value; limit; unit):
@@ -70,10 +70,11 @@ jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 			goal("noisy neighbour: others first chunk p99 under a 10x flood minus alone"; ($s.noisy.others_under_flood.first_chunk_p99_ms - $s.noisy.others_baseline.first_chunk_p99_ms); 100; "ms")
 		 else empty end),
 		(if $s.waiting then goal("RSS per waiting stream at \($s.waiting.settings.streams)"; $s.waiting.kib_per_stream; 64; "KiB") else empty end),
+		(if $s.upstreams then goal("several upstreams: calls over a replica cap, any run"; $s.upstreams.outcome.caps_exceeded; 0; "replicas") else empty end),
 		goal("lost streams, every scenario";
 			([$s.direct.c1.lost, $s.direct.c200.lost, $s.direct.c1_local_pool.lost, $s.direct.c200_local_pool.lost, $s.queued.c1.lost, $s.queued.c200.lost, $s.queued.c1_b1.lost,
 			  $s.queued.c200_b1.lost, ($s.queued.throughput // {} | [.[].lost] | add),
-			  $s.waiting.outcome.lost, $s.flood.outcome.lost, $s.noisy.outcome.lost] | map(select(. != null)) | add); 0; "streams")
+			  $s.waiting.outcome.lost, $s.flood.outcome.lost, $s.noisy.outcome.lost, $s.upstreams.outcome.lost, $s.scale.outcome.lost] | map(select(. != null)) | add); 0; "streams")
 	 ],
 	 scenarios: $s}' "${files[@]}" >"$RESULTS/summary.json"
 
