@@ -80,9 +80,15 @@ func (c Call) Failed() bool {
 // Observe wraps p so that observe is called once per call, after it ends,
 // with its outcome and first-chunk latency: the input of adaptive
 // concurrency and of the degradation level's error rate. observe runs on
-// the caller's goroutine and must not block.
+// the caller's goroutine and must not block. When p is a Reserver the
+// wrapper is one too, and a call made through a Reservation is observed
+// like any other.
 func Observe(p Provider, observe func(Call)) Provider {
-	return &observed{p: p, observe: observe}
+	o := &observed{p: p, observe: observe}
+	if r, ok := p.(Reserver); ok {
+		return &observedReserver{observed: o, r: r}
+	}
+	return o
 }
 
 type observed struct {
@@ -93,9 +99,15 @@ type observed struct {
 func (o *observed) Name() string { return o.p.Name() }
 
 func (o *observed) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+	return o.call(ctx, req, emit, o.p.Stream)
+}
+
+// call makes one call through stream and observes it.
+func (o *observed) call(ctx context.Context, req protocol.ChatRequest, emit func(string) error,
+	stream func(context.Context, protocol.ChatRequest, func(string) error) (Result, error)) (Result, error) {
 	start := time.Now()
 	var c Call
-	res, err := o.p.Stream(ctx, req, func(content string) error {
+	res, err := stream(ctx, req, func(content string) error {
 		if !c.Chunks {
 			c.Chunks, c.FirstChunk = true, time.Since(start)
 		}
@@ -105,3 +117,30 @@ func (o *observed) Stream(ctx context.Context, req protocol.ChatRequest, emit fu
 	o.observe(c)
 	return res, err
 }
+
+// observedReserver is Observe's wrapper of a Reserver.
+type observedReserver struct {
+	*observed
+	r Reserver
+}
+
+// Reserve reserves on the wrapped Reserver; the reservation's call is
+// observed. A reservation refused for lack of capacity is no call.
+func (o *observedReserver) Reserve(ctx context.Context, req protocol.ChatRequest) (Reservation, error) {
+	res, err := o.r.Reserve(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &observedReservation{o: o.observed, res: res}, nil
+}
+
+type observedReservation struct {
+	o   *observed
+	res Reservation
+}
+
+func (r *observedReservation) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+	return r.o.call(ctx, req, emit, r.res.Stream)
+}
+
+func (r *observedReservation) Release() { r.res.Release() }

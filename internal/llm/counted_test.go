@@ -128,3 +128,40 @@ type circuitOpen struct{}
 
 func (circuitOpen) Error() string     { return "circuit open" }
 func (circuitOpen) CircuitOpen() bool { return true }
+
+// reserving is a Reserver whose reservations answer with two chunks.
+type reserving struct{ chunky }
+
+func (r reserving) Reserve(context.Context, protocol.ChatRequest) (llm.Reservation, error) {
+	return reservation{r.chunky}, nil
+}
+
+type reservation struct{ chunky }
+
+func (reservation) Release() {}
+
+// A Reserver stays one through Observe, and a call through its
+// reservation is observed.
+func TestObserveKeepsReserver(t *testing.T) {
+	t.Parallel()
+	var calls []llm.Call
+	p := llm.Observe(reserving{chunky{pause: time.Millisecond}}, func(c llm.Call) { calls = append(calls, c) })
+	rp, ok := p.(llm.Reserver)
+	if !ok {
+		t.Fatal("Observe hid the Reserver")
+	}
+	res, err := rp.Reserve(context.Background(), protocol.ChatRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	res.Release()
+	if len(calls) != 1 || !calls[0].Chunks {
+		t.Fatalf("calls %+v, want the reservation's call observed", calls)
+	}
+	if _, ok := llm.Observe(chunky{}, func(llm.Call) {}).(llm.Reserver); ok {
+		t.Error("a plain provider became a Reserver")
+	}
+}
