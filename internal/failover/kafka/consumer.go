@@ -793,7 +793,7 @@ func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason s
 	c.mu.Unlock()
 	wctx, cancel := context.WithTimeout(ctx, c.q.cfg.WriteTimeout)
 	defer cancel()
-	err = c.q.writer.WriteMessages(wctx, c.q.deadLetterMessage(e.requestID, e.body, truncateUTF8(reason, maxReasonBytes), attempt, e.part.id, e.offset))
+	err = c.q.writer.WriteMessages(wctx, c.q.deadLetterMessage(e.requestID, e.body, reason, attempt, e.part.id, e.offset))
 	if err != nil {
 		c.mu.Lock()
 		if e.state == stateInflight {

@@ -60,7 +60,7 @@ func (q *Queue) deadLetterMessage(requestID string, body []byte, reason string, 
 		Key:   []byte(requestID),
 		Value: value,
 		Headers: []kafkago.Header{
-			{Key: "reason", Value: []byte(reason)},
+			{Key: "reason", Value: []byte(truncateUTF8(reason, maxReasonBytes))},
 			{Key: "attempt", Value: []byte(strconv.Itoa(attempt))},
 			{Key: "source_topic", Value: []byte(q.cfg.Topic)},
 			{Key: "source_partition", Value: []byte(strconv.Itoa(partition))},

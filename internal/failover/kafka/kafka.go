@@ -66,9 +66,9 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultClaimTTL          = 15 * time.Second
 	DefaultTimeout           = 5 * time.Second
+	DefaultMaxMessageBytes   = 1 << 20
 	// DefaultDeadLetterRetention is DEAD_LETTER_TTL_HOURS' default.
 	DefaultDeadLetterRetention = 168 * time.Hour
-	DefaultMaxMessageBytes     = 1 << 20
 )
 
 // Bounds of Config.MaxMessageBytes, and the room a record and its batch
@@ -138,6 +138,13 @@ type Config struct {
 	// Timeout bounds each metadata, offset, commit and topic-admin request
 	// and each dial. Default 5s.
 	Timeout time.Duration
+	// MaxMessageBytes is the largest job (a record's value) Enqueue takes;
+	// the api derives it from MAX_BODY_BYTES. The producer's batches and
+	// both topics' max.message.bytes (TopicMaxMessageBytes) are sized to
+	// carry such a job with its key and headers, and EnsureTopics raises
+	// the setting of topics that have less. A larger job is refused with
+	// failover.ErrJobTooLarge. Default 1 MiB; 1 KiB to 64 MiB.
+	MaxMessageBytes int
 	// DeadLetterRetention is the dead-letter topic's retention.ms
 	// (DEAD_LETTER_TTL_HOURS): EnsureTopics sets it on the topic, so a
 	// dead letter is deleted by the brokers once it is that old. Whole
@@ -148,13 +155,6 @@ type Config struct {
 	// body's SHA-1 and size in headers, so prompts do not pile up in the
 	// topic.
 	KeepPayload bool
-	// MaxMessageBytes is the largest job (a record's value) Enqueue takes;
-	// the api derives it from MAX_BODY_BYTES. The producer's batches and
-	// both topics' max.message.bytes (TopicMaxMessageBytes) are sized to
-	// carry such a job with its key and headers, and EnsureTopics raises
-	// the setting of topics that have less. A larger job is refused with
-	// failover.ErrJobTooLarge. Default 1 MiB; 1 KiB to 64 MiB.
-	MaxMessageBytes int
 	// Tracing writes the trace context of Enqueue's ctx into the record's
 	// traceparent, tracestate and baggage headers (docs/TRACING.md); nil
 	// writes none.
@@ -281,11 +281,11 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
-	if cfg.DeadLetterRetention == 0 {
-		cfg.DeadLetterRetention = DefaultDeadLetterRetention
-	}
 	if cfg.MaxMessageBytes == 0 {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if cfg.DeadLetterRetention == 0 {
+		cfg.DeadLetterRetention = DefaultDeadLetterRetention
 	}
 	return cfg
 }
@@ -433,13 +433,13 @@ func (q *Queue) isClosed() bool {
 // EnsureTopics creates the job topic and the dead-letter topic with
 // Config.Partitions, Config.ReplicationFactor and TopicMaxMessageBytes
 // unless they exist. Of topics that exist, a smaller partition count than
-// configured is logged, a max.message.bytes below TopicMaxMessageBytes
-// is raised to it (when that fails, for lack of permission to alter
-// topics, the error is returned and the Queue lowers MaxJobBytes to what
-// the smaller topic carries, so a larger job is refused at once as too
-// large instead of failing at the broker), and the dead-letter topic's
-// retention.ms is set to Config.DeadLetterRetention when it differs. Safe
-// to call from every process at start.
+// configured is logged; a max.message.bytes below TopicMaxMessageBytes is
+// raised to it, and when that fails (no permission to alter topics) the
+// error is returned and the Queue lowers MaxJobBytes to what the smaller
+// topic carries, so a larger job is refused at once as too large instead
+// of failing at the broker; and the dead-letter topic's retention.ms is
+// set to Config.DeadLetterRetention when it differs. Safe to call from
+// every process at start.
 func (q *Queue) EnsureTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	defer cancel()
@@ -476,8 +476,7 @@ func (q *Queue) EnsureTopics(ctx context.Context) error {
 		q.log.Warn("kafka topic has fewer partitions than configured; add partitions to scale out consumers",
 			"topic", q.cfg.Topic, "partitions", len(parts), "configured", q.cfg.Partitions)
 	}
-	merr := q.ensureMessageBytes(ctx, topics)
-	return errors.Join(merr, q.ensureDeadLetterRetention(ctx))
+	return errors.Join(q.ensureMessageBytes(ctx, topics), q.ensureDeadLetterRetention(ctx))
 }
 
 // ensureMessageBytes reads each topic's max.message.bytes and raises any
