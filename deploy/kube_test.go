@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/config"
 	kafkaqueue "github.com/spillway-dev/spillway/internal/failover/kafka"
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // kobj is one decoded manifest object.
@@ -666,6 +668,17 @@ func checkScaledObject(e *errs, label string, so *scaledObject, deps map[string]
 		e.add("%s: maxReplicaCount %d exceeds CONNECTION_POOL_SIZE/WORKER_CONCURRENCY (%d/%d): the extra consumers would only wait for pool slots",
 			w, max, cfg.ConnectionPoolSize, cfg.WorkerConcurrency)
 	}
+	streamTriggers := map[string]bool{}
+	defer func() {
+		if len(streamTriggers) == 0 {
+			return
+		}
+		for _, p := range protocol.Priorities {
+			if l := redisstream.PriorityStreamKey(cfg.QueuePrefix, p); !streamTriggers[l] {
+				e.add("%s: no redis-streams trigger on %s, the %s line: its busy slots would not count", w, l, p)
+			}
+		}
+	}()
 	for i, tr := range so.Spec.Triggers {
 		tw := fmt.Sprintf("%s: trigger %d (%s)", w, i, tr.Type)
 		spec, ok := triggerMetadata[tr.Type]
@@ -712,9 +725,16 @@ func checkScaledObject(e *errs, label string, so *scaledObject, deps map[string]
 			if cfg.QueueType != config.QueueTypeRedis {
 				e.add("%s: the consumer's QUEUE_TYPE is %s", tw, cfg.QueueType)
 			}
-			if want := redisstream.StreamKey(cfg.QueuePrefix); tr.Metadata["stream"] != want {
-				e.add("%s: stream %q, the consumer reads %q", tw, tr.Metadata["stream"], want)
+			// One trigger per priority's line (docs/QUEUE.md, "Priority
+			// order"): pending entries of every line are busy slots.
+			var lines []string
+			for _, p := range protocol.Priorities {
+				lines = append(lines, redisstream.PriorityStreamKey(cfg.QueuePrefix, p))
 			}
+			if !slices.Contains(lines, tr.Metadata["stream"]) {
+				e.add("%s: stream %q, the consumer reads %q", tw, tr.Metadata["stream"], lines)
+			}
+			streamTriggers[tr.Metadata["stream"]] = true
 			if tr.Metadata["consumerGroup"] != redisstream.DefaultGroup {
 				e.add("%s: consumerGroup %q, the consumer's group is %q", tw, tr.Metadata["consumerGroup"], redisstream.DefaultGroup)
 			}

@@ -279,6 +279,18 @@ var alertCases = map[string]alertCase{
 		quietAt: "3m", evalAt: "5m",
 		want: []map[string]string{{"job": "api", "reason": "connection_lost"}},
 	},
+	"SpillwayDegradationCritical": {
+		series: map[string]string{
+			// Level 3 for good, after a spell at 2.
+			`spillway_degradation_level{job="api",instance="a"}`: "0 2 2 3x12",
+			// Another api at 3 only for a minute at a time.
+			`spillway_degradation_level{job="api2",instance="b"}`: "3 0 3 0 3 0 3 0 3 0 3 0 3 0",
+			// Level 2 for long is not critical.
+			`spillway_degradation_level{job="api3",instance="c"}`: "2x14",
+		},
+		quietAt: "4m", evalAt: "10m",
+		want: []map[string]string{{"job": "api"}},
+	},
 	"SpillwayMalformedMessages": {
 		series: map[string]string{
 			`spillway_malformed_messages_total{job="consumer",instance="c",source="queue"}`:     "0 0 3 3 3 3",

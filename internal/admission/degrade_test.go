@@ -2,10 +2,16 @@ package admission
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 type fakeSignals struct {
@@ -55,53 +61,194 @@ func TestLevelOf(t *testing.T) {
 	}
 }
 
+// runDegrader runs d on the fake clock of the synctest bubble and returns
+// a function that waits n seconds and reports the gauge.
+func runDegrader(t *testing.T, d *Degrader) func(n int) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	go d.Run(ctx)
+	return func(n int) int {
+		time.Sleep(time.Duration(n)*time.Second + time.Millisecond)
+		synctest.Wait()
+		return int(promtest.ToFloat64(d.gauge))
+	}
+}
+
+func checkLevel(t *testing.T, step string, got, want int) {
+	t.Helper()
+	if got != want {
+		t.Fatalf("%s: level %d, want %d", step, got, want)
+	}
+}
+
 // Each level is entered at once and left only after DegradeHold below it,
-// on the fake clock of testing/synctest.
+// on the fake clock of testing/synctest; the gauge follows.
 func TestDegraderHysteresis(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		in := &fakeSignals{}
-		d := NewDegrader(in)
-		var mu sync.Mutex
-		var gauge int
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go d.Run(ctx, func(l int) { mu.Lock(); gauge = l; mu.Unlock() })
-		// after waits n seconds of fake time and returns the gauge.
-		after := func(n int) int {
-			time.Sleep(time.Duration(n)*time.Second + time.Millisecond)
-			synctest.Wait()
-			mu.Lock()
-			defer mu.Unlock()
-			return gauge
+		d, err := NewDegrader(DegradeConfig{}, in, newMetrics(t), testutil.DiscardLogger())
+		if err != nil {
+			t.Fatal(err)
 		}
-		check := func(step string, got, want int) {
-			t.Helper()
-			if got != want {
-				t.Fatalf("%s: level %d, want %d", step, got, want)
-			}
-		}
-		check("idle", after(1), 0)
+		after := runDegrader(t, d)
+		checkLevel(t, "idle", after(1), 0)
 		for lvl, backlog := range []float64{0.1, 0.5, 0.8} {
 			in.set(DegradeSignals{BacklogFraction: backlog})
-			check("entering", after(1), lvl+1)
+			checkLevel(t, "entering", after(1), lvl+1)
 		}
 		// Below level 3 (at level 1's signals): held at 3 for 30 s.
 		in.set(DegradeSignals{ErrorRate: 0.06})
-		check("just below 3", after(1), 3)
-		check("below 3 for 28 s", after(27), 3)
+		checkLevel(t, "just below 3", after(1), 3)
+		checkLevel(t, "below 3 for 28 s", after(27), 3)
 		// A spike back to 3 restarts the hold.
 		in.set(DegradeSignals{QueueWaitP99: 30 * time.Second})
-		check("spike", after(1), 3)
+		checkLevel(t, "spike", after(1), 3)
 		in.set(DegradeSignals{ErrorRate: 0.06})
-		check("below again 29 s", after(29), 3)
-		check("below 3 for the hold", after(2), 1)
+		checkLevel(t, "below again 29 s", after(29), 3)
+		checkLevel(t, "below 3 for the hold", after(2), 1)
 		// Back to normal: level 1 is held too, then left.
 		in.set(DegradeSignals{})
-		check("below 1 for 10 s", after(10), 1)
-		check("below 1 for the hold", after(21), 0)
+		checkLevel(t, "below 1 for 10 s", after(10), 1)
+		checkLevel(t, "below 1 for the hold", after(21), 0)
 		if d.Level() != 0 {
 			t.Errorf("Level() = %d, want 0", d.Level())
 		}
 	})
+}
+
+// Falling from 3 passes through 2 when the signals were at 2 more
+// recently than at 3: each level keeps its own hold.
+func TestDegraderLeavesOneLevelAtATime(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		in := &fakeSignals{}
+		d, err := NewDegrader(DegradeConfig{Hold: 30 * time.Second}, in, newMetrics(t), testutil.DiscardLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := runDegrader(t, d)
+		in.set(DegradeSignals{HeapFraction: 0.95})
+		checkLevel(t, "critical", after(1), 3)
+		in.set(DegradeSignals{HeapFraction: 0.85})
+		checkLevel(t, "at 2's signals for 20 s", after(20), 3)
+		in.set(DegradeSignals{})
+		checkLevel(t, "below everything, 3 not yet held out", after(9), 3)
+		checkLevel(t, "3 held out, 2 seen 11 s ago", after(2), 2)
+		checkLevel(t, "2 seen 29 s ago", after(18), 2)
+		checkLevel(t, "2 held out, 1 too (seen with 2)", after(2), 0)
+	})
+}
+
+// The effects of each level: what Check refuses and what MaxTokens caps,
+// and the refusals counted by priority.
+func TestDegraderEffects(t *testing.T) {
+	t.Parallel()
+	in := &fakeSignals{}
+	m := newMetrics(t)
+	d, err := NewDegrader(DegradeConfig{MaxTokens: 256, RetryAfterMax: 20 * time.Second}, in, m, testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	type effect struct {
+		refused bool
+		cap     int
+	}
+	levels := []struct {
+		signals DegradeSignals
+		want    map[protocol.Priority]effect
+	}{
+		{DegradeSignals{}, map[protocol.Priority]effect{"low": {}, "normal": {}, "high": {}, "": {}}},
+		{DegradeSignals{ErrorRate: 0.1}, map[protocol.Priority]effect{"low": {}, "normal": {}, "high": {}}},
+		{DegradeSignals{ErrorRate: 0.3}, map[protocol.Priority]effect{"low": {refused: true}, "normal": {cap: 256}, "high": {}, "": {cap: 256}}},
+		// Normal is refused at 3; its cap would apply, were it not.
+		{DegradeSignals{ErrorRate: 0.6}, map[protocol.Priority]effect{"low": {refused: true}, "normal": {refused: true, cap: 256}, "high": {}, "": {refused: true, cap: 256}}},
+	}
+	now := time.Now()
+	for lvl, l := range levels {
+		in.set(l.signals)
+		if got := d.Step(now); got != lvl {
+			t.Fatalf("level %d signals gave level %d", lvl, got)
+		}
+		for prio, want := range l.want {
+			p := d.Check(prio)
+			if (p != nil) != want.refused {
+				t.Errorf("level %d, priority %q: refusal %+v, want refused %v", lvl, prio, p, want.refused)
+			}
+			if p != nil && (p.Status != http.StatusServiceUnavailable || p.Slug() != protocol.ProblemQueueOverflow || p.RetryAfterSeconds != 20) {
+				t.Errorf("level %d, priority %q: refusal %+v, want 503 queue-overflow advising 20 s", lvl, prio, p)
+			}
+			if got := d.MaxTokens(prio); got != want.cap {
+				t.Errorf("level %d, priority %q: max tokens cap %d, want %d", lvl, prio, got, want.cap)
+			}
+		}
+	}
+	// Refused at level 2: low; at level 3: low, normal and the empty
+	// priority (normal).
+	for prio, want := range map[string]float64{"low": 2, "normal": 2, "high": 0} {
+		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues(ReasonDegraded, prio)); got != want {
+			t.Errorf("degraded rejections of %s: %v, want %v", prio, got, want)
+		}
+	}
+}
+
+// The gate applies the degrader after its other checks.
+func TestGateDegrades(t *testing.T) {
+	t.Parallel()
+	in := &fakeSignals{}
+	d, err := NewDegrader(DegradeConfig{}, in, newMetrics(t), testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := NewServiceTime(time.Second, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := NewGate(GateDeps{Degrader: d, Service: svc, Pool: capacity(4)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.set(DegradeSignals{BacklogFraction: 0.6})
+	d.Step(time.Now())
+	if p := g.Admit(t.Context(), "u", protocol.PriorityLow); p == nil || p.Slug() != protocol.ProblemQueueOverflow {
+		t.Errorf("low at level 2 admitted: %+v", p)
+	}
+	if p := g.Admit(t.Context(), "u", protocol.PriorityNormal); p != nil {
+		t.Errorf("normal at level 2 refused: %+v", p)
+	}
+	if got := g.MaxTokens(protocol.PriorityNormal); got != DefaultDegradeMaxTokens {
+		t.Errorf("normal cap at level 2: %d, want %d", got, DefaultDegradeMaxTokens)
+	}
+}
+
+func TestDegradeConfigValidate(t *testing.T) {
+	t.Parallel()
+	for _, c := range []DegradeConfig{{MaxTokens: -1}, {Hold: -time.Second}, {RetryAfterMax: time.Millisecond}} {
+		if err := c.Validate(); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	if _, err := NewDegrader(DegradeConfig{}, nil, nil, nil); err == nil {
+		t.Error("a degrader without inputs was built")
+	}
+}
+
+// Sources reads the overflow gate's backlog and Recent's figures.
+func TestSourcesSignals(t *testing.T) {
+	t.Parallel()
+	depth := &fakeDepth{}
+	depth.set(250, nil)
+	o, err := NewOverflow(OverflowConfig{Threshold: 1000}, DepthFunc(depth.read), newMetrics(t), testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.refresh(t.Context(), time.Now())
+	s := Sources{Overflow: o, Heap: func() float64 { return 0.85 }}.Signals()
+	if s.BacklogFraction != 0.25 || s.HeapFraction != 0.85 || s.QueueWaitP99 != 0 || s.ErrorRate != 0 {
+		t.Errorf("signals %+v, want backlog 0.25 and heap 0.85", s)
+	}
+	if levelOf(s) != 2 {
+		t.Errorf("level of %+v: %d, want 2", s, levelOf(s))
+	}
 }

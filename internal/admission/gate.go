@@ -18,6 +18,8 @@ type GateDeps struct {
 	Breaker Circuit
 	// Overflow is the queue's overflow gate; nil when there is no queue.
 	Overflow *Overflow
+	// Degrader is the degradation level; nil never refuses or caps.
+	Degrader *Degrader
 	// Service estimates how soon a slot frees up. Required.
 	Service *ServiceTime
 	// Pool tells the slot capacity Service divides by. Required.
@@ -42,7 +44,9 @@ func NewGate(deps GateDeps) (*Gate, error) {
 }
 
 // Admit refuses an identity over its rate limit (rate-limited), then any
-// request while the provider's circuit is open (provider-unavailable).
+// request while the provider's circuit is open (provider-unavailable),
+// then the priorities the degradation level turns away (queue-overflow:
+// low from level 2, all but high at level 3).
 func (g *Gate) Admit(ctx context.Context, identity string, prio protocol.Priority) *protocol.Problem {
 	if g.d.Limiter != nil {
 		if p := g.d.Limiter.Allow(ctx, identity); p != nil {
@@ -50,9 +54,24 @@ func (g *Gate) Admit(ctx context.Context, identity string, prio protocol.Priorit
 		}
 	}
 	if g.d.Breaker != nil {
-		return g.d.Breaker.Check(prio)
+		if p := g.d.Breaker.Check(prio); p != nil {
+			return p
+		}
+	}
+	if g.d.Degrader != nil {
+		return g.d.Degrader.Check(prio)
 	}
 	return nil
+}
+
+// MaxTokens is the cap on an admitted request's max_tokens at the current
+// degradation level, 0 for none (DEGRADE_MAX_TOKENS for normal from
+// level 2).
+func (g *Gate) MaxTokens(prio protocol.Priority) int {
+	if g.d.Degrader == nil {
+		return 0
+	}
+	return g.d.Degrader.MaxTokens(prio)
 }
 
 // MayQueue refuses a request of priority prio for the queue while the
@@ -79,12 +98,13 @@ func (g *Gate) QueueFirst() bool {
 		return false
 	}
 	s := g.d.Pool.Stats()
-	return s.InUse >= s.Capacity
+	return s.InUse >= s.Effective()
 }
 
-// RetryAfter estimates when a slot frees up, for a full pool's refusal.
+// RetryAfter estimates when a slot frees up, for a full pool's refusal:
+// the slots that may be in use now (the adaptive limit) serve the line.
 func (g *Gate) RetryAfter() time.Duration {
-	return g.d.Service.RetryAfter(0, g.d.Pool.Stats().Capacity)
+	return g.d.Service.RetryAfter(0, g.d.Pool.Stats().Effective())
 }
 
 // ServiceDone teaches RetryAfter how long a direct stream held its slot.

@@ -94,6 +94,15 @@ func (a *API) build() error {
 	} else {
 		a.obs.watch(a.pool, nil)
 	}
+	// The degradation level reads the backlog the overflow gate caches
+	// and the last minute every process reports (docs/OPERATIONS.md,
+	// "Degradation levels").
+	if gate.Degrader, err = admission.NewDegrader(DegradeConfig(cfg), admission.Sources{Overflow: gate.Overflow, Recent: a.recent},
+		m, log.With("component", "degrade")); err != nil {
+		return err
+	}
+	a.background = append(a.background, gate.Degrader.Run)
+	a.background = append(a.background, a.runs...)
 	g, err := admission.NewGate(gate)
 	if err != nil {
 		return err
@@ -201,7 +210,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		}
 		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 			Consumer: q.Consumer, Pool: a.pool, Provider: a.workerProvider(), Results: pub, Cancels: pub,
-			Metrics: m, Log: log.With("component", "worker"), Tracing: a.tel,
+			Metrics: a.workerMetrics(), Log: log.With("component", "worker"), Tracing: a.tel,
 		})
 		if err != nil {
 			return nil, nil, err

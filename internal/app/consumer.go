@@ -21,8 +21,10 @@ const metricsStopTimeout = 5 * time.Second
 // jobs from the queue and serves /metrics and /healthz on
 // CONSUMER_HTTP_ADDR. Stop order: on ctx end the worker stops fetching,
 // lets running jobs finish within SHUTDOWN_GRACE_SECONDS and leaves the
-// rest for takeover; the metrics server stays up until then, so the last
-// jobs are counted; then the queue, the pool and the clients close; the
+// rest for takeover; then the background loops stop (the degradation
+// figures of the last jobs flushed, the adaptive limit's reports); the
+// metrics server stays up until then, so the last jobs are counted; then
+// the queue, the pool and the clients close; the
 // tracer provider shuts down last (bounded to 5s), flushing the spans of
 // the last jobs (docs/TRACING.md).
 func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
@@ -39,7 +41,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	}
 	w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 		Consumer: d.queue.Consumer, Pool: d.pool, Provider: d.workerProvider(), Results: pub, Cancels: pub,
-		Metrics: d.obs.m, Log: log, Tracing: d.tel,
+		Metrics: d.workerMetrics(), Log: log, Tracing: d.tel,
 	})
 	if err != nil {
 		return err
@@ -58,7 +60,16 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	log.Info("consumer started", "name", d.name, "queue", cfg.QueueType, "concurrency", cfg.WorkerConcurrency, "http", ln.Addr().String(),
 		"provider", cfg.LLMProvider, "pool_size", cfg.ConnectionPoolSize)
 
+	// The background loops outlive the worker, so what its last jobs
+	// reported is flushed.
+	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
+	var background sync.WaitGroup
+	for _, run := range d.runs {
+		background.Go(func() { run(bgCtx) })
+	}
 	err = w.Run(ctx)
+	stopBackground()
+	background.Wait()
 	sctx, cancel := context.WithTimeout(context.Background(), metricsStopTimeout)
 	defer cancel()
 	_ = srv.Shutdown(sctx)

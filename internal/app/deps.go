@@ -11,8 +11,11 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
@@ -35,6 +38,14 @@ type deps struct {
 	queue   *OpenedQueue
 	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
 	name    string              // this process in the consumer group
+	// recent is the cluster-wide last minute of provider calls and queue
+	// waits this process adds to (the degradation level's inputs).
+	recent *admission.Recent
+	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off.
+	adaptive *adaptive.Controller
+	// runs are the background loops every process runs for its whole
+	// life and stops after its last job or stream: recent's flush.
+	runs    []func(context.Context)
 	closers []func()
 }
 
@@ -71,6 +82,13 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
+	// Every call's outcome feeds the cluster-wide error rate of the
+	// degradation level (docs/OPERATIONS.md, "Degradation levels") and,
+	// when on, the adaptive limit (newPool builds it).
+	if d.recent, err = admission.NewRecent(cfg.QueuePrefix, d.rdb, log.With("component", "degrade")); err != nil {
+		return nil, err
+	}
+	d.runs = append(d.runs, d.recent.Run)
 	if err := d.newProvider(role, opts.Provider); err != nil {
 		return nil, err
 	}
@@ -121,11 +139,25 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 
 // newPool builds the pool POOL_BACKEND names: a local one, or the Redis
 // pool shared by every api and consumer process, whose fallback state is
-// reported in spillway_pool_fallback.
+// reported in spillway_pool_fallback. With ADAPTIVE_CONCURRENCY it also
+// builds the controller that moves the pool's limit, kept in the pool's
+// own store: in process for a local pool, in Redis for the shared one
+// (docs/OPERATIONS.md, "Adaptive concurrency").
 func (d *deps) newPool(role string) (pool.Pool, error) {
 	cfg := d.cfg
+	log := d.log.With("component", "pool")
 	if cfg.PoolBackend != config.PoolBackendRedis {
-		return pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+		p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.AdaptiveConcurrency {
+			if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), adaptive.NewLocalStore(), log, p.SetLimit); err != nil {
+				return nil, err
+			}
+			d.runs = append(d.runs, d.adaptive.Run)
+		}
+		return p, nil
 	}
 	m := d.obs.m
 	pcfg := RedisPoolConfig(cfg, InstanceName(role))
@@ -140,7 +172,7 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 		leases := redispool.LeasesKey(pcfg.Prefix) // the pool's node in a Cluster
 		pcfg.Probe = func(ctx context.Context) error { return probe.Exists(ctx, leases).Err() }
 	}
-	p, err := redispool.New(pcfg, d.rdb, d.log.With("component", "pool"), func(on bool) {
+	p, err := redispool.New(pcfg, d.rdb, log, func(on bool) {
 		if on {
 			m.PoolFallback.Set(1)
 		} else {
@@ -152,13 +184,56 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 	}
 	// The pool's leases go before the client closes.
 	d.closers = append(d.closers, p.Close)
+	if cfg.AdaptiveConcurrency {
+		if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), p, log, nil); err != nil {
+			return nil, err
+		}
+		d.runs = append(d.runs, d.adaptive.Run)
+	}
 	return p, nil
+}
+
+// observeCall takes one provider call's outcome (llm.Observe): the
+// adaptive limit learns from every call, the error rate from those that
+// count.
+func (d *deps) observeCall(c llm.Call) {
+	if d.adaptive != nil {
+		d.adaptive.Observe(c)
+	}
+	if c.Counted() {
+		d.recent.ObserveCall(c.Failed())
+	}
+}
+
+// workerMetrics is what the workers count through: the metrics, with
+// each queue wait also added to the degradation level's inputs.
+func (d *deps) workerMetrics() worker.Metrics {
+	return waitMetrics{Metrics: d.obs.m, recent: d.recent}
+}
+
+// waitMetrics adds queue waits to recent as well as to the histogram.
+type waitMetrics struct {
+	*metrics.Metrics
+	recent *admission.Recent
+}
+
+// QueueWaited observes a queue wait.
+func (m waitMetrics) QueueWaited(dur time.Duration) {
+	m.Metrics.QueueWaited(dur)
+	m.recent.ObserveWait(dur)
+}
+
+// QueueWaitedTraced observes a queue wait with its trace as exemplar.
+func (m waitMetrics) QueueWaitedTraced(ctx context.Context, dur time.Duration) {
+	m.Metrics.QueueWaitedTraced(ctx, dur)
+	m.recent.ObserveWait(dur)
 }
 
 // newProvider builds the provider every call goes through, direct or from
 // a worker, so an open circuit fails fast on both paths; beneath the
 // circuit, each call that reached the upstream is counted once in
-// spillway_upstream_responses_total. A single provider (injected, the
+// spillway_upstream_responses_total, and observed (observeCall). A
+// single provider (injected, the
 // simulator, or one plain upstream) sits behind one breaker. Several
 // upstreams each sit behind their own, inside the Balancer
 // (docs/UPSTREAMS.md, "Health"): one failing replica opens only its
@@ -171,7 +246,9 @@ func (d *deps) newProvider(role string, injected llm.Provider) error {
 		if err != nil {
 			return err
 		}
-		d.llm, d.circuit = b, circuits
+		// The balancer's answer, after its retries on other upstreams, is
+		// what the pool's adaptive limit and the error rate learn from.
+		d.llm, d.circuit = llm.Observe(b, d.observeCall), circuits
 		return nil
 	}
 	p, label := injected, ""
@@ -190,7 +267,8 @@ func (d *deps) newProvider(role string, injected llm.Provider) error {
 	m := d.obs.m
 	m.UpstreamKnown(label)
 	counted := llm.CountResponses(p, func(code string) { m.UpstreamResponded(label, code) })
-	br, err := admission.NewBreaker(BreakerConfig(cfg), counted, m, d.log)
+	observed := llm.Observe(counted, d.observeCall)
+	br, err := admission.NewBreaker(BreakerConfig(cfg), observed, m, d.log)
 	if err != nil {
 		return err
 	}

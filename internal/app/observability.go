@@ -48,6 +48,7 @@ func (o *observability) gatherer() prometheus.Gatherer {
 			st := o.pool.Stats()
 			o.m.PoolSlotsInUse.Set(float64(st.InUse))
 			o.m.PoolSlotsCapacity.Set(float64(st.Capacity))
+			o.m.PoolLimit.Set(float64(st.Effective()))
 		}
 		if o.deadLetters != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), deadLetterReadTimeout)

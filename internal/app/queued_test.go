@@ -77,10 +77,16 @@ func (c *cluster) want(text string) []string {
 	return llm.SimChunks(userMsgs(text), c.seed, c.tokens)
 }
 
+// backlog is the jobs in the queue over every priority's stream (one
+// shard).
 func (c *cluster) backlog() int64 {
-	n, err := c.rdb.XLen(context.Background(), redisstream.StreamKey(c.prefix)).Result()
-	if err != nil {
-		c.tb.Fatal(err)
+	var n int64
+	for _, p := range protocol.Priorities {
+		l, err := c.rdb.XLen(context.Background(), redisstream.PriorityStreamKey(c.prefix, p)).Result()
+		if err != nil && err != redis.Nil {
+			c.tb.Fatal(err)
+		}
+		n += l
 	}
 	return n
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
@@ -76,18 +77,45 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
+// DegradeConfig is the degradation level the DEGRADE_MAX_TOKENS and
+// QUEUE_RETRY_AFTER_SECONDS settings give.
+func DegradeConfig(cfg *config.Config) admission.DegradeConfig {
+	return admission.DegradeConfig{MaxTokens: cfg.DegradeMaxTokens, RetryAfterMax: cfg.QueueRetryAfter()}
+}
+
 // QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
 func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
 	return admission.QuotaConfig{Prefix: cfg.QueuePrefix, MaxPerIdentity: cfg.QueueMaxPerIdentity, MaxBytes: cfg.QueueMaxBytes}
 }
 
 // RedisPoolConfig is the shared pool the CONNECTION_POOL_* and POOL_*
-// settings give; holder names this process.
+// settings give; holder names this process. With ADAPTIVE_CONCURRENCY
+// the pool obeys the shared limit PoolLimitName.
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
-	return redispool.Config{
+	c := redispool.Config{
 		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
 		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
 		DownAfter: time.Duration(cfg.RedisDownAfterMS) * time.Millisecond,
+	}
+	if cfg.AdaptiveConcurrency {
+		c.AdaptiveLimit = PoolLimitName
+	}
+	return c
+}
+
+// PoolLimitName names the pool's adaptive limit: one for the whole
+// provider. A limit per upstream would be named after the upstream.
+const PoolLimitName = "global"
+
+// AdaptiveConfig is the pool's adaptive limit the ADAPTIVE_* settings
+// give, between ADAPTIVE_CONCURRENCY_FLOOR and CONNECTION_POOL_SIZE.
+func AdaptiveConfig(cfg *config.Config) adaptive.Config {
+	return adaptive.Config{
+		Name: PoolLimitName,
+		Params: adaptive.Params{
+			Floor: cfg.AdaptiveConcurrencyFloor, Ceiling: cfg.ConnectionPoolSize, Interval: cfg.AdaptiveInterval(),
+		},
+		FirstTokenTarget: cfg.AdaptiveFirstTokenTarget(),
 	}
 }
 
@@ -97,6 +125,7 @@ func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
 	return redisstream.Config{
 		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(), Shards: cfg.QueueShards,
 		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
+		PriorityAging: cfg.PriorityAging(),
 	}
 }
 
@@ -144,7 +173,8 @@ func WorkerConfig(cfg *config.Config) worker.Config {
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
 		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
 		QueueSystem: system, QueueName: name,
-		ReclaimIdle: cfg.QueueReclaimIdle(),
+		ReclaimIdle:   cfg.QueueReclaimIdle(),
+		PriorityAging: cfg.PriorityAging(),
 	}
 }
 

@@ -99,6 +99,10 @@ type Config struct {
 	QueueShedLowFraction float64 `env:"QUEUE_SHED_LOW_FRACTION" envDefault:"0.5"`
 	// QueueShedNormalFraction is the share of the threshold from which normal requests get 503. Default 0.8.
 	QueueShedNormalFraction float64 `env:"QUEUE_SHED_NORMAL_FRACTION" envDefault:"0.8"`
+	// PriorityAgingSeconds is how long a queued job waits to count one priority level higher. Default 30.
+	PriorityAgingSeconds int `env:"PRIORITY_AGING_SECONDS" envDefault:"30"`
+	// DegradeMaxTokens caps a normal request's max_tokens from degradation level 2. Default 1024.
+	DegradeMaxTokens int `env:"DEGRADE_MAX_TOKENS" envDefault:"1024"`
 	// QueueRetryAfterSeconds is the upper bound of Retry-After on overflow. Default 60.
 	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
 	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
@@ -127,6 +131,14 @@ type Config struct {
 	PoolLeaseTTLSeconds int `env:"POOL_LEASE_TTL_SECONDS" envDefault:"30"`
 	// PoolLocalFallbackSize is the local limit while Redis is unreachable. Default 10.
 	PoolLocalFallbackSize int `env:"POOL_LOCAL_FALLBACK_SIZE" envDefault:"10"`
+	// AdaptiveConcurrency lets the pool's limit toward the provider adapt (AIMD). Default false.
+	AdaptiveConcurrency bool `env:"ADAPTIVE_CONCURRENCY" envDefault:"false"`
+	// AdaptiveConcurrencyFloor is the lowest the adaptive limit goes. Default 1.
+	AdaptiveConcurrencyFloor int `env:"ADAPTIVE_CONCURRENCY_FLOOR" envDefault:"1"`
+	// AdaptiveFirstTokenTargetMS halves the limit when the first-token p99 of an interval exceeds it; 0 is off. Default 0.
+	AdaptiveFirstTokenTargetMS int `env:"ADAPTIVE_FIRST_TOKEN_TARGET_MS" envDefault:"0"`
+	// AdaptiveIntervalMS is the adaptive limit's interval: at most one decrease per interval, +1 after each healthy one. Default 1000.
+	AdaptiveIntervalMS int `env:"ADAPTIVE_INTERVAL_MS" envDefault:"1000"`
 
 	// HeartbeatIntervalSeconds is the SSE `: ping` period. Default 15.
 	HeartbeatIntervalSeconds int `env:"HEARTBEAT_INTERVAL_SECONDS" envDefault:"15"`
@@ -355,6 +367,19 @@ func (c *Config) MaxDelay() time.Duration { return millis(c.QueueFailoverMaxDela
 
 // DepthCacheTTL is how often the queue depth is refreshed (QUEUE_DEPTH_CACHE_TTL_MS).
 func (c *Config) DepthCacheTTL() time.Duration { return millis(c.QueueDepthCacheTTLMS) }
+
+// PriorityAging is how long a queued job waits to count one priority
+// level higher (PRIORITY_AGING_SECONDS).
+func (c *Config) PriorityAging() time.Duration { return seconds(c.PriorityAgingSeconds) }
+
+// AdaptiveInterval is ADAPTIVE_INTERVAL_MS as a duration.
+func (c *Config) AdaptiveInterval() time.Duration { return millis(c.AdaptiveIntervalMS) }
+
+// AdaptiveFirstTokenTarget is ADAPTIVE_FIRST_TOKEN_TARGET_MS as a
+// duration; 0 is off.
+func (c *Config) AdaptiveFirstTokenTarget() time.Duration {
+	return millis(c.AdaptiveFirstTokenTargetMS)
+}
 
 // LeaseTTL is how long a Redis pool lease lives without renewal
 // (POOL_LEASE_TTL_SECONDS).

@@ -40,7 +40,10 @@ const (
 	minMaxBodyBytes        = 1024
 	minDepthCacheTTLMS     = 10
 	minPoolLeaseTTLSeconds = 2
-	maxQueueShards         = 64
+	// minAdaptiveIntervalMS keeps the adaptive limit's Redis traffic (one
+	// script per process per interval) small.
+	minAdaptiveIntervalMS = 100
+	maxQueueShards        = 64
 	// maxModelName is the longest `model` a request may carry
 	// (internal/protocol), so a longer LLM_MODELS item could never match.
 	maxModelName = 256
@@ -103,10 +106,15 @@ func (c *Config) Validate() error {
 	default:
 		v.fail("POOL_BACKEND", "(%q) must be local or redis", c.PoolBackend)
 	}
-	v.atLeast("CONNECTION_POOL_SIZE", c.ConnectionPoolSize, 1)
+	poolOK := v.atLeast("CONNECTION_POOL_SIZE", c.ConnectionPoolSize, 1)
 	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
 	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
 	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
+	if v.atLeast("ADAPTIVE_CONCURRENCY_FLOOR", c.AdaptiveConcurrencyFloor, 1) && poolOK && c.AdaptiveConcurrencyFloor > c.ConnectionPoolSize {
+		v.fail("ADAPTIVE_CONCURRENCY_FLOOR", "(%d) must be at most CONNECTION_POOL_SIZE (%d)", c.AdaptiveConcurrencyFloor, c.ConnectionPoolSize)
+	}
+	v.atLeast("ADAPTIVE_FIRST_TOKEN_TARGET_MS", c.AdaptiveFirstTokenTargetMS, 0)
+	v.atLeast("ADAPTIVE_INTERVAL_MS", c.AdaptiveIntervalMS, minAdaptiveIntervalMS)
 	v.atLeast("REDIS_POOL_SIZE", c.RedisPoolSize, 0)
 	v.atLeast("REDIS_MIN_IDLE_CONNS", c.RedisMinIdleConns, 0)
 	v.atLeast("REDIS_DIAL_TIMEOUT_MS", c.RedisDialTimeoutMS, 10)
@@ -157,6 +165,8 @@ func (c *Config) Validate() error {
 	if _, err := protocol.ParsePriority(c.PriorityMax); err != nil {
 		v.fail("PRIORITY_MAX", "(%q) must be high, normal or low", c.PriorityMax)
 	}
+	v.atLeast("PRIORITY_AGING_SECONDS", c.PriorityAgingSeconds, 1)
+	v.atLeast("DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1)
 	v.atLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 1)
 	v.atLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, minDepthCacheTTLMS)
 

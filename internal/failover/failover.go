@@ -71,6 +71,16 @@ type Producer interface {
 	Enqueue(ctx context.Context, requestID string, body []byte) error
 }
 
+// PriorityProducer is an optional ability of a Producer, found by type
+// assertion: it enqueues a job in its priority's line, so that workers
+// start higher priorities first, FIFO within one, with aging so that low
+// never starves (docs/QUEUE.md, "Priority order"). It is safe for
+// concurrent use and fails as Enqueue does. A Producer without it (Kafka)
+// keeps one line in arrival order; the zero priority is normal.
+type PriorityProducer interface {
+	EnqueuePriority(ctx context.Context, requestID string, prio protocol.Priority, body []byte) error
+}
+
 // Depther reports the backlog: jobs accepted and not yet acknowledged.
 type Depther interface {
 	Depth(ctx context.Context) (int64, error)

@@ -44,6 +44,7 @@ type Metrics struct {
 	PoolSlotsInUse    prometheus.Gauge         // spillway_pool_slots_in_use
 	PoolSlotsCapacity prometheus.Gauge         // spillway_pool_slots_capacity
 	PoolFallback      prometheus.Gauge         // spillway_pool_fallback
+	PoolLimit         prometheus.Gauge         // spillway_pool_effective_limit
 	PoolRefusals      *prometheus.CounterVec   // spillway_pool_refusals_total{limit}
 	QueueDepth        prometheus.Gauge         // spillway_queue_depth
 	QueueThreshold    prometheus.Gauge         // spillway_queue_threshold
@@ -60,6 +61,7 @@ type Metrics struct {
 	ResultsDropped    *prometheus.CounterVec   // spillway_results_dropped_total{reason}
 	StreamGaps        *prometheus.CounterVec   // spillway_stream_gaps_total{outcome}
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
+	DegradationLevel  prometheus.Gauge         // spillway_degradation_level
 	RedisCommand      *prometheus.HistogramVec // spillway_redis_command_seconds{op}
 }
 
@@ -90,6 +92,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		PoolFallback: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spillway_pool_fallback", Help: "1 while the Redis pool has fallen back to a local limit.",
+		}),
+		PoolLimit: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spillway_pool_effective_limit", Help: "Provider calls at once the pool allows now: CONNECTION_POOL_SIZE, lowered by adaptive concurrency (cluster-wide for the Redis pool).",
 		}),
 		PoolRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_pool_refusals_total", Help: "TryAcquire refusals by limit (global, user).",
@@ -144,12 +149,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
 		}),
+		DegradationLevel: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "spillway_degradation_level", Help: "Degradation level: 0 normal, 1 elevated, 2 high, 3 critical.",
+		}),
 	}
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
 		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.ResultsDropped, m.StreamGaps,
-		m.TraceInvalid, m.RedisCommand)
+		m.TraceInvalid, m.RedisCommand, m.PoolLimit, m.DegradationLevel)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)
@@ -157,7 +165,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.StreamsTotal.WithLabelValues(p, o)
 		}
 	}
-	for _, r := range []string{"overflow", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
+	for _, r := range []string{"overflow", "degraded", "timeout", "enqueue_failed", "subscribe_failed", "too_large", "circuit_open"} {
 		for _, p := range protocol.Priorities {
 			m.QueueRejections.WithLabelValues(r, string(p))
 		}
@@ -185,5 +193,5 @@ var DocumentedNames = []string{
 	"spillway_queue_depth", "spillway_queue_threshold", "spillway_queue_rejections_total",
 	"spillway_queue_wait_seconds", "spillway_worker_jobs_total", "spillway_worker_retries_total",
 	"spillway_dead_letter_depth", "spillway_circuit_state", "spillway_rate_limited_total",
-	"spillway_upstream_responses_total",
+	"spillway_upstream_responses_total", "spillway_pool_effective_limit", "spillway_degradation_level",
 }

@@ -17,6 +17,7 @@ type Local struct {
 	size, perUser int
 
 	mu      sync.Mutex
+	limit   int // slots that may be in use: size, or less (SetLimit)
 	inUse   int
 	users   map[string]int
 	waiters list.List // of *waiter, oldest first
@@ -47,7 +48,18 @@ func NewLocal(size, perUser int) (*Local, error) {
 	if size < 1 || perUser < 1 {
 		return nil, fmt.Errorf("pool: size (%d) and per-user limit (%d) must be at least 1", size, perUser)
 	}
-	return &Local{size: size, perUser: perUser, users: make(map[string]int)}, nil
+	return &Local{size: size, perUser: perUser, limit: size, users: make(map[string]int)}, nil
+}
+
+// SetLimit lowers how many slots may be in use to n (at least 1, at most
+// the size), or raises it back, for adaptive concurrency. Leases held
+// above a lowered limit stay valid; no new one is granted until the count
+// is below it. Raising it serves waiters at once.
+func (p *Local) SetLimit(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.limit = min(max(n, 1), p.size)
+	p.serveLocked()
 }
 
 // TryAcquire takes a slot if one is free for user, without waiting.
@@ -133,7 +145,7 @@ func (p *Local) acquire(ctx context.Context, user string, since time.Time, defer
 func (p *Local) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Stats{InUse: p.inUse, Capacity: p.size}
+	return Stats{InUse: p.inUse, Capacity: p.size, Limit: p.limit}
 }
 
 // Waiting returns how many Acquire calls are waiting.
@@ -144,7 +156,7 @@ func (p *Local) Waiting() int {
 }
 
 func (p *Local) fitsLocked(user string) error {
-	if p.inUse >= p.size {
+	if p.inUse >= p.limit {
 		return ErrPoolExhausted
 	}
 	if p.users[user] >= p.perUser {
@@ -166,9 +178,14 @@ func (p *Local) release(user string) {
 	if p.users[user]--; p.users[user] <= 0 {
 		delete(p.users, user)
 	}
-	// Hand freed capacity to the oldest waiters that fit; turn deferring
-	// waiters whose user has no room away, so they hold nothing.
-	for e := p.waiters.Front(); e != nil && p.inUse < p.size; {
+	p.serveLocked()
+}
+
+// serveLocked hands free capacity to the oldest waiters that fit, and
+// turns deferring waiters whose user has no room away, so they hold
+// nothing.
+func (p *Local) serveLocked() {
+	for e := p.waiters.Front(); e != nil && p.inUse < p.limit; {
 		next := e.Next()
 		w := e.Value.(*waiter)
 		switch {

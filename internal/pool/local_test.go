@@ -243,3 +243,62 @@ func TestLocalAcquireOrDefer(t *testing.T) {
 	}
 	lb.Release()
 }
+
+// SetLimit lowers the slots in use without touching held leases, and
+// raising it again serves waiters at once.
+func TestLocalSetLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p, err := NewLocal(4, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []Lease
+	for range 3 {
+		l, err := p.TryAcquire(ctx, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, l)
+	}
+	p.SetLimit(2)
+	if s := p.Stats(); s.InUse != 3 || s.Capacity != 4 || s.Limit != 2 || s.Effective() != 2 {
+		t.Fatalf("stats after SetLimit(2): %+v", s)
+	}
+	if _, err := p.TryAcquire(ctx, "b"); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("over a lowered limit: %v, want ErrPoolExhausted", err)
+	}
+	// One release leaves 2 in use: still at the limit.
+	held[0].Release()
+	if _, err := p.TryAcquire(ctx, "b"); !errors.Is(err, ErrPoolExhausted) {
+		t.Fatalf("at the lowered limit: %v, want ErrPoolExhausted", err)
+	}
+	got := make(chan Lease, 1)
+	go func() {
+		l, err := p.Acquire(ctx, "b")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- l
+	}()
+	testutil.Eventually(t, 5*time.Second, func() bool { return p.Waiting() == 1 }, "a waiter")
+	p.SetLimit(3)
+	select {
+	case l := <-got:
+		l.Release()
+	case <-time.After(5 * time.Second):
+		t.Fatal("raising the limit did not serve the waiter")
+	}
+	// Bounds: at least 1, at most the size.
+	p.SetLimit(0)
+	if s := p.Stats(); s.Limit != 1 {
+		t.Errorf("SetLimit(0): limit %d, want 1", s.Limit)
+	}
+	p.SetLimit(99)
+	if s := p.Stats(); s.Limit != 4 || s.Effective() != 4 {
+		t.Errorf("SetLimit(99): %+v, want limit 4", s)
+	}
+	if (Stats{InUse: 1, Capacity: 5}).Effective() != 5 {
+		t.Error("a pool that does not adapt: Effective is not Capacity")
+	}
+}

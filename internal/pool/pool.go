@@ -38,6 +38,20 @@ type Pool interface {
 type Stats struct {
 	InUse    int
 	Capacity int
+	// Limit is how many slots may be in use now: Capacity, or fewer while
+	// adaptive concurrency holds the limit down (docs/OPERATIONS.md,
+	// "Adaptive concurrency"). 0 means Capacity, for a pool that does not
+	// adapt; read it with Effective.
+	Limit int
+}
+
+// Effective returns the slots that may be in use now: Limit when set and
+// below Capacity, else Capacity.
+func (s Stats) Effective() int {
+	if s.Limit > 0 && s.Limit < s.Capacity {
+		return s.Limit
+	}
+	return s.Capacity
 }
 
 // Queued is a Pool that can order waiters by when their work was queued

@@ -207,6 +207,30 @@ func TestPriority(t *testing.T) {
 	}
 }
 
+// A job's place in line: high a period earlier, low a period later, so a
+// low job that waited two periods stands with a high one just enqueued.
+func TestPlaceInLine(t *testing.T) {
+	t.Parallel()
+	t0 := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	const aging = 30 * time.Second
+	for _, tt := range []struct {
+		p    Priority
+		want time.Time
+	}{
+		{PriorityHigh, t0.Add(-aging)},
+		{PriorityNormal, t0},
+		{"", t0},
+		{PriorityLow, t0.Add(aging)},
+	} {
+		if got := PlaceInLine(t0, tt.p, aging); !got.Equal(tt.want) {
+			t.Errorf("PlaceInLine(%q) = %s, want %s", tt.p, got, tt.want)
+		}
+	}
+	if !PlaceInLine(t0.Add(-2*aging), PriorityLow, aging).Equal(PlaceInLine(t0, PriorityHigh, aging)) {
+		t.Error("a low job two periods older does not stand with a fresh high one")
+	}
+}
+
 func TestDecodeJobRejects(t *testing.T) {
 	t.Parallel()
 	// edit replaces the first occurrence of old in sampleJobWire.

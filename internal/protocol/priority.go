@@ -1,6 +1,9 @@
 package protocol
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Priority is how urgently a request wants a provider slot (docs/API.md,
 // "Priority"): it decides who is shed first as the backlog grows. The
@@ -57,4 +60,13 @@ func (p Priority) AtMost(ceiling Priority) Priority {
 		return ceiling.OrNormal()
 	}
 	return p.OrNormal()
+}
+
+// PlaceInLine is where a job of priority p enqueued at enqueued stands in
+// the line of waiting jobs (docs/QUEUE.md, "Priority order"): its enqueue
+// time, moved aging earlier for high and aging later for low. Jobs start
+// in order of place, so a higher priority goes first, FIFO holds within
+// one, and a job counts one level higher for every aging it has waited.
+func PlaceInLine(enqueued time.Time, p Priority, aging time.Duration) time.Time {
+	return enqueued.Add(time.Duration(1-p.Rank()) * aging)
 }

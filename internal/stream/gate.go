@@ -16,6 +16,10 @@ type Gate interface {
 	// nil, or the problem to refuse it with (rate-limited,
 	// provider-unavailable).
 	Admit(ctx context.Context, identity string, prio protocol.Priority) *protocol.Problem
+	// MaxTokens is the cap on an admitted request's max_tokens, 0 for
+	// none: the degradation level caps normal requests from level 2. A
+	// request that asked for more, or for no limit, gets the cap.
+	MaxTokens(prio protocol.Priority) int
 	// MayQueue says whether a request of priority prio may join the queue:
 	// nil, or the problem to refuse it with (queue-overflow; a lower
 	// priority is refused at a smaller backlog).
@@ -34,6 +38,7 @@ type Gate interface {
 type openGate struct{ retryAfter time.Duration }
 
 func (openGate) Admit(context.Context, string, protocol.Priority) *protocol.Problem { return nil }
+func (openGate) MaxTokens(protocol.Priority) int                                    { return 0 }
 func (openGate) MayQueue(protocol.Priority) *protocol.Problem                       { return nil }
 func (openGate) QueueFirst() bool                                                   { return false }
 func (g openGate) RetryAfter() time.Duration                                        { return g.retryAfter }

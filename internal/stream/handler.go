@@ -191,6 +191,11 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		h.refuse(x, prob, "")
 		return
 	}
+	// Under degradation a request may get fewer tokens than it asked
+	// for, on either path (docs/OPERATIONS.md, "Degradation levels").
+	if c := h.gate.MaxTokens(x.prio); c > 0 && (x.req.MaxTokens == 0 || x.req.MaxTokens > c) {
+		x.req.MaxTokens = c
+	}
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
 		lease, err := h.tryAcquire(r.Context(), x.user)

@@ -129,6 +129,7 @@ type fakeGate struct {
 	admit      *protocol.Problem
 	mayQueue   *protocol.Problem
 	queueFirst bool
+	maxTokens  int // MaxTokens' answer for every priority
 	retryAfter time.Duration
 	mu         sync.Mutex
 	served     []time.Duration
@@ -150,8 +151,9 @@ func (g *fakeGate) MayQueue(prio protocol.Priority) *protocol.Problem {
 	return g.mayQueue
 }
 
-func (g *fakeGate) QueueFirst() bool          { return g.queueFirst }
-func (g *fakeGate) RetryAfter() time.Duration { return g.retryAfter }
+func (g *fakeGate) MaxTokens(protocol.Priority) int { return g.maxTokens }
+func (g *fakeGate) QueueFirst() bool                { return g.queueFirst }
+func (g *fakeGate) RetryAfter() time.Duration       { return g.retryAfter }
 func (g *fakeGate) ServiceDone(d time.Duration) {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -205,7 +205,7 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	}
 	// Subscribed and confirmed: nothing a worker publishes can be missed
 	// (docs/QUEUE.md, invariant 1).
-	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
+	if err := g.enqueue(ctx, job, body); err != nil {
 		sub.Close()
 		g.release(job)
 		if errors.Is(err, failover.ErrJobTooLarge) {
@@ -220,6 +220,15 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	return startRelay(g, job, sub), nil
+}
+
+// enqueue puts the job in its priority's line when the queue keeps one
+// per priority (failover.PriorityProducer), else in the one line.
+func (g *Gateway) enqueue(ctx context.Context, job protocol.Job, body []byte) error {
+	if pp, ok := g.deps.Producer.(failover.PriorityProducer); ok {
+		return pp.EnqueuePriority(ctx, job.RequestID, job.Priority, body)
+	}
+	return g.deps.Producer.Enqueue(ctx, job.RequestID, body)
 }
 
 // maxJobBytes is the largest encoded job the queue takes: the job

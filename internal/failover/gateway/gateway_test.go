@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -605,4 +606,46 @@ func TestGatewayFencesOlderAttempt(t *testing.T) {
 			t.Errorf("ResultDropped(stale_attempt) = %d, want 2 (attempt 1's batch and done)", n)
 		}
 	})
+}
+
+// prioProducer records the line each job was put in.
+type prioProducer struct {
+	producerFunc
+	mu    sync.Mutex
+	lines []protocol.Priority
+}
+
+func (p *prioProducer) EnqueuePriority(ctx context.Context, requestID string, prio protocol.Priority, body []byte) error {
+	p.mu.Lock()
+	p.lines = append(p.lines, prio)
+	p.mu.Unlock()
+	return p.enqueue(ctx, requestID, body)
+}
+
+// A queue with a line per priority gets each job in its priority's line;
+// one without keeps getting Enqueue.
+func TestGatewayEnqueuesInThePriorityLine(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	p := &prioProducer{producerFunc: producerFunc{enqueue: e.q.Enqueue}}
+	g := e.gateway(p)
+	for _, prio := range []protocol.Priority{protocol.PriorityHigh, "", protocol.PriorityLow} {
+		job := newJob("line-" + string(prio))
+		job.Priority = prio
+		r, err := g.Spill(context.Background(), job)
+		if err != nil {
+			t.Fatalf("Spill: %v", err)
+		}
+		t.Cleanup(func() { r.Close(true) })
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if want := []protocol.Priority{protocol.PriorityHigh, "", protocol.PriorityLow}; !slices.Equal(p.lines, want) || p.calls.Load() != 0 {
+		t.Errorf("lines %q and %d plain Enqueue calls, want %q and none", p.lines, p.calls.Load(), want)
+	}
+	plain := &producerFunc{enqueue: e.q.Enqueue}
+	spill(t, e.gateway(plain), "plain")
+	if plain.calls.Load() != 1 {
+		t.Errorf("a queue without lines got %d Enqueue calls, want 1", plain.calls.Load())
+	}
 }

@@ -100,7 +100,7 @@ func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([
 		}
 		for _, m := range msgs {
 			d := parseDeadLetter(m)
-			d.ID = q.deliveryID(i, m.ID)
+			d.ID = q.shardID(i, m.ID)
 			runs[i] = append(runs[i], d)
 		}
 	}
@@ -123,7 +123,7 @@ func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([
 	next := slices.Clone(after)
 	for i, run := range runs {
 		if took[i] > 0 {
-			_, next[i], _ = q.locate(run[took[i]-1].ID)
+			_, next[i], _ = q.locateShard(run[took[i]-1].ID)
 		}
 		// A shard whose read was full may hold more after it.
 		if took[i] < len(run) || len(run) == count {
@@ -164,7 +164,7 @@ func validEntryID(id string) bool {
 // locateDeadLetter returns the shard and entry id of a dead-letter id, or
 // an error wrapping ErrDeadLetterNotFound when it cannot name one.
 func (q *Queue) locateDeadLetter(id string) (*shard, string, error) {
-	sh, entry, err := q.locate(id)
+	sh, entry, err := q.locateShard(id)
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %w", ErrDeadLetterNotFound, err)
 	}

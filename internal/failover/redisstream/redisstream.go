@@ -1,28 +1,40 @@
 // Package redisstream owns the Redis Streams failover queue: the job
-// stream and its consumer group, takeover of idle jobs with XAUTOCLAIM,
-// and the dead-letter stream.
+// streams and their consumer group, the order jobs start in (by priority,
+// with aging), takeover of idle jobs with XAUTOCLAIM, and the dead-letter
+// stream.
 //
-// Key layout (prefix "queue:" by default): jobs in the stream
-// StreamKey(prefix), entries with fields request_id and body, read by the
-// consumer group Config.Group; dead letters in DeadLetterKey(prefix).
-// Acknowledged entries are deleted at once and nothing is ever trimmed, so
-// the stream holds exactly the backlog and XLEN is the queue depth.
+// Key layout (prefix "queue:" by default): jobs in one stream per
+// priority, PriorityStreamKey(prefix, p) (the normal one is
+// StreamKey(prefix), as it always was; high and low add ":high" and
+// ":low"), entries with fields request_id and body, read by the consumer
+// group Config.Group; dead letters in DeadLetterKey(prefix). Acknowledged
+// entries are deleted at once and nothing is ever trimmed, so the streams
+// hold exactly the backlog and the sum of their XLEN is the queue depth.
 //
-// Split over Config.Shards streams (QUEUE_SHARDS), or on a Redis Cluster,
-// shard i keeps its jobs in ShardStreamKey(prefix, i) and its dead letters
-// in ShardDeadLetterKey(prefix, i): both carry the hash tag {s<i>}, so the
-// dead-letter move, one script over the two, stays in one Cluster slot,
-// while the shards spread over the Cluster's nodes. A job goes to the
-// shard its request id hashes to; every consumer reads every shard; the
-// depth is the sum (docs/QUEUE.md).
+// Order (docs/QUEUE.md, "Priority order"): a job's place in line is its
+// entry time, less PriorityAging for high and plus it for low; Fetch hands
+// out the waiting jobs by place (next.lua), so higher priorities start
+// first, FIFO within one, and a job counts one level higher for every
+// PriorityAging it has waited: low never starves.
+//
+// Split over Config.Shards streams per priority (QUEUE_SHARDS), or on a
+// Redis Cluster, shard i keeps its jobs in ShardPriorityStreamKey(prefix,
+// i, p) and its dead letters in ShardDeadLetterKey(prefix, i): all carry
+// the hash tag {s<i>}, so the scripts over one shard's streams and the
+// dead-letter move stay in one Cluster slot, while the shards spread over
+// the Cluster's nodes. A job goes to the shard its request id hashes to;
+// every consumer reads every shard, in place order across them; the depth
+// is the sum (docs/QUEUE.md).
 package redisstream
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +44,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // Defaults applied to zero Config fields.
@@ -56,9 +69,31 @@ func DeadLetterKey(prefix string) string { return prefix + "dead_letter" }
 
 // ShardStreamKey returns the job stream of shard i of a queue split over
 // several streams or kept on a Redis Cluster:
-// queue:streaming_requests_failover:{s<i>}.
+// queue:streaming_requests_failover:{s<i>}. It holds the normal-priority
+// jobs of the shard (ShardPriorityStreamKey).
 func ShardStreamKey(prefix string, i int) string {
 	return StreamKey(prefix) + ":" + shardTag(i)
+}
+
+// PriorityStreamKey returns the job stream of priority p:
+// StreamKey(prefix) for normal (and the zero priority), with ":high" or
+// ":low" added for the others.
+func PriorityStreamKey(prefix string, p protocol.Priority) string {
+	return StreamKey(prefix) + prioritySuffix(p)
+}
+
+// ShardPriorityStreamKey returns the job stream of priority p in shard i,
+// in the shard's Cluster slot: ShardStreamKey(prefix, i) for normal,
+// queue:streaming_requests_failover:high:{s<i>} for high.
+func ShardPriorityStreamKey(prefix string, i int, p protocol.Priority) string {
+	return StreamKey(prefix) + prioritySuffix(p) + ":" + shardTag(i)
+}
+
+func prioritySuffix(p protocol.Priority) string {
+	if p.OrNormal() == protocol.PriorityNormal {
+		return ""
+	}
+	return ":" + string(p)
 }
 
 // ShardDeadLetterKey returns the dead-letter stream of shard i, in the
@@ -118,7 +153,14 @@ type Config struct {
 	// (DEAD_LETTER_KEEP_PAYLOAD); false stores its SHA-1 and size only,
 	// so prompts do not pile up in Redis.
 	KeepPayload bool
+	// PriorityAging is how long a waiting job takes to count one priority
+	// level higher (PRIORITY_AGING_SECONDS). Whole milliseconds, at least
+	// 1ms. Default 30s.
+	PriorityAging time.Duration
 }
+
+// DefaultPriorityAging is the default Config.PriorityAging.
+const DefaultPriorityAging = 30 * time.Second
 
 // Dead-letter bounds by default.
 const (
@@ -147,6 +189,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.ShardBlock < 0 || c.ShardBlock < time.Millisecond {
 		errs = append(errs, fmt.Errorf("ShardBlock %s is below 1ms (0 means the default)", cfg.ShardBlock))
+	}
+	if cfg.PriorityAging < 0 || c.PriorityAging < time.Millisecond || c.PriorityAging%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("PriorityAging %s is not whole milliseconds of at least 1ms (0 means the default)", cfg.PriorityAging))
 	}
 	if cfg.ReclaimInterval < 0 || c.ReclaimInterval < time.Millisecond {
 		errs = append(errs, fmt.Errorf("ReclaimInterval %s is below 1ms (0 means the default)", cfg.ReclaimInterval))
@@ -185,6 +230,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.DeadLetterTTL == 0 {
 		cfg.DeadLetterTTL = DefaultDeadLetterTTL
 	}
+	if cfg.PriorityAging == 0 {
+		cfg.PriorityAging = DefaultPriorityAging
+	}
 	return cfg
 }
 
@@ -200,6 +248,10 @@ var (
 	//go:embed dead_letter.lua
 	deadLetterSource string
 	deadLetterScript = redis.NewScript(deadLetterSource)
+
+	//go:embed next.lua
+	nextSource string
+	nextScript = redis.NewScript(nextSource)
 )
 
 // Queue is the Redis Streams failover queue as seen by one process: the
@@ -209,6 +261,7 @@ type Queue struct {
 	cfg    Config
 	client redis.UniversalClient
 	shards []*shard
+	lines  []*line // every job stream, shard by shard
 	// multi: there are several shards, so delivery ids name theirs
 	// ("<i>:<entry id>").
 	multi bool
@@ -221,23 +274,38 @@ type Queue struct {
 
 	mu          sync.Mutex
 	nextReclaim time.Time // when some Fetch runs XAUTOCLAIM next
-	nextRead    int       // shard read first by the next Fetch round
+	nextRead    int       // shard a blocking read waits on next
+	// held are deliveries a read handed this member beyond what its Fetch
+	// could return (jobs that reached several lines at once as a blocking
+	// read began); the next Fetch returns them first.
+	held []failover.Delivery
 
 	reclaimMu    sync.Mutex // one XAUTOCLAIM round at a time
-	nextReclaimS int        // shard scanned first by the next reclaim round, guarded by reclaimMu
+	nextReclaimL int        // line scanned first by the next reclaim round, guarded by reclaimMu
 }
 
-// shard is one job stream with its dead-letter stream.
+// shard is one shard's job streams, one per priority, with its
+// dead-letter stream.
 type shard struct {
-	stream, deadLetter string
-	cursor             string // XAUTOCLAIM start id, guarded by Queue.reclaimMu
+	index      int
+	lines      [3]*line // by protocol.Priority.Rank: low, normal, high
+	deadLetter string
+}
+
+// line is the job stream of one priority in one shard.
+type line struct {
+	shard  int
+	prio   protocol.Priority
+	stream string
+	cursor string // XAUTOCLAIM start id, guarded by Queue.reclaimMu
 }
 
 var (
-	_ failover.Producer   = (*Queue)(nil)
-	_ failover.Depther    = (*Queue)(nil)
-	_ failover.Positioner = (*Queue)(nil)
-	_ failover.Consumer   = (*Queue)(nil)
+	_ failover.Producer         = (*Queue)(nil)
+	_ failover.PriorityProducer = (*Queue)(nil)
+	_ failover.Depther          = (*Queue)(nil)
+	_ failover.Positioner       = (*Queue)(nil)
+	_ failover.Consumer         = (*Queue)(nil)
 )
 
 // New returns a Queue using client. It does no I/O: the consumer groups
@@ -253,20 +321,38 @@ func New(cfg Config, client redis.UniversalClient) (*Queue, error) {
 	q := &Queue{cfg: cfg, client: client, multi: cfg.Shards > 1}
 	_, cluster := client.(*redis.ClusterClient)
 	for i := range cfg.Shards {
-		sh := &shard{stream: StreamKey(cfg.Prefix), deadLetter: DeadLetterKey(cfg.Prefix), cursor: "0-0"}
+		sh := &shard{index: i, deadLetter: DeadLetterKey(cfg.Prefix)}
 		if cfg.Shards > 1 || cluster {
-			sh.stream, sh.deadLetter = ShardStreamKey(cfg.Prefix, i), ShardDeadLetterKey(cfg.Prefix, i)
+			sh.deadLetter = ShardDeadLetterKey(cfg.Prefix, i)
+		}
+		for _, p := range protocol.Priorities {
+			l := &line{shard: i, prio: p, stream: PriorityStreamKey(cfg.Prefix, p), cursor: "0-0"}
+			if cfg.Shards > 1 || cluster {
+				l.stream = ShardPriorityStreamKey(cfg.Prefix, i, p)
+			}
+			sh.lines[p.Rank()] = l
+			q.lines = append(q.lines, l)
 		}
 		q.shards = append(q.shards, sh)
 	}
 	return q, nil
 }
 
-// Streams returns the job stream keys, shard 0 first.
+// Streams returns the normal-priority job streams, shard 0 first.
 func (q *Queue) Streams() []string {
 	out := make([]string, len(q.shards))
 	for i, sh := range q.shards {
-		out[i] = sh.stream
+		out[i] = sh.lines[protocol.PriorityNormal.Rank()].stream
+	}
+	return out
+}
+
+// AllStreams returns every job stream: shard 0 first, low, normal and
+// high within a shard.
+func (q *Queue) AllStreams() []string {
+	out := make([]string, len(q.lines))
+	for i, l := range q.lines {
+		out[i] = l.stream
 	}
 	return out
 }
@@ -282,42 +368,88 @@ func (q *Queue) shardFor(requestID string) *shard {
 	return q.shards[h.Sum32()%uint32(len(q.shards))]
 }
 
-// deliveryID names entry id of shard i for Ack, Touch and DeadLetter.
-func (q *Queue) deliveryID(i int, id string) string {
+// deliveryID names entry id of line l for Ack, Touch and DeadLetter:
+// "[<shard>:][h:|l:]<entry id>", the shard with several shards, h or l for
+// the high and low lines. A normal job of a one-shard queue is named by
+// its bare entry id.
+func (q *Queue) deliveryID(l *line, id string) string {
+	switch l.prio {
+	case protocol.PriorityHigh:
+		id = "h:" + id
+	case protocol.PriorityLow:
+		id = "l:" + id
+	}
+	return q.shardID(l.shard, id)
+}
+
+// shardID prefixes id with its shard when there are several.
+func (q *Queue) shardID(i int, id string) string {
 	if !q.multi {
 		return id
 	}
 	return strconv.Itoa(i) + ":" + id
 }
 
-// locate returns the shard and entry id a delivery id names.
-func (q *Queue) locate(deliveryID string) (*shard, string, error) {
+// locateShard returns the shard an id of the form "[<shard>:]<rest>"
+// names (the shard with several shards) and the rest: a delivery's line
+// and entry id, or a dead letter's entry id.
+func (q *Queue) locateShard(id string) (*shard, string, error) {
 	if !q.multi {
-		return q.shards[0], deliveryID, nil
+		return q.shards[0], id, nil
 	}
-	is, id, ok := strings.Cut(deliveryID, ":")
+	is, rest, ok := strings.Cut(id, ":")
 	i, err := strconv.Atoi(is)
-	if !ok || err != nil || i < 0 || i >= len(q.shards) || id == "" {
-		return nil, "", fmt.Errorf("redisstream: delivery id %q does not name one of %d shards", deliveryID, len(q.shards))
+	if !ok || err != nil || i < 0 || i >= len(q.shards) || rest == "" {
+		return nil, "", fmt.Errorf("redisstream: id %q does not name one of %d shards", id, len(q.shards))
 	}
-	return q.shards[i], id, nil
+	return q.shards[i], rest, nil
 }
 
-// Enqueue appends the job to its shard's stream (never trimming it). Any
-// failure wraps failover.ErrQueueUnavailable, and ctx's error when ctx
-// ended. The call is bounded by ctx as far as the client honours it (set
-// ContextTimeoutEnabled on the client for hard bounds on a hung server).
+// locate returns the line and entry id a delivery id names.
+func (q *Queue) locate(deliveryID string) (*line, string, error) {
+	sh, rest, err := q.locateShard(deliveryID)
+	if err != nil {
+		return nil, "", err
+	}
+	l := sh.lines[protocol.PriorityNormal.Rank()]
+	if p, id, ok := strings.Cut(rest, ":"); ok {
+		switch p {
+		case "h":
+			l, rest = sh.lines[protocol.PriorityHigh.Rank()], id
+		case "l":
+			l, rest = sh.lines[protocol.PriorityLow.Rank()], id
+		default:
+			rest = ""
+		}
+	}
+	if rest == "" {
+		return nil, "", fmt.Errorf("redisstream: delivery id %q names no entry", deliveryID)
+	}
+	return l, rest, nil
+}
+
+// Enqueue appends the job to its shard's normal-priority stream (never
+// trimming it). Any failure wraps failover.ErrQueueUnavailable, and ctx's
+// error when ctx ended. The call is bounded by ctx as far as the client
+// honours it (set ContextTimeoutEnabled on the client for hard bounds on
+// a hung server).
 func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) error {
-	sh := q.shardFor(requestID)
+	return q.EnqueuePriority(ctx, requestID, protocol.PriorityNormal, body)
+}
+
+// EnqueuePriority appends the job to its shard's stream of priority prio
+// (the zero priority is normal), like Enqueue.
+func (q *Queue) EnqueuePriority(ctx context.Context, requestID string, prio protocol.Priority, body []byte) error {
+	l := q.shardFor(requestID).lines[prio.Rank()]
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("redisstream: xadd %s: %w: %w", sh.stream, failover.ErrQueueUnavailable, err)
+		return fmt.Errorf("redisstream: xadd %s: %w: %w", l.stream, failover.ErrQueueUnavailable, err)
 	}
 	err := q.client.XAdd(ctx, &redis.XAddArgs{
-		Stream: sh.stream,
+		Stream: l.stream,
 		Values: []any{"request_id", requestID, "body", body},
 	}).Err()
 	if err != nil {
-		return fmt.Errorf("redisstream: xadd %s: %w: %w", sh.stream, failover.ErrQueueUnavailable, err)
+		return fmt.Errorf("redisstream: xadd %s: %w: %w", l.stream, failover.ErrQueueUnavailable, err)
 	}
 	return nil
 }
@@ -328,25 +460,27 @@ func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) erro
 var ErrNoProgress = errors.New("redisstream: group progress unknown")
 
 // Progress returns the group's entries-read and lag (XINFO GROUPS, Redis
-// 7) summed over the shards: entries ever delivered to the group and
+// 7) summed over every job stream: entries ever delivered to the group and
 // entries not delivered yet, in one pipeline. Both are exact while only
 // acknowledged (so already delivered) entries are deleted, which is how
-// this queue trims; with several shards the position built on them
-// assumes the shards drain at one speed (docs/QUEUE.md, "Queued position").
+// this queue trims. The position built on them assumes one line drained
+// in order: with priorities (a later job of higher priority passes
+// earlier ones) and several shards it is an estimate (docs/QUEUE.md,
+// "Queued position").
 func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error) {
 	pipe := q.client.Pipeline()
-	cmds := make([]*redis.XInfoGroupsCmd, len(q.shards))
-	for i, sh := range q.shards {
-		cmds[i] = pipe.XInfoGroups(ctx, sh.stream)
+	cmds := make([]*redis.XInfoGroupsCmd, len(q.lines))
+	for i, l := range q.lines {
+		cmds[i] = pipe.XInfoGroups(ctx, l.stream)
 	}
 	_, _ = pipe.Exec(ctx) // each command's error is looked at below
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
 			var re redis.Error
 			if errors.As(err, &re) { // a reply such as "no such key": nothing to count yet
-				return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w: %w", q.shards[i].stream, ErrNoProgress, err)
+				return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w: %w", q.lines[i].stream, ErrNoProgress, err)
 			}
-			return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w", q.shards[i].stream, err)
+			return 0, 0, fmt.Errorf("redisstream: xinfo groups %s: %w", q.lines[i].stream, err)
 		}
 		found := false
 		for _, g := range cmd.Val() {
@@ -359,33 +493,27 @@ func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error)
 			handed, waiting, found = handed+g.EntriesRead, waiting+g.Lag, true
 		}
 		if !found {
-			return 0, 0, fmt.Errorf("redisstream: group %s of %s: %w", q.cfg.Group, q.shards[i].stream, ErrNoProgress)
+			return 0, 0, fmt.Errorf("redisstream: group %s of %s: %w", q.cfg.Group, q.lines[i].stream, ErrNoProgress)
 		}
 	}
 	return handed, waiting, nil
 }
 
-// Depth returns the backlog: the sum of XLEN over the shards, exact
-// because acknowledged entries are deleted.
+// Depth returns the backlog: the sum of XLEN over every job stream (each
+// priority of each shard), read in one pipeline, exact because
+// acknowledged entries are deleted.
 func (q *Queue) Depth(ctx context.Context) (int64, error) {
-	if len(q.shards) == 1 {
-		n, err := q.client.XLen(ctx, q.shards[0].stream).Result()
-		if err != nil {
-			return 0, fmt.Errorf("redisstream: xlen %s: %w", q.shards[0].stream, err)
-		}
-		return n, nil
-	}
 	pipe := q.client.Pipeline()
-	lens := make([]*redis.IntCmd, len(q.shards))
-	for i, sh := range q.shards {
-		lens[i] = pipe.XLen(ctx, sh.stream)
+	lens := make([]*redis.IntCmd, len(q.lines))
+	for i, l := range q.lines {
+		lens[i] = pipe.XLen(ctx, l.stream)
 	}
 	_, _ = pipe.Exec(ctx)
 	var total int64
 	for i, c := range lens {
 		n, err := c.Result()
 		if err != nil {
-			return 0, fmt.Errorf("redisstream: xlen %s: %w", q.shards[i].stream, err)
+			return 0, fmt.Errorf("redisstream: xlen %s: %w", q.lines[i].stream, err)
 		}
 		total += n
 	}
@@ -393,29 +521,29 @@ func (q *Queue) Depth(ctx context.Context) (int64, error) {
 }
 
 // Waiting returns the jobs no worker has taken yet: the backlog less the
-// group's pending (delivered, unacknowledged) entries, over every shard.
+// group's pending (delivered, unacknowledged) entries, over every stream.
 // XLEN and XPENDING are read in one pipeline. A missing group means
 // nothing was taken.
 func (q *Queue) Waiting(ctx context.Context) (int64, error) {
 	pipe := q.client.Pipeline()
-	xlens := make([]*redis.IntCmd, len(q.shards))
-	pendings := make([]*redis.XPendingCmd, len(q.shards))
-	for i, sh := range q.shards {
-		xlens[i] = pipe.XLen(ctx, sh.stream)
-		pendings[i] = pipe.XPending(ctx, sh.stream, q.cfg.Group)
+	xlens := make([]*redis.IntCmd, len(q.lines))
+	pendings := make([]*redis.XPendingCmd, len(q.lines))
+	for i, l := range q.lines {
+		xlens[i] = pipe.XLen(ctx, l.stream)
+		pendings[i] = pipe.XPending(ctx, l.stream, q.cfg.Group)
 	}
 	_, _ = pipe.Exec(ctx)
 	var total int64
-	for i, sh := range q.shards {
+	for i, l := range q.lines {
 		n, err := xlens[i].Result()
 		if err != nil {
-			return 0, fmt.Errorf("redisstream: xlen %s: %w", sh.stream, err)
+			return 0, fmt.Errorf("redisstream: xlen %s: %w", l.stream, err)
 		}
 		p, err := pendings[i].Result()
 		switch {
 		case err != nil && redis.HasErrorPrefix(err, "NOGROUP"):
 		case err != nil:
-			return 0, fmt.Errorf("redisstream: xpending %s: %w", sh.stream, err)
+			return 0, fmt.Errorf("redisstream: xpending %s: %w", l.stream, err)
 		default:
 			n -= p.Count
 		}
@@ -424,7 +552,7 @@ func (q *Queue) Waiting(ctx context.Context) (int64, error) {
 	return total, nil
 }
 
-// ensureGroup creates the consumer group of every shard at id 0 unless
+// ensureGroup creates the consumer group of every stream at id 0 unless
 // this Queue knows they exist. Id 0 is right because acknowledged entries
 // are deleted: whatever is in a stream is backlog, including jobs enqueued
 // before any consumer ran.
@@ -437,10 +565,10 @@ func (q *Queue) ensureGroup(ctx context.Context) error {
 	if q.groupReady.Load() {
 		return nil
 	}
-	for _, sh := range q.shards {
-		err := q.client.XGroupCreateMkStream(ctx, sh.stream, q.cfg.Group, "0").Err()
+	for _, l := range q.lines {
+		err := q.client.XGroupCreateMkStream(ctx, l.stream, q.cfg.Group, "0").Err()
 		if err != nil && !redis.HasErrorPrefix(err, "BUSYGROUP") {
-			return fmt.Errorf("redisstream: xgroup create %s %s: %w", sh.stream, q.cfg.Group, err)
+			return fmt.Errorf("redisstream: xgroup create %s %s: %w", l.stream, q.cfg.Group, err)
 		}
 	}
 	q.groupReady.Store(true)
@@ -460,10 +588,11 @@ func (q *Queue) noteGroupLost(err error) bool {
 // Fetch returns up to limit deliveries, blocking until there is one or ctx
 // ends. Every ReclaimInterval one Fetch of this Queue first takes over
 // jobs idle for ReclaimIdle (their Attempt is the entry's delivery count);
-// otherwise it reads new jobs (Attempt 1). With several shards each round
-// starts at the next shard, so none is starved. An entry without a body
-// field is delivered with an empty Body for the worker to dead-letter.
-// Redis errors other than a lost group are returned; the caller backs off.
+// otherwise it reads new jobs (Attempt 1) in place order (docs/QUEUE.md,
+// "Priority order"), across priorities and shards. An entry without a
+// body field is delivered with an empty Body for the worker to
+// dead-letter. Redis errors other than a lost group are returned; the
+// caller backs off.
 func (q *Queue) Fetch(ctx context.Context, limit int) ([]failover.Delivery, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("redisstream: fetch: max %d < 1", limit)
@@ -474,6 +603,9 @@ func (q *Queue) Fetch(ctx context.Context, limit int) ([]failover.Delivery, erro
 		}
 		if err := q.ensureGroup(ctx); err != nil {
 			return nil, ctxErrOr(ctx, err)
+		}
+		if ds := q.takeHeld(ctx, limit); len(ds) > 0 {
+			return ds, nil
 		}
 		due, untilReclaim := q.reclaimTurn(time.Now())
 		if due {
@@ -524,8 +656,8 @@ func (q *Queue) reclaimTurn(now time.Time) (bool, time.Duration) {
 	return true, q.cfg.ReclaimInterval
 }
 
-// readTurn returns the shard the next read round starts at, and moves the
-// start on for the round after.
+// readTurn returns the shard the next blocking read waits on, and moves
+// it on for the one after.
 func (q *Queue) readTurn() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -535,16 +667,17 @@ func (q *Queue) readTurn() int {
 }
 
 // reclaim takes over up to limit entries idle for ReclaimIdle, scanning
-// the shards from a start that moves on each round.
+// the streams from a start that moves on each round. Takeovers are jobs
+// that already started once: they are taken as found, not by priority.
 func (q *Queue) reclaim(ctx context.Context, limit int) ([]failover.Delivery, error) {
 	q.reclaimMu.Lock()
 	defer q.reclaimMu.Unlock()
-	start := q.nextReclaimS
-	q.nextReclaimS = (start + 1) % len(q.shards)
+	start := q.nextReclaimL
+	q.nextReclaimL = (start + 1) % len(q.lines)
 	var ds []failover.Delivery
-	for k := range q.shards {
-		i := (start + k) % len(q.shards)
-		got, err := q.reclaimShard(ctx, i, limit-len(ds))
+	for k := range q.lines {
+		l := q.lines[(start+k)%len(q.lines)]
+		got, err := q.reclaimLine(ctx, l, limit-len(ds))
 		if err != nil {
 			return nil, err
 		}
@@ -556,25 +689,24 @@ func (q *Queue) reclaim(ctx context.Context, limit int) ([]failover.Delivery, er
 	return ds, nil
 }
 
-// reclaimShard takes over up to limit idle entries of shard i. If Redis
+// reclaimLine takes over up to limit idle entries of line l. If Redis
 // fails between XAUTOCLAIM and XPENDING the claimed entries are not lost:
 // they stay pending and are taken over again after ReclaimIdle.
-func (q *Queue) reclaimShard(ctx context.Context, i, limit int) ([]failover.Delivery, error) {
-	sh := q.shards[i]
+func (q *Queue) reclaimLine(ctx context.Context, l *line, limit int) ([]failover.Delivery, error) {
 	msgs, next, err := q.client.XAutoClaim(ctx, &redis.XAutoClaimArgs{
-		Stream:   sh.stream,
+		Stream:   l.stream,
 		Group:    q.cfg.Group,
 		Consumer: q.cfg.Consumer,
 		MinIdle:  q.cfg.ReclaimIdle,
-		Start:    sh.cursor,
+		Start:    l.cursor,
 		Count:    int64(limit),
 	}).Result()
 	if err != nil {
-		return nil, fmt.Errorf("redisstream: xautoclaim %s %s: %w", sh.stream, q.cfg.Group, err)
+		return nil, fmt.Errorf("redisstream: xautoclaim %s %s: %w", l.stream, q.cfg.Group, err)
 	}
 	// A large pending list is scanned across rounds, resuming where the
 	// last one stopped; "0-0" means the scan wrapped around.
-	sh.cursor = next
+	l.cursor = next
 	if len(msgs) == 0 {
 		return nil, nil
 	}
@@ -582,11 +714,11 @@ func (q *Queue) reclaimShard(ctx context.Context, i, limit int) ([]failover.Deli
 	counts := make([]*redis.XPendingExtCmd, len(msgs))
 	for j, m := range msgs {
 		counts[j] = pipe.XPendingExt(ctx, &redis.XPendingExtArgs{
-			Stream: sh.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
+			Stream: l.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
 		})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", sh.stream, q.cfg.Group, err)
+		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", l.stream, q.cfg.Group, err)
 	}
 	ds := make([]failover.Delivery, 0, len(msgs))
 	for j, m := range msgs {
@@ -594,65 +726,255 @@ func (q *Queue) reclaimShard(ctx context.Context, i, limit int) ([]failover.Deli
 		if len(p) == 0 {
 			continue // acknowledged meanwhile by its former holder
 		}
-		ds = append(ds, failover.Delivery{ID: q.deliveryID(i, m.ID), Body: bodyOf(m), Attempt: int(p[0].RetryCount)})
+		ds = append(ds, failover.Delivery{ID: q.deliveryID(l, m.ID), Body: bodyOf(m), Attempt: int(p[0].RetryCount)})
 	}
 	return ds, nil
 }
 
-// read delivers up to limit new entries, blocking up to block. With one
-// shard that is one blocking XREADGROUP. With several, one XREADGROUP over
-// all of them could return more than limit (COUNT is per stream) and
-// cannot span Cluster slots, so the shards are read one by one without
-// blocking, starting at a shard that moves on each round, and only when
-// all are empty does the round block, on its first shard, for at most
-// ShardBlock.
+// read delivers up to limit waiting jobs in place order, or waits up to
+// block for one to arrive.
+// With one shard that is one next.lua call that takes them. With several,
+// each shard is first asked for its best limit (peek), the answers are
+// merged, and each shard with some of the best is asked to take that
+// many: two pipelined rounds, since no script spans Cluster slots. When
+// nothing waits the read blocks on one shard's lines (the next one each
+// time) for at most ShardBlock, like a single shard for Block, with
+// XREADGROUP: a blocked read is served by the one line that got a job, so
+// each new job wakes one consumer, not every idle one.
 func (q *Queue) read(ctx context.Context, limit int, block time.Duration) ([]failover.Delivery, error) {
 	if len(q.shards) == 1 {
-		return q.readShard(ctx, 0, limit, block)
-	}
-	start := q.readTurn()
-	var ds []failover.Delivery
-	for k := range q.shards {
-		i := (start + k) % len(q.shards)
-		got, err := q.readShard(ctx, i, limit-len(ds), -1)
-		if err != nil {
-			return nil, err
+		js, err := q.next(ctx, q.shards[0], limit, true)
+		if err != nil || len(js) > 0 {
+			ds := make([]failover.Delivery, len(js))
+			for i, j := range js {
+				ds[i] = j.d
+			}
+			return ds, err
 		}
-		ds = append(ds, got...)
-		if len(ds) >= limit {
-			return ds, nil
+		return q.block(ctx, q.shards[0], limit, block)
+	}
+	type candidate struct {
+		shard int
+		place int64
+		ms    int64
+	}
+	var cands []candidate
+	ns := make([]int, len(q.shards))
+	for i := range ns {
+		ns[i] = limit
+	}
+	for i, r := range q.nextMany(ctx, q.shards, ns, false) {
+		if r.err != nil {
+			return nil, r.err
+		}
+		for _, j := range r.jobs {
+			cands = append(cands, candidate{shard: i, place: j.place, ms: entryMillis(j.id)})
 		}
 	}
-	if len(ds) > 0 {
-		return ds, nil
+	if len(cands) == 0 {
+		return q.block(ctx, q.shards[q.readTurn()], limit, min(block, q.cfg.ShardBlock))
 	}
-	return q.readShard(ctx, start, limit, min(block, q.cfg.ShardBlock))
+	slices.SortStableFunc(cands, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.place, b.place), cmp.Compare(a.ms, b.ms), cmp.Compare(a.shard, b.shard))
+	})
+	best := cands[:min(limit, len(cands))]
+	counts := make([]int, len(q.shards))
+	for _, c := range best {
+		counts[c.shard]++
+	}
+	var from []*shard
+	var want []int
+	for i, n := range counts {
+		if n > 0 {
+			from, want = append(from, q.shards[i]), append(want, n)
+		}
+	}
+	taken := make([][]nextJob, len(q.shards))
+	var failed error
+	for k, r := range q.nextMany(ctx, from, want, true) {
+		if r.err != nil {
+			failed = cmp.Or(failed, r.err)
+		}
+		taken[from[k].index] = r.jobs
+	}
+	// Each shard's jobs come in order: interleave them as the merge did.
+	// (Another consumer may have taken some meanwhile; this one then got
+	// the shard's next ones, or fewer.)
+	var out []failover.Delivery
+	for _, c := range best {
+		if len(taken[c.shard]) > 0 {
+			out = append(out, taken[c.shard][0].d)
+			taken[c.shard] = taken[c.shard][1:]
+		}
+	}
+	// What other shards handed over is delivered even when one failed:
+	// the jobs are this member's now. The failure comes back next round.
+	if len(out) == 0 && failed != nil {
+		return nil, failed
+	}
+	return out, nil
 }
 
-// readShard delivers up to limit new entries of shard i, blocking up to
-// block; a negative block does not block.
-func (q *Queue) readShard(ctx context.Context, i, limit int, block time.Duration) ([]failover.Delivery, error) {
-	sh := q.shards[i]
-	streams, err := q.client.XReadGroup(ctx, &redis.XReadGroupArgs{
-		Group:    q.cfg.Group,
-		Consumer: q.cfg.Consumer,
-		Streams:  []string{sh.stream, ">"},
-		Count:    int64(limit),
-		Block:    block,
+// entryMillis is the milliseconds part of a stream entry id.
+func entryMillis(id string) int64 {
+	ms, _, _ := strings.Cut(id, "-")
+	n, _ := strconv.ParseInt(ms, 10, 64)
+	return n
+}
+
+// nextJob is one job next.lua named: taken (a delivery) or peeked (its
+// place).
+type nextJob struct {
+	d     failover.Delivery
+	id    string
+	place int64
+}
+
+// next runs next.lua on shard sh for up to n jobs: taken for this
+// consumer when take is set, else only peeked.
+func (q *Queue) next(ctx context.Context, sh *shard, n int, take bool) ([]nextJob, error) {
+	r := q.nextMany(ctx, []*shard{sh}, []int{n}, take)[0]
+	return r.jobs, r.err
+}
+
+// nextResult is next.lua's answer for one shard.
+type nextResult struct {
+	jobs []nextJob
+	err  error
+}
+
+// nextMany runs next.lua on several shards (ns[i] jobs of shards[i]) in
+// one pipeline: one round trip however many shards (on a Cluster, one per
+// node). A shard whose node has not cached the script yet is run again on
+// its own, which loads it.
+func (q *Queue) nextMany(ctx context.Context, shards []*shard, ns []int, take bool) []nextResult {
+	mode := "peek"
+	if take {
+		mode = "take"
+	}
+	args := func(i int) ([]string, []any) {
+		sh := shards[i]
+		return []string{sh.lines[0].stream, sh.lines[1].stream, sh.lines[2].stream},
+			[]any{q.cfg.Group, q.cfg.Consumer, ns[i], q.cfg.PriorityAging.Milliseconds(), mode}
+	}
+	out := make([]nextResult, len(shards))
+	cmds := make([]*redis.Cmd, len(shards))
+	if len(shards) == 1 {
+		keys, a := args(0)
+		cmds[0] = nextScript.Run(ctx, q.client, keys, a...)
+	} else {
+		pipe := q.client.Pipeline()
+		for i := range shards {
+			keys, a := args(i)
+			cmds[i] = nextScript.EvalSha(ctx, pipe, keys, a...)
+		}
+		_, _ = pipe.Exec(ctx) // each command's error is looked at below
+		for i, c := range cmds {
+			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+				keys, a := args(i)
+				cmds[i] = nextScript.Run(ctx, q.client, keys, a...)
+			}
+		}
+	}
+	for i, c := range cmds {
+		out[i] = q.parseNext(c, shards[i], take, mode)
+	}
+	return out
+}
+
+// parseNext reads next.lua's answer for shard sh.
+func (q *Queue) parseNext(c *redis.Cmd, sh *shard, take bool, mode string) nextResult {
+	items, err := c.Slice()
+	if err != nil {
+		return nextResult{err: fmt.Errorf("redisstream: next %s of %s: %w", mode, sh.lines[1].stream, err)}
+	}
+	bad := nextResult{err: fmt.Errorf("redisstream: next %s of %s: unexpected reply %v", mode, sh.lines[1].stream, items)}
+	var r nextResult
+	for _, it := range items {
+		f, ok := it.([]any)
+		if !ok || len(f) != 3 {
+			return bad
+		}
+		rank, ok1 := f[0].(int64)
+		id, ok2 := f[1].(string)
+		if !ok1 || !ok2 || rank < 0 || rank > 2 {
+			return bad
+		}
+		j := nextJob{id: id}
+		if take {
+			body, _ := f[2].(string)
+			j.d = failover.Delivery{ID: q.deliveryID(sh.lines[rank], id), Body: []byte(body), Attempt: 1}
+		} else if j.place, ok = f[2].(int64); !ok {
+			return bad
+		}
+		r.jobs = append(r.jobs, j)
+	}
+	return r
+}
+
+// block waits up to block for a job on any line of shard sh and takes
+// it: XREADGROUP BLOCK over the shard's three lines, COUNT 1. A read that
+// blocked is served by the one line that got an entry: one job, to one
+// waiting consumer. A read that did not block (jobs arrived since next.lua
+// looked) gets the first new job of each line that has one; they are
+// ordered by place, and what exceeds limit is held for the next Fetch.
+func (q *Queue) block(ctx context.Context, sh *shard, limit int, block time.Duration) ([]failover.Delivery, error) {
+	streams := []string{sh.lines[0].stream, sh.lines[1].stream, sh.lines[2].stream, ">", ">", ">"}
+	res, err := q.client.XReadGroup(ctx, &redis.XReadGroupArgs{
+		Group: q.cfg.Group, Consumer: q.cfg.Consumer, Streams: streams, Count: 1, Block: block,
 	}).Result()
 	if errors.Is(err, redis.Nil) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("redisstream: xreadgroup %s %s: %w", sh.stream, q.cfg.Group, err)
+		return nil, fmt.Errorf("redisstream: xreadgroup %s %s: %w", sh.lines[1].stream, q.cfg.Group, err)
 	}
-	var ds []failover.Delivery
-	for _, s := range streams {
-		for _, m := range s.Messages {
-			ds = append(ds, failover.Delivery{ID: q.deliveryID(i, m.ID), Body: bodyOf(m), Attempt: 1})
+	type got struct {
+		d     failover.Delivery
+		place int64
+	}
+	var gs []got
+	for _, s := range res {
+		for _, l := range sh.lines {
+			if l.stream != s.Stream {
+				continue
+			}
+			for _, m := range s.Messages {
+				place := entryMillis(m.ID) + int64(1-l.prio.Rank())*q.cfg.PriorityAging.Milliseconds()
+				gs = append(gs, got{failover.Delivery{ID: q.deliveryID(l, m.ID), Body: bodyOf(m), Attempt: 1}, place})
+			}
 		}
 	}
+	slices.SortStableFunc(gs, func(a, b got) int { return cmp.Compare(a.place, b.place) })
+	ds := make([]failover.Delivery, len(gs))
+	for i, g := range gs {
+		ds[i] = g.d
+	}
+	if len(ds) > limit {
+		q.mu.Lock()
+		q.held = append(q.held, ds[limit:]...)
+		q.mu.Unlock()
+		ds = ds[:limit]
+	}
 	return ds, nil
+}
+
+// takeHeld returns up to limit held deliveries, each touched first, so it
+// is still this member's and its idle time starts again; one another
+// member took over meanwhile is dropped.
+func (q *Queue) takeHeld(ctx context.Context, limit int) []failover.Delivery {
+	q.mu.Lock()
+	n := min(limit, len(q.held))
+	ds := slices.Clone(q.held[:n])
+	q.held = q.held[n:]
+	q.mu.Unlock()
+	out := ds[:0]
+	for _, d := range ds {
+		if err := q.Touch(ctx, d); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 func bodyOf(m redis.XMessage) []byte {
@@ -666,17 +988,17 @@ func bodyOf(m redis.XMessage) []byte {
 // entry over.
 // Acknowledging an entry that is no longer pending does nothing.
 func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
-	sh, id, err := q.locate(d.ID)
+	l, id, err := q.locate(d.ID)
 	if err != nil {
 		return err
 	}
-	res, err := ackScript.Run(ctx, q.client, []string{sh.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
+	res, err := ackScript.Run(ctx, q.client, []string{l.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
 	if err != nil {
 		q.noteGroupLost(err)
-		return fmt.Errorf("redisstream: ack %s %s: %w", sh.stream, id, err)
+		return fmt.Errorf("redisstream: ack %s %s: %w", l.stream, id, err)
 	}
 	if res < 0 {
-		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
+		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", l.stream, id, ErrClaimLost)
 	}
 	return nil
 }
@@ -686,24 +1008,24 @@ func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
 // from being taken over. It returns an error wrapping ErrClaimLost when
 // this member no longer holds the entry, and never takes it back.
 func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
-	sh, id, err := q.locate(d.ID)
+	l, id, err := q.locate(d.ID)
 	if err != nil {
 		return err
 	}
-	res, err := touchScript.Run(ctx, q.client, []string{sh.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
+	res, err := touchScript.Run(ctx, q.client, []string{l.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
 	if err != nil {
 		if q.noteGroupLost(err) {
-			return fmt.Errorf("redisstream: touch %s %s: %w: %w", sh.stream, id, ErrClaimLost, err)
+			return fmt.Errorf("redisstream: touch %s %s: %w: %w", l.stream, id, ErrClaimLost, err)
 		}
-		return fmt.Errorf("redisstream: touch %s %s: %w", sh.stream, id, err)
+		return fmt.Errorf("redisstream: touch %s %s: %w", l.stream, id, err)
 	}
 	switch res {
 	case 1:
 		return nil
 	case 0:
-		return fmt.Errorf("redisstream: touch %s %s: not pending: %w", sh.stream, id, ErrClaimLost)
+		return fmt.Errorf("redisstream: touch %s %s: not pending: %w", l.stream, id, ErrClaimLost)
 	default:
-		return fmt.Errorf("redisstream: touch %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
+		return fmt.Errorf("redisstream: touch %s %s: held by another consumer: %w", l.stream, id, ErrClaimLost)
 	}
 }
 
@@ -714,7 +1036,7 @@ func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
 // it (else an error wrapping ErrClaimLost). An entry no longer pending is
 // not recorded again, so a retry after a lost reply is harmless.
 func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
-	sh, id, err := q.locate(d.ID)
+	l, id, err := q.locate(d.ID)
 	if err != nil {
 		return err
 	}
@@ -722,15 +1044,15 @@ func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason stri
 	if q.cfg.KeepPayload {
 		keep = "1"
 	}
-	res, err := deadLetterScript.Run(ctx, q.client, []string{sh.stream, sh.deadLetter},
+	res, err := deadLetterScript.Run(ctx, q.client, []string{l.stream, q.shards[l.shard].deadLetter},
 		q.cfg.Group, id, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer,
 		q.cfg.DeadLetterMaxLen, int64(q.cfg.DeadLetterTTL/time.Second), keep).Int()
 	if err != nil {
 		q.noteGroupLost(err)
-		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", sh.stream, id, sh.deadLetter, err)
+		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", l.stream, id, q.shards[l.shard].deadLetter, err)
 	}
 	if res < 0 {
-		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", sh.stream, id, ErrClaimLost)
+		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", l.stream, id, ErrClaimLost)
 	}
 	return nil
 }

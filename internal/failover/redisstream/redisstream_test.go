@@ -17,7 +17,11 @@ import (
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
-const testIdle = 300 * time.Millisecond
+// testIdle is the takeover time of the tests' queues: long enough that a
+// test holding deliveries on a loaded machine (a fetch is one Lua call,
+// which miniredis runs slowly under -race) does not see them taken over
+// before it settles them, short enough to keep takeover tests quick.
+const testIdle = time.Second
 
 func newQueue(tb testing.TB, client redis.UniversalClient, prefix, consumer string) *Queue {
 	tb.Helper()

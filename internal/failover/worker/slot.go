@@ -21,7 +21,10 @@ const deferRecheck = 200 * time.Millisecond
 // waitSlot waits for a pool slot for job: until the job's deadline on
 // first delivery, for QueueTimeout more when the job was taken over (its
 // client has been waiting already, and was told so by a reset). The job
-// waits in the scheduler, parked, holding no worker slot until its turn.
+// waits in the scheduler, parked, holding no worker slot until its turn,
+// and then in the pool at its place in line (docs/QUEUE.md, "Priority
+// order"), so a high job that reached the pool after a normal one still
+// gets the next slot.
 func (w *Worker) waitSlot(ctx context.Context, job protocol.Job, d failover.Delivery) (pool.Lease, error) {
 	deadline := job.Deadline
 	if d.Attempt > 1 {
@@ -29,7 +32,7 @@ func (w *Worker) waitSlot(ctx context.Context, job protocol.Job, d failover.Deli
 	}
 	slotCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	return w.sched.acquire(slotCtx, job.UserID, job.EnqueueTime)
+	return w.sched.acquire(slotCtx, job.UserID, protocol.PlaceInLine(job.EnqueueTime, job.Priority, w.cfg.PriorityAging))
 }
 
 // scheduler decides which fetched job gets a worker slot next

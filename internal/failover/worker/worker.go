@@ -77,7 +77,14 @@ type Config struct {
 	// not out within it makes the answer start again after a reset.
 	// Default 2s.
 	PublishBudget time.Duration
+	// PriorityAging is PRIORITY_AGING_SECONDS: a job waits for its pool
+	// slot at its place in line (protocol.PlaceInLine), so priorities
+	// order the pool's waiters as they order the queue. Default 30s.
+	PriorityAging time.Duration
 }
+
+// DefaultPriorityAging is the default Config.PriorityAging.
+const DefaultPriorityAging = 30 * time.Second
 
 func (c Config) withDefaults() Config {
 	if c.StopGrace == 0 {
@@ -88,6 +95,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PublishBudget == 0 {
 		c.PublishBudget = DefaultPublishBudget
+	}
+	if c.PriorityAging == 0 {
+		c.PriorityAging = DefaultPriorityAging
 	}
 	return c
 }
@@ -108,6 +118,9 @@ func (c Config) Validate() error {
 	}
 	if err := c.Retry.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("worker: %w", err))
+	}
+	if c.PriorityAging < 0 {
+		errs = append(errs, errors.New("worker: PriorityAging must not be negative"))
 	}
 	if c.PublishBudget < 0 || (c.ReclaimIdle != 0 && c.ReclaimIdle <= c.Heartbeat) {
 		errs = append(errs, errors.New("worker: PublishBudget must not be negative, ReclaimIdle (when set) must exceed Heartbeat"))

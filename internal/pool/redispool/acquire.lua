@@ -5,6 +5,7 @@
 -- KEYS[2]  the requesting user's ZSET: same members and scores as KEYS[1]
 -- KEYS[3]  waiters ZSET: member waiter id, score enqueue time (µs)
 -- KEYS[4]  waiter expiry ZSET: member waiter id, score expiry (ms)
+-- KEYS[5]  the adaptive limit's HASH (adapt.lua), read with ARGV[8]
 -- ARGV[1]  lease id to add when granted
 -- ARGV[2]  global size (CONNECTION_POOL_SIZE)
 -- ARGV[3]  per-user limit (CONNECTION_POOL_PER_USER)
@@ -17,6 +18,9 @@
 --          16 id characters, ":", then the user.
 -- ARGV[7]  the waiter's place in line (µs since the epoch): when its work
 --          was queued; 0 means now (Redis TIME).
+-- ARGV[8]  "1" when adaptive concurrency is on: the global size is then
+--          lowered to the `limit` field of KEYS[5] (adapt.lua keeps it),
+--          when that exists and is lower. Else "0" and KEYS[5] is not read.
 --
 -- Fairness: a waiter is eligible when its user has a free per-user slot;
 -- of several waiters of one user only as many as it has free slots count.
@@ -25,15 +29,22 @@
 -- than `free` eligible waiters come before it in round-robin order between
 -- users (the user with fewest live leases first), FIFO within one user.
 --
--- Returns {code, in_use, enqueued}: code 0 granted, 1 pool exhausted (or,
--- for a waiter, free slots belong to older waiters), 2 user limit, 3 free
--- slots belong to waiters; in_use counts live leases afterwards; enqueued
--- is the waiter's score (0 for a direct request). A refused waiter stays
--- registered (registered now if it was not).
+-- Returns {code, in_use, enqueued, size}: code 0 granted, 1 pool
+-- exhausted (or, for a waiter, free slots belong to older waiters), 2 user
+-- limit, 3 free slots belong to waiters; in_use counts live leases
+-- afterwards; enqueued is the waiter's score (0 for a direct request);
+-- size is the global size applied (lowered by the adaptive limit). A
+-- refused waiter stays registered (registered now if it was not).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local size = tonumber(ARGV[2])
+if ARGV[8] == '1' then
+  local adaptive = tonumber(redis.call('HGET', KEYS[5], 'limit'))
+  if adaptive ~= nil and adaptive < size then
+    size = math.max(adaptive, 1)
+  end
+end
 local per_user = tonumber(ARGV[3])
 local ttl = tonumber(ARGV[4])
 local user_prefix = ARGV[5]
@@ -81,19 +92,19 @@ local function grant(enqueued)
   redis.call('ZADD', KEYS[2], exp, ARGV[1])
   redis.call('PEXPIRE', KEYS[1], keep)
   redis.call('PEXPIRE', KEYS[2], keep)
-  return {0, in_use + 1, enqueued}
+  return {0, in_use + 1, enqueued, size}
 end
 
 if waiter == '' then
   if free <= 0 then
-    return {1, in_use, 0}
+    return {1, in_use, 0, size}
   end
   if user_used >= per_user then
-    return {2, in_use, 0}
+    return {2, in_use, 0, size}
   end
   if redis.call('ZCARD', KEYS[3]) >= free then
     if eligible(redis.call('ZRANGE', KEYS[3], 0, -1), free) >= free then
-      return {3, in_use, 0}
+      return {3, in_use, 0, size}
     end
   end
   return grant(0)
@@ -114,10 +125,10 @@ redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
 
 if user_used >= per_user then
-  return {2, in_use, enqueued}
+  return {2, in_use, enqueued, size}
 end
 if free <= 0 then
-  return {1, in_use, enqueued}
+  return {1, in_use, enqueued, size}
 end
 -- Round-robin between users, FIFO within one: a waiter's turn key is its
 -- user's live leases plus the number of that user's waiters older than it,
@@ -144,7 +155,7 @@ for i, k in ipairs(keys) do
   if i ~= mine_pos and k < per_user and (k < mine_k or (k == mine_k and i < mine_pos)) then
     ahead = ahead + 1
     if ahead >= free then
-      return {1, in_use, enqueued}
+      return {1, in_use, enqueued, size}
     end
   end
 end

@@ -29,3 +29,8 @@ func WaiterExpiryKey(prefix string) string { return prefix + hashTag + ":waiters
 // NotifyChannel is the Pub/Sub channel on which releases (and waiters that
 // give up) wake the waiters of every process. "pool:{pool}:notify".
 func NotifyChannel(prefix string) string { return prefix + hashTag + ":notify" }
+
+// LimitKey is the HASH of the adaptive limit called name (adapt.lua):
+// limit, and the interval being counted. The pool's own limit is named
+// by Config.AdaptiveLimit. "pool:{pool}:limit:<name>".
+func LimitKey(prefix, name string) string { return prefix + hashTag + ":limit:" + name }

@@ -119,6 +119,11 @@ type Config struct {
 	// Holder names this process in lease ids ("<holder>/<id>"), so
 	// ZRANGE on LeasesKey shows who holds what. Optional.
 	Holder string
+	// AdaptiveLimit, when set, names the adaptive limit (LimitKey) that
+	// lowers Size for every process sharing Prefix
+	// (ADAPTIVE_CONCURRENCY); an adaptive.Controller keeps it through the
+	// Pool's Report. Empty: Size alone. It must not contain a brace.
+	AdaptiveLimit string
 	// DownAfter is how long the health probe may go unanswered, counted
 	// from a call that timed out, before Redis counts as gone
 	// (REDIS_DOWN_AFTER_MS). Default 3s, at least 100ms.
@@ -138,6 +143,9 @@ func (cfg Config) Validate() error {
 	}
 	if c.Size < 1 {
 		errs = append(errs, fmt.Errorf("Size %d is below 1", c.Size))
+	}
+	if strings.ContainsAny(c.AdaptiveLimit, "{}") {
+		errs = append(errs, fmt.Errorf("AdaptiveLimit %q contains a brace", c.AdaptiveLimit))
 	}
 	if c.PerUser < 1 {
 		errs = append(errs, fmt.Errorf("PerUser %d is below 1", c.PerUser))
@@ -190,6 +198,7 @@ type Pool struct {
 	local      *pool.Local
 
 	leasesKey, waitersKey, waiterExpKey, userPrefix, channel string
+	limitKey                                                 string // the adaptive limit's, "" without one
 	ttlMS                                                    int64
 
 	// Timers; tests change them before first use.
@@ -219,6 +228,7 @@ type Pool struct {
 
 	statsMu sync.Mutex
 	inUse   int
+	limit   int // the size acquire.lua last applied (the adaptive limit)
 	statsAt time.Time
 
 	transMu  sync.Mutex // serializes transitions and their callback
@@ -269,6 +279,7 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 		waiterExpKey: WaiterExpiryKey(cfg.Prefix),
 		userPrefix:   userKeyPrefix(cfg.Prefix),
 		channel:      NotifyChannel(cfg.Prefix),
+		limitKey:     limitKeyOf(cfg),
 		ttlMS:        cfg.LeaseTTL.Milliseconds(),
 		recheck:      recheckEvery,
 		probeEvery:   probeEvery,
@@ -277,7 +288,15 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 		kick:         make(chan struct{}, 1),
 		statsKick:    make(chan struct{}, 1),
 		changed:      make(chan struct{}),
+		limit:        cfg.Size,
 	}, nil
+}
+
+func limitKeyOf(cfg Config) string {
+	if cfg.AdaptiveLimit == "" {
+		return ""
+	}
+	return LimitKey(cfg.Prefix, cfg.AdaptiveLimit)
 }
 
 // TryAcquire takes a slot for user without waiting: one script call to
@@ -358,16 +377,16 @@ func (p *Pool) acquire(ctx context.Context, user string, since time.Time, deferr
 	}
 }
 
-// Stats returns the cluster-wide slots in use and Size, from a cache that
-// script calls keep current and that is refreshed in the background when
-// older than 500ms: Stats itself never waits on Redis. While in fallback
-// it returns the fallback pool's stats.
+// Stats returns the cluster-wide slots in use, Size and the adaptive
+// limit applied, from a cache that script calls keep current and that is
+// refreshed in the background when older than 500ms: Stats itself never
+// waits on Redis. While in fallback it returns the fallback pool's stats.
 func (p *Pool) Stats() pool.Stats {
 	if fb, _ := p.mode(); fb {
 		return p.local.Stats()
 	}
 	p.statsMu.Lock()
-	inUse, at := p.inUse, p.statsAt
+	inUse, limit, at := p.inUse, p.limit, p.statsAt
 	p.statsMu.Unlock()
 	if time.Since(at) > statsMaxAge {
 		p.mu.Lock()
@@ -375,7 +394,7 @@ func (p *Pool) Stats() pool.Stats {
 		p.mu.Unlock()
 		p.kickRenew()
 	}
-	return pool.Stats{InUse: inUse, Capacity: p.cfg.Size}
+	return pool.Stats{InUse: inUse, Capacity: p.cfg.Size, Limit: limit}
 }
 
 // Fallback reports whether the Pool currently serves from the local
@@ -526,6 +545,14 @@ func newID() string {
 func (p *Pool) setStats(inUse int) {
 	p.statsMu.Lock()
 	p.inUse, p.statsAt = inUse, time.Now()
+	p.statsMu.Unlock()
+}
+
+// setLimit caches the size acquire.lua applied, or the adaptive limit a
+// report returned.
+func (p *Pool) setLimit(limit int) {
+	p.statsMu.Lock()
+	p.limit = min(limit, p.cfg.Size)
 	p.statsMu.Unlock()
 }
 

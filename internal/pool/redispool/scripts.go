@@ -29,6 +29,10 @@ var (
 	//go:embed renew.lua
 	renewSource string
 	renewScript = redis.NewScript(renewSource)
+
+	//go:embed adapt.lua
+	adaptSource string
+	adaptScript = redis.NewScript(adaptSource)
 )
 
 // Result codes of acquire.lua.
@@ -109,19 +113,26 @@ type acquireReply struct {
 	code     int64
 	inUse    int64
 	enqueued int64 // the waiter's registration time (µs), 0 for direct
+	size     int64 // the global size applied: Size, or the adaptive limit
 }
 
 // runAcquire runs acquire.lua for lease id; member is "" for a direct
 // request, else the waiter's member, whose place in line is since (µs
 // since the epoch; 0 means now).
 func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since int64) (acquireReply, error) {
-	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey}
+	// Without an adaptive limit the fifth key is never read; the leases
+	// key stands in so that every key stays in the {pool} slot.
+	limitKey, adaptive := p.limitKey, "1"
+	if limitKey == "" {
+		limitKey, adaptive = p.leasesKey, "0"
+	}
+	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey, limitKey}
 	// The script ran after the caller was told it failed (Redis was slow or
 	// paused): a lease it granted has no holder, and a waiter entry it
 	// (re)registered belongs to a waiter that has moved on — a waiter that
 	// waits again registers under a new member. Undo both.
 	late := func(v any) {
-		if n, err := ints(v, 3); err == nil && n[0] == codeGranted {
+		if n, err := ints(v, 4); err == nil && n[0] == codeGranted {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 			defer cancel()
 			_, _ = p.runRelease(ctx, id, user)
@@ -131,7 +142,7 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 		}
 	}
 	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
-		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since)
+		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since, adaptive)
 	if err != nil {
 		if _, slow := errors.AsType[*slowError](err); slow {
 			// The script may have run, or run later, and its late reply is
@@ -143,12 +154,13 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 		}
 		return acquireReply{}, err
 	}
-	n, err := ints(v, 3)
+	n, err := ints(v, 4)
 	if err != nil {
 		return acquireReply{}, fmt.Errorf("redispool: acquire for %s: %w", user, err)
 	}
 	p.setStats(int(n[1]))
-	return acquireReply{code: n[0], inUse: n[1], enqueued: n[2]}, nil
+	p.setLimit(int(n[3]))
+	return acquireReply{code: n[0], inUse: n[1], enqueued: n[2], size: n[3]}, nil
 }
 
 // runRelease runs release.lua; it reports whether a live lease was removed.
