@@ -341,3 +341,15 @@ pair_summary() {
 	   lost: ($pairs | map(.a.lost + .b.lost) | add),
 	   loads: ($pairs | map(.a.load, .b.load))}' "$@"
 }
+
+# start_proxy NAME UPSTREAM_URL: the bare pass-through hop (passproxy) in
+# front of UPSTREAM_URL, the floor the api is measured against. Sets
+# PROXY_PORT and PROXY_PID.
+start_proxy() {
+	local name=$1
+	free_port
+	PROXY_PORT=$PORT
+	start_proc "$name" "$BIN/passproxy" -addr "127.0.0.1:$PROXY_PORT" -upstream "$2"
+	PROXY_PID=$REPLY
+	wait_http "http://127.0.0.1:$PROXY_PORT/healthz" "$PROXY_PID"
+}

@@ -21,7 +21,7 @@ require_tools go jq curl redis-server redis-cli ss timeout
 SCENARIOS=${SCENARIOS:-direct queued waiting flood noisy}
 
 log "building into $BIN"
-(cd "$ROOT" && go build -o "$BIN/" ./cmd/...)
+(cd "$ROOT" && go build -o "$BIN/" ./cmd/... ./scripts/bench/passproxy)
 machine_json >"$RESULTS/machine.json"
 git -C "$ROOT" status --porcelain >"$RESULTS/git-status.txt" 2>/dev/null || true
 log "results in $RESULTS; machine: $(jq -c . "$RESULTS/machine.json")"
