@@ -1,10 +1,10 @@
 package llm
 
 import (
-	"unicode"
-	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // The fast path of the OpenAI client's stream parser (docs/BENCHMARKS.md,
@@ -237,106 +237,11 @@ func (p *fastParser) delta(dst []byte) ([]byte, bool) {
 }
 
 // str reads a string, appending its value to dst as encoding/json
-// decodes it into a Go string: escapes resolved, an invalid UTF-8 byte or
-// lone surrogate replaced by U+FFFD.
+// decodes it into a Go string.
 func (p *fastParser) str(dst []byte) ([]byte, bool) {
-	if p.i >= len(p.d) || p.d[p.i] != '"' {
-		return dst, false
-	}
-	i := p.i + 1
-	for i < len(p.d) {
-		c := p.d[i]
-		switch {
-		case c == '"':
-			p.i = i + 1
-			return dst, true
-		case c < 0x20:
-			return dst, false
-		case c == '\\':
-			if i+1 >= len(p.d) {
-				return dst, false
-			}
-			i += 2
-			switch p.d[i-1] {
-			case '"', '\\', '/':
-				dst = append(dst, p.d[i-1])
-			case 'b':
-				dst = append(dst, '\b')
-			case 'f':
-				dst = append(dst, '\f')
-			case 'n':
-				dst = append(dst, '\n')
-			case 'r':
-				dst = append(dst, '\r')
-			case 't':
-				dst = append(dst, '\t')
-			case 'u':
-				r := hex4(p.d[i:])
-				if r < 0 {
-					return dst, false
-				}
-				i += 4
-				if utf16.IsSurrogate(r) {
-					// A pair when a valid low half follows at once; else
-					// the lone half is replaced and what follows read on
-					// its own, as encoding/json does.
-					if r2 := u4(p.d[i:]); r2 >= 0 {
-						if dec := utf16.DecodeRune(r, r2); dec != unicode.ReplacementChar {
-							dst = utf8.AppendRune(dst, dec)
-							i += 6
-							continue
-						}
-					}
-					r = unicode.ReplacementChar
-				}
-				dst = utf8.AppendRune(dst, r)
-			default:
-				return dst, false
-			}
-		case c < utf8.RuneSelf:
-			dst = append(dst, c)
-			i++
-		default:
-			r, size := utf8.DecodeRune(p.d[i:])
-			if r == utf8.RuneError && size == 1 {
-				dst = utf8.AppendRune(dst, utf8.RuneError)
-			} else {
-				dst = append(dst, p.d[i:i+size]...)
-			}
-			i += size
-		}
-	}
-	return dst, false
-}
-
-// hex4 reads four hex digits as a rune, -1 if they are not.
-func hex4(b []byte) rune {
-	if len(b) < 4 {
-		return -1
-	}
-	var r rune
-	for _, c := range b[:4] {
-		switch {
-		case '0' <= c && c <= '9':
-			c -= '0'
-		case 'a' <= c && c <= 'f':
-			c = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			c = c - 'A' + 10
-		default:
-			return -1
-		}
-		r = r*16 + rune(c)
-	}
-	return r
-}
-
-// u4 reads `\uXXXX` as a rune, -1 if b does not start with one.
-func u4(b []byte) rune {
-	if len(b) < 6 || b[0] != '\\' || b[1] != 'u' {
-		return -1
-	}
-	return hex4(b[2:])
+	out, n, ok := protocol.AppendJSONUnquoted(dst, p.d[p.i:])
+	p.i += n
+	return out, ok
 }
 
 // skip reads any JSON value, checking its syntax as encoding/json would.
@@ -377,6 +282,19 @@ func (p *fastParser) skip(depth int) bool {
 	return false
 }
 
+// isHex4 reports whether b starts with four hex digits.
+func isHex4(b []byte) bool {
+	if len(b) < 4 {
+		return false
+	}
+	for _, c := range b[:4] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
 func (p *fastParser) lit(s string) bool {
 	if len(p.d)-p.i >= len(s) && string(p.d[p.i:p.i+len(s)]) == s {
 		p.i += len(s)
@@ -403,7 +321,7 @@ func (p *fastParser) skipStr() bool {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i++
 			case 'u':
-				if hex4(p.d[i+2:]) < 0 {
+				if !isHex4(p.d[i+2:]) {
 					return false
 				}
 				i += 5

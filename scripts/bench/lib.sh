@@ -161,7 +161,8 @@ pprof_flag() {
 # start_api NAME [VAR=value...]: an api on a free port against Redis and
 # the simulated upstream on SIM_PORT (an OpenAI-compatible provider, as in
 # production); the extra settings override the defaults below. Sets
-# API_PORT, API_PID and, when profiling, PPROF_ADDR.
+# API_PORT, API_PID and, when profiling, PPROF_ADDR. API_BIN, when set,
+# is the api binary to run instead of $BIN/api (a baseline build).
 start_api() {
 	local name=$1
 	shift
@@ -170,7 +171,7 @@ start_api() {
 	pprof_flag
 	start_proc "$name" env HTTP_ADDR="127.0.0.1:$API_PORT" REDIS_URL="$REDIS_URL" \
 		LLM_PROVIDER=openai LLM_BASE_URL="http://127.0.0.1:${SIM_PORT:-1}/v1" \
-		EMBEDDED_WORKERS=false LOG_LEVEL=warn "$@" "$BIN/api" "${PPROF_FLAGS[@]}"
+		EMBEDDED_WORKERS=false LOG_LEVEL=warn "$@" "${API_BIN:-$BIN/api}" "${PPROF_FLAGS[@]}"
 	API_PID=$REPLY
 	wait_http "http://127.0.0.1:$API_PORT/readyz" "$API_PID"
 }
