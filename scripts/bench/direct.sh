@@ -45,6 +45,12 @@ NC=${NC:-${N200:-2000}}
 FT=${SIM_FIRST_TOKEN_MS:-50} TI=${SIM_TOKEN_MS:-5} TOK=${SIM_TOKENS:-16}
 TPUT_C=${TPUT_C:-64} TPUT_N=${TPUT_N:-3000} TPUT_TOKENS=${TPUT_TOKENS:-50} TPUT_SHORT=${TPUT_SHORT:-5}
 
+# Every api: a pool large enough for every request, and no queue: a
+# request the pool refused (a Redis script slow on a loaded machine)
+# would queue, and with nothing in the queue served, every later one
+# would queue behind it. Refused, it is counted and fails the check.
+DIRECT_ENV=(CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 DIRECT_PATH_ENABLED=true QUEUE_FAILOVER_ENABLED=false)
+
 # --- part 1: latency ---
 start_redis
 start_simllm simllm "$FT" "$TI" "$TOK"
@@ -52,16 +58,16 @@ CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID)
 start_proxy proxy "http://127.0.0.1:$SIM_PORT"
 CPU_PID[proxy]=$PROXY_PID
 PROXY="http://127.0.0.1:$PROXY_PORT/v1/chat/completions"
-start_api api CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 DIRECT_PATH_ENABLED=true
+start_api api "${DIRECT_ENV[@]}"
 API_PPROF=$PPROF_ADDR
 CPU_PID[api]=$API_PID
 API="http://127.0.0.1:$API_PORT/v1/stream"
-start_api api-local CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 DIRECT_PATH_ENABLED=true POOL_BACKEND=local
+start_api api-local "${DIRECT_ENV[@]}" POOL_BACKEND=local
 API_LOCAL="http://127.0.0.1:$API_PORT/v1/stream"
 CPU_PID[api_local]=$API_PID
 TARGETS=(api api-local proxy)
 if [[ -n ${BASELINE_BIN:-} ]]; then
-	API_BIN=$BASELINE_BIN/api start_api api-base CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 DIRECT_PATH_ENABLED=true
+	API_BIN=$BASELINE_BIN/api start_api api-base "${DIRECT_ENV[@]}"
 	API_BASE="http://127.0.0.1:$API_PORT/v1/stream"
 	BASE_PPROF=$PPROF_ADDR
 	CPU_PID[api_base]=$API_PID
@@ -113,12 +119,12 @@ CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID)
 start_proxy proxy-fast "http://127.0.0.1:$SIM_PORT"
 CPU_PID[proxy]=$PROXY_PID
 PROXY="http://127.0.0.1:$PROXY_PORT/v1/chat/completions"
-start_api api-fast CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 DIRECT_PATH_ENABLED=true
+start_api api-fast "${DIRECT_ENV[@]}"
 CPU_PID[api]=$API_PID
 API="http://127.0.0.1:$API_PORT/v1/stream"
 TTARGETS=(api proxy)
 if [[ -n ${BASELINE_BIN:-} ]]; then
-	API_BIN=$BASELINE_BIN/api start_api api-base-fast CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 DIRECT_PATH_ENABLED=true
+	API_BIN=$BASELINE_BIN/api start_api api-base-fast "${DIRECT_ENV[@]}"
 	API_BASE="http://127.0.0.1:$API_PORT/v1/stream"
 	CPU_PID[api_base]=$API_PID
 	TTARGETS+=(api-base)
