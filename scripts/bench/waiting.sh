@@ -5,7 +5,8 @@
 # consumer, so every stream waits: QUEUE_FAILOVER_TIMEOUT_SECONDS=60 (each
 # then ends with an `error` event of type queue-timeout, counted as an
 # error, not lost), HEARTBEAT_INTERVAL_SECONDS=2, and an overflow threshold
-# above WAIT_N so none is refused. The load tool opens WAIT_N streams
+# and a per-identity queue limit (QUEUE_MAX_PER_IDENTITY; every stream
+# comes from one address) above WAIT_N so none is refused. The load tool opens WAIT_N streams
 # (ramped over WAIT_RAMP) and records every ping's interval. The api's
 # VmRSS is sampled before the load and, once spillway_active_streams
 # {path="queued"} reaches WAIT_N, every second for PLATEAU_SAMPLES
@@ -39,7 +40,7 @@ mkdir -p "$dir"
 start_redis
 start_api api DIRECT_PATH_ENABLED=false CONNECTION_POOL_SIZE=1 LLM_PROVIDER=sim \
 	QUEUE_FAILOVER_TIMEOUT_SECONDS="$QUEUE_TIMEOUT" HEARTBEAT_INTERVAL_SECONDS="$HEARTBEAT" \
-	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500
+	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500 QUEUE_MAX_PER_IDENTITY=$((WAIT_N * 2))
 API_PPROF=$PPROF_ADDR
 METRICS="http://127.0.0.1:$API_PORT/metrics"
 sleep 2 # let start-up allocation settle

@@ -129,7 +129,11 @@ func (sh *shard) removeLocked(sub *Subscription, err error) {
 // serialises every send on sub.c with its close.
 func (sub *Subscription) endLocked(err error) {
 	sub.state = stateEnded
-	close(sub.chanLocked())
+	if sub.c == nil {
+		sub.c = closedPayloads // it never got a buffer: none is made to close
+	} else {
+		close(sub.c)
+	}
 	if err != nil {
 		sub.err = err
 		close(sub.done)
@@ -146,6 +150,14 @@ func (sub *Subscription) chanLocked() chan []byte {
 	}
 	return sub.c
 }
+
+// closedPayloads is the channel of every subscription that ended before
+// it needed a buffer.
+var closedPayloads = func() chan []byte {
+	c := make(chan []byte)
+	close(c)
+	return c
+}()
 
 // readyLocked calls the OnReady function, once. The caller holds
 // sub.sh.mu.
