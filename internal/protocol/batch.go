@@ -29,6 +29,16 @@ func appendBatch(dst []byte, chunks []Chunk) []byte {
 	return append(dst, ']')
 }
 
+// batchLen is about the length of a BATCH message of chunks, so it is
+// written into one allocation (more only for content that needs escaping).
+func batchLen(chunks []Chunk) int {
+	n := len("BATCH:999999999:[]")
+	for _, c := range chunks {
+		n += len(`{"seq":,"content":""},`) + 10 + len(c.Content) + len(c.Content)/8
+	}
+	return n
+}
+
 // decodeBatchFast reads a BATCH array in the shape appendBatch writes.
 // Every content is a substring of one string, so a batch costs two
 // allocations whatever its length (up to 16 chunks, three beyond). ok false means "decode it in full".

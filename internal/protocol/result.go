@@ -115,7 +115,7 @@ func EncodeResult(r Result) ([]byte, error) {
 	switch r.Kind {
 	case KindBatch:
 		if err = checkBatch(r.Chunks); err == nil {
-			out = appendBatch(fenced(prefixBatch), r.Chunks)
+			out = appendBatch(append(make([]byte, 0, batchLen(r.Chunks)), fenced(prefixBatch)...), r.Chunks)
 		}
 	case KindDone:
 		head := append([]byte(nil), prefixDone...)
