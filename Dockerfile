@@ -1,5 +1,5 @@
 # One image for every Spillway process; choose with the command
-# (api, consumer, simllm, loadtest). docker-compose.yml and the Kubernetes
+# (api, consumer, simllm, loadtest, spillway-admin). docker-compose.yml and the Kubernetes
 # manifests in deploy/ run it with `api` or `consumer` (docs/DEPLOY.md).
 # Distroless: no shell, so Kubernetes' preStop uses the kubelet's sleep.
 FROM golang:1.26 AS build

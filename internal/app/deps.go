@@ -119,6 +119,7 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 		d.log.Warn("embedded mode: in-process miniredis, workers and provider; for development, not for production",
 			"miniredis", mr.Addr())
 		rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+		rdb.AddHook(redisTimer{d.obs.m.RedisCommand})
 		d.closers = append(d.closers, func() { _ = rdb.Close() })
 		return rdb, nil
 	}
@@ -128,8 +129,9 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", role, err)
 	}
+	rdb.AddHook(redisTimer{d.obs.m.RedisCommand})
 	d.closers = append(d.closers, func() { _ = rdb.Close() })
-	d.log.Info("redis", "mode", cfg.RedisMode())
+	d.log.Info("redis", "mode", cfg.RedisMode(), "pool_size", cfg.RedisPoolSize, "down_after_ms", cfg.RedisDownAfterMS)
 	return rdb, nil
 }
 
@@ -142,7 +144,19 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 		return pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
 	}
 	m := d.obs.m
-	p, err := redispool.New(RedisPoolConfig(cfg, InstanceName(role)), d.rdb, d.log.With("component", "pool"), func(on bool) {
+	pcfg := RedisPoolConfig(cfg, InstanceName(role))
+	if !cfg.Embedded() {
+		// The health probe has a connection of its own, so a client pool
+		// full of slow calls does not make Redis look dead.
+		probe, err := NewRedisProbeClient(cfg)
+		if err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, func() { _ = probe.Close() })
+		leases := redispool.LeasesKey(pcfg.Prefix) // the pool's node in a Cluster
+		pcfg.Probe = func(ctx context.Context) error { return probe.Exists(ctx, leases).Err() }
+	}
+	p, err := redispool.New(pcfg, d.rdb, d.log.With("component", "pool"), func(on bool) {
 		if on {
 			m.PoolFallback.Set(1)
 		} else {

@@ -13,11 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/pool/redispool"
 )
 
-// minRedisPoolSize is the least connections per Redis node a process keeps:
-// waiting clients hold none each (Pub/Sub is multiplexed), but enqueues,
-// cancels and pool scripts need a few under load.
+// minRedisPoolSize is the least connections per Redis node a process keeps
+// by default: waiting clients hold none each (Pub/Sub is multiplexed), but
+// enqueues, cancels and pool scripts need a few under load.
 const minRedisPoolSize = 64
 
 // NewRedisClient returns the Redis client cfg asks for: one Redis
@@ -27,15 +28,44 @@ const minRedisPoolSize = 64
 // does no I/O. The caller closes the client (components never do). In
 // embedded mode it returns an error: the caller starts miniredis itself.
 //
-// Context deadlines bound every command (ContextTimeoutEnabled), so a hung
-// Redis cannot hang a request. Cluster clients follow MOVED and ASK
+// The connection pool and its timeouts come from REDIS_POOL_SIZE,
+// REDIS_MIN_IDLE_CONNS, REDIS_DIAL_TIMEOUT_MS, REDIS_TIMEOUT_MS and
+// REDIS_POOL_TIMEOUT_MS (docs/OPERATIONS.md, "Redis busy or down").
+// Context deadlines bound every command too (ContextTimeoutEnabled), so a
+// hung Redis cannot hang a request. Cluster clients follow MOVED and ASK
 // redirections and refresh the slot map on a failover; Sentinel clients
-// follow the primary the Sentinels announce (docs/OPERATIONS.md).
+// follow the primary the Sentinels announce.
 func NewRedisClient(cfg *config.Config) (redis.UniversalClient, error) {
 	if cfg == nil {
 		return nil, errors.New("app: redis client: nil config")
 	}
-	poolSize := max(minRedisPoolSize, 2*cfg.WorkerConcurrency+8)
+	poolSize := cfg.RedisPoolSize
+	if poolSize == 0 {
+		poolSize = max(minRedisPoolSize, 2*cfg.WorkerConcurrency+8)
+	}
+	return newRedisClient(cfg, poolSize, cfg.RedisMinIdleConns, false)
+}
+
+// NewRedisProbeClient returns a client like NewRedisClient's with one
+// connection per node, none kept idle and no retries: the pool's health
+// probe, which must not queue behind the busy connections of the main
+// client to learn whether Redis answers, and must see a refused dial as
+// one (not retried into a timeout).
+func NewRedisProbeClient(cfg *config.Config) (redis.UniversalClient, error) {
+	if cfg == nil {
+		return nil, errors.New("app: redis client: nil config")
+	}
+	return newRedisClient(cfg, 1, 0, true)
+}
+
+func newRedisClient(cfg *config.Config, poolSize, minIdle int, probe bool) (redis.UniversalClient, error) {
+	retries := 0 // go-redis's default
+	if probe {
+		retries = -1
+	}
+	dial := time.Duration(cfg.RedisDialTimeoutMS) * time.Millisecond
+	rw := time.Duration(cfg.RedisTimeoutMS) * time.Millisecond
+	wait := time.Duration(cfg.RedisPoolTimeoutMS) * time.Millisecond
 	switch cfg.RedisMode() {
 	case config.RedisModeSingle:
 		opts, err := redis.ParseURL(cfg.RedisURL)
@@ -46,28 +76,57 @@ func NewRedisClient(cfg *config.Config) (redis.UniversalClient, error) {
 			}
 			return nil, fmt.Errorf("app: redis client: REDIS_URL: %w", err)
 		}
-		opts.PoolSize = max(opts.PoolSize, poolSize)
+		opts.PoolSize, opts.MinIdleConns = poolSize, minIdle
+		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = dial, rw, rw, wait
 		opts.ContextTimeoutEnabled = true
-		return redis.NewClient(opts), nil
+		opts.MaxRetries = retries
+		return redis.NewClient(nodeOptions(opts, probe)), nil
 	case config.RedisModeCluster:
 		return redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                 append([]string(nil), cfg.RedisClusterAddrs...),
-			Password:              cfg.RedisPassword,
-			PoolSize:              poolSize,
+			Addrs:        append([]string(nil), cfg.RedisClusterAddrs...),
+			Password:     cfg.RedisPassword,
+			PoolSize:     poolSize,
+			MinIdleConns: minIdle,
+			DialTimeout:  dial, ReadTimeout: rw, WriteTimeout: rw, PoolTimeout: wait,
+			MaxRetries:            retries,
 			ContextTimeoutEnabled: true,
+			NewClient: func(o *redis.Options) *redis.Client {
+				return redis.NewClient(nodeOptions(o, probe))
+			},
 		}), nil
 	case config.RedisModeSentinel:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
-			MasterName:            cfg.RedisSentinelMaster,
-			SentinelAddrs:         append([]string(nil), cfg.RedisSentinelAddrs...),
-			SentinelPassword:      cfg.RedisSentinelPassword,
-			Password:              cfg.RedisPassword,
-			PoolSize:              poolSize,
+			MasterName:       cfg.RedisSentinelMaster,
+			SentinelAddrs:    append([]string(nil), cfg.RedisSentinelAddrs...),
+			SentinelPassword: cfg.RedisSentinelPassword,
+			Password:         cfg.RedisPassword,
+			PoolSize:         poolSize,
+			MinIdleConns:     minIdle,
+			DialTimeout:      dial, ReadTimeout: rw, WriteTimeout: rw, PoolTimeout: wait,
+			MaxRetries:            retries,
 			ContextTimeoutEnabled: true,
 		}), nil
 	default:
 		return nil, errors.New("app: redis client: embedded mode has no Redis to connect to (set REDIS_URL, REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS)")
 	}
+}
+
+// Dial retries of the main client: a refused dial must show as refused
+// within the pool's 500 ms call timeout, not be retried into a timeout that
+// reads as a busy Redis (docs/OPERATIONS.md, "Redis busy or down").
+const (
+	dialRetries    = 2
+	dialRetryPause = 50 * time.Millisecond
+)
+
+// nodeOptions finishes the options of one node's client: the probe's, or
+// the main client's dial retries.
+func nodeOptions(o *redis.Options, probe bool) *redis.Options {
+	if probe {
+		return redispool.ProbeOptions(o)
+	}
+	o.DialerRetries, o.DialerRetryTimeout = dialRetries, dialRetryPause
+	return o
 }
 
 // switchMasterChannel is where Sentinels announce a failover:

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/rediserr"
 	"github.com/spillway-dev/spillway/internal/redistest"
 )
 
@@ -86,4 +87,52 @@ func TestNewRedisClient(t *testing.T) {
 			t.Fatalf("NewRedisClient = %v; want an error without the password", err)
 		}
 	})
+}
+
+// TestRedisClientSettings: the REDIS_* client settings reach the client,
+// the probe client has one connection and no retries, and a refused dial
+// shows as refused (gone) well within the pool's 500 ms call timeout.
+func TestRedisClientSettings(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	cfg, err := config.Load("", map[string]string{
+		"REDIS_URL": s.URL(), "REDIS_POOL_SIZE": "33", "REDIS_MIN_IDLE_CONNS": "3",
+		"REDIS_DIAL_TIMEOUT_MS": "700", "REDIS_TIMEOUT_MS": "900", "REDIS_POOL_TIMEOUT_MS": "400",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewRedisClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	o := c.(*redis.Client).Options()
+	if o.PoolSize != 33 || o.MinIdleConns != 3 || o.DialTimeout != 700*time.Millisecond ||
+		o.ReadTimeout != 900*time.Millisecond || o.WriteTimeout != 900*time.Millisecond || o.PoolTimeout != 400*time.Millisecond {
+		t.Fatalf("client options %+v do not follow the REDIS_* settings", o)
+	}
+	pc, err := NewRedisProbeClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	po := pc.(*redis.Client).Options()
+	if po.PoolSize != 1 || po.MinIdleConns != 0 || po.MaxRetries > 0 || po.DialerRetries != 1 {
+		t.Fatalf("probe client options %+v, want one connection and no retries", po)
+	}
+	if err := pc.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("probe PING: %v", err)
+	}
+	s.Stop()
+	for _, cl := range []redis.UniversalClient{c, pc} {
+		start := time.Now()
+		err := cl.Ping(t.Context()).Err()
+		if took := time.Since(start); took > 400*time.Millisecond {
+			t.Errorf("PING on a stopped Redis took %v: a refused dial must not be retried into the pool's call timeout", took)
+		}
+		if rediserr.Classify(err) != rediserr.Gone {
+			t.Errorf("PING on a stopped Redis: %v, classified %v, want gone", err, rediserr.Classify(err))
+		}
+	}
 }

@@ -87,6 +87,7 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 	return redispool.Config{
 		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
 		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
+		DownAfter: time.Duration(cfg.RedisDownAfterMS) * time.Millisecond,
 	}
 }
 
@@ -104,6 +105,7 @@ func KafkaConfig(cfg *config.Config, claims kafka.Claims) kafka.Config {
 	return kafka.Config{
 		Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
 		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims,
+		DeadLetterRetention: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
 	}
 }
 

@@ -35,6 +35,23 @@ type Config struct {
 	// RedisPassword authenticates to the data nodes in Cluster and
 	// Sentinel mode (a REDIS_URL carries its own).
 	RedisPassword string `env:"REDIS_PASSWORD"`
+	// RedisPoolSize is the go-redis connections per Redis node. Default 0:
+	// max(64, 2×WorkerConcurrency+8).
+	RedisPoolSize int `env:"REDIS_POOL_SIZE" envDefault:"0"`
+	// RedisMinIdleConns are kept open per node so a burst does not dial.
+	// Default 0 (opened on demand).
+	RedisMinIdleConns int `env:"REDIS_MIN_IDLE_CONNS" envDefault:"0"`
+	// RedisDialTimeoutMS bounds opening a connection. Default 1000.
+	RedisDialTimeoutMS int `env:"REDIS_DIAL_TIMEOUT_MS" envDefault:"1000"`
+	// RedisTimeoutMS bounds one read or write on a connection. Default 3000.
+	RedisTimeoutMS int `env:"REDIS_TIMEOUT_MS" envDefault:"3000"`
+	// RedisPoolTimeoutMS bounds the wait for a free connection when all
+	// are busy. Default 1000.
+	RedisPoolTimeoutMS int `env:"REDIS_POOL_TIMEOUT_MS" envDefault:"1000"`
+	// RedisDownAfterMS is how long Redis may leave the health probe
+	// unanswered, after a call timed out, before it counts as down (the
+	// pool's fallback). Default 3000.
+	RedisDownAfterMS int `env:"REDIS_DOWN_AFTER_MS" envDefault:"3000"`
 	// QueueShards splits the Redis Streams queue over this many streams,
 	// 1 to 64. Default 1.
 	QueueShards int `env:"QUEUE_SHARDS" envDefault:"1"`
@@ -66,11 +83,13 @@ type Config struct {
 	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
 	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
 	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
-	// DeadLetterMaxLen bounds the dead-letter stream (XADD MAXLEN ~). Default 10000.
+	// DeadLetterMaxLen bounds each dead-letter stream (XADD MAXLEN ~); Kafka has no count bound. Default 10000.
 	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN" envDefault:"10000"`
-	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record. Default 168.
+	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record, and the
+	// Kafka dead-letter topic's retention. Default 168.
 	DeadLetterTTLHours int `env:"DEAD_LETTER_TTL_HOURS" envDefault:"168"`
-	// DeadLetterKeepPayload stores the job's prompt in a dead letter; false keeps a digest and sizes only. Default false.
+	// DeadLetterKeepPayload stores the job's prompt in a dead letter (both queues); false keeps a
+	// digest and sizes only. Default false.
 	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD" envDefault:"false"`
 	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
 	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`

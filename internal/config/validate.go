@@ -107,6 +107,12 @@ func (c *Config) Validate() error {
 	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
 	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
 	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
+	v.atLeast("REDIS_POOL_SIZE", c.RedisPoolSize, 0)
+	v.atLeast("REDIS_MIN_IDLE_CONNS", c.RedisMinIdleConns, 0)
+	v.atLeast("REDIS_DIAL_TIMEOUT_MS", c.RedisDialTimeoutMS, 10)
+	v.atLeast("REDIS_TIMEOUT_MS", c.RedisTimeoutMS, 10)
+	v.atLeast("REDIS_POOL_TIMEOUT_MS", c.RedisPoolTimeoutMS, 10)
+	v.atLeast("REDIS_DOWN_AFTER_MS", c.RedisDownAfterMS, 100)
 	if v.atLeast("QUEUE_SHARDS", c.QueueShards, 1) {
 		if c.QueueShards > maxQueueShards {
 			v.fail("QUEUE_SHARDS", "(%d) must be at most %d", c.QueueShards, maxQueueShards)

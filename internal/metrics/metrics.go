@@ -58,10 +58,14 @@ type Metrics struct {
 	MalformedMessages *prometheus.CounterVec   // spillway_malformed_messages_total{source}
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
+	RedisCommand      *prometheus.HistogramVec // spillway_redis_command_seconds{op}
 }
 
 // latencyBuckets cover sub-millisecond overheads up to minute-long waits.
 var latencyBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// redisBuckets resolve a healthy Redis (tens of µs) up to a call timeout.
+var redisBuckets = []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 
 // New creates every collector and registers it on reg.
 func New(reg prometheus.Registerer) *Metrics {
@@ -125,6 +129,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		SubscriptionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_subscriptions_lost_total", Help: "Result subscriptions ended by the subscriber (overflow, connection_lost).",
 		}, []string{"reason"}),
+		RedisCommand: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "spillway_redis_command_seconds", Help: "Redis commands as this process saw them (queueing for a connection included), by command (evalsha for scripts, pipeline for pipelines).",
+			Buckets: redisBuckets,
+		}, []string{"op"}),
 		TraceInvalid: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "spillway_trace_context_invalid_total", Help: "Trace fields of jobs or records that were present but unusable; the job ran as the root of a new trace.",
 		}),
@@ -132,7 +140,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
-		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid)
+		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid, m.RedisCommand)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)

@@ -57,7 +57,8 @@ func Start(tb testing.TB) *Server {
 // serverArgs are the settings of every test redis-server.
 func serverArgs(dir string, port int) []string {
 	return []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--maxclients", "20000"}
+		"--save", "", "--appendonly", "no", "--dir", dir, "--maxclients", "20000",
+		"--enable-debug-command", "local"} // DEBUG SLEEP plays a busy Redis
 }
 
 // startServer runs bin with args(dir, port) on a free port and waits until

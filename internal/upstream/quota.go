@@ -11,6 +11,8 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
+
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // Quota spends upstreams' per-minute request and token quotas (rpm, tpm
@@ -194,6 +196,10 @@ func (q *RedisQuota) fallback(ctx context.Context, i, tokens int, err error) (bo
 	if ctx.Err() != nil {
 		return false, 0, fmt.Errorf("upstream: quota of %s: %w", q.specs[i].Name, ctx.Err())
 	}
+	if rediserr.Classify(err) == rediserr.Busy {
+		// Slow, not gone: spend from the local quota for this call only.
+		return q.local.Reserve(ctx, i, tokens)
+	}
 	q.setDegraded(true, err)
 	return q.local.Reserve(ctx, i, tokens)
 }
@@ -204,7 +210,7 @@ func (q *RedisQuota) setDegraded(on bool, err error) {
 	}
 	if on {
 		q.nextProbe.Store(time.Now().Add(fallbackProbe).UnixNano())
-		q.log.Warn("upstream: Redis unreachable; upstream quotas are spent per process until it returns", "error", err)
+		q.log.Warn("upstream: Redis gone; upstream quotas are spent per process until it returns", "error", err)
 	} else {
 		q.log.Info("upstream: Redis is back; upstream quotas are cluster-wide again")
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 var (
@@ -184,8 +186,14 @@ func (c *RedisCaps) TryAcquire(ctx context.Context, i int) (Slot, error) {
 		if ctx.Err() != nil {
 			return Slot{}, fmt.Errorf("upstream: acquire %s: %w", c.specs[i].Name, ctx.Err())
 		}
-		if isReply(err) {
+		switch rediserr.Classify(err) {
+		case rediserr.Fine:
 			return Slot{}, fmt.Errorf("upstream: acquire %s: %w", c.specs[i].Name, err)
+		case rediserr.Busy:
+			// Slow, not gone: this call counts the replica as full (the
+			// request spills to the queue or another upstream); the late
+			// lease, if the script ran after all, expires by itself.
+			return Slot{}, fmt.Errorf("upstream: acquire %s: Redis did not answer in time: %w (%w)", c.specs[i].Name, ErrFull, err)
 		}
 		c.setDegraded(true, err)
 		return c.local.TryAcquire(ctx, i)
@@ -247,7 +255,7 @@ func (c *RedisCaps) setDegraded(on bool, err error) {
 	}
 	if on {
 		c.nextProbe.Store(time.Now().Add(fallbackProbe).UnixNano())
-		c.log.Warn("upstream: Redis unreachable; upstream caps are counted per process until it returns", "error", err)
+		c.log.Warn("upstream: Redis gone; upstream caps are counted per process until it returns", "error", err)
 	} else {
 		c.log.Info("upstream: Redis is back; upstream caps are cluster-wide again")
 	}
@@ -354,11 +362,4 @@ func (c *RedisCaps) renew(ctx context.Context) {
 			"count", len(lost))
 	}
 	c.change.notify()
-}
-
-// isReply reports whether err is an error reply of Redis (a script bug),
-// as opposed to Redis being unreachable.
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, redis.ErrClosed)
 }

@@ -700,8 +700,9 @@ func (c *Consumer) wakeFetch() {
 }
 
 // DeadLetter writes the job to Config.DeadLetterTopic (key: request id,
-// value: body, headers reason, attempt, source_topic, source_partition,
-// source_offset, failed_at_ms) with the producer's acks, and only then
+// value: the body with Config.KeepPayload, else empty; headers reason,
+// attempt, source_topic, source_partition, source_offset, body_sha1,
+// body_bytes, failed_at_ms) with the producer's acks, and only then
 // settles it like Ack. A delivery no longer outstanding here is not
 // written. With Claims, a job whose claim another member holds now is not
 // written either (an error wrapping failover.ErrClaimLost). When the write
@@ -722,19 +723,7 @@ func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason s
 	c.mu.Unlock()
 	wctx, cancel := context.WithTimeout(ctx, c.q.cfg.WriteTimeout)
 	defer cancel()
-	err = c.q.writer.WriteMessages(wctx, kafkago.Message{
-		Topic: c.q.cfg.DeadLetterTopic,
-		Key:   []byte(e.requestID),
-		Value: e.body,
-		Headers: []kafkago.Header{
-			{Key: "reason", Value: []byte(reason)},
-			{Key: "attempt", Value: []byte(strconv.Itoa(attempt))},
-			{Key: "source_topic", Value: []byte(c.q.cfg.Topic)},
-			{Key: "source_partition", Value: []byte(strconv.Itoa(e.part.id))},
-			{Key: "source_offset", Value: []byte(strconv.FormatInt(e.offset, 10))},
-			{Key: "failed_at_ms", Value: []byte(strconv.FormatInt(time.Now().UnixMilli(), 10))},
-		},
-	})
+	err = c.q.writer.WriteMessages(wctx, c.q.deadLetterMessage(e.requestID, e.body, reason, attempt, e.part.id, e.offset))
 	if err != nil {
 		c.mu.Lock()
 		if e.state == stateInflight {

@@ -64,6 +64,8 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultClaimTTL          = 15 * time.Second
 	DefaultTimeout           = 5 * time.Second
+	// DefaultDeadLetterRetention is DEAD_LETTER_TTL_HOURS' default.
+	DefaultDeadLetterRetention = 168 * time.Hour
 )
 
 // Config configures a Queue. Zero fields take the stated defaults.
@@ -117,6 +119,16 @@ type Config struct {
 	// Timeout bounds each metadata, offset, commit and topic-admin request
 	// and each dial. Default 5s.
 	Timeout time.Duration
+	// DeadLetterRetention is the dead-letter topic's retention.ms
+	// (DEAD_LETTER_TTL_HOURS): EnsureTopics sets it on the topic, so a
+	// dead letter is deleted by the brokers once it is that old. Whole
+	// milliseconds. Default 168h.
+	DeadLetterRetention time.Duration
+	// KeepPayload stores the job's body in a dead letter
+	// (DEAD_LETTER_KEEP_PAYLOAD); false writes an empty value and the
+	// body's SHA-1 and size in headers, so prompts do not pile up in the
+	// topic.
+	KeepPayload bool
 	// Tracing writes the trace context of Enqueue's ctx into the record's
 	// traceparent, tracestate and baggage headers (docs/TRACING.md); nil
 	// writes none.
@@ -167,6 +179,7 @@ func (cfg Config) Validate() error {
 		{"HeartbeatInterval", cfg.HeartbeatInterval, c.HeartbeatInterval, time.Millisecond},
 		{"ClaimTTL", cfg.ClaimTTL, c.ClaimTTL, time.Millisecond},
 		{"Timeout", cfg.Timeout, c.Timeout, time.Millisecond},
+		{"DeadLetterRetention", cfg.DeadLetterRetention, c.DeadLetterRetention, time.Millisecond},
 	} {
 		if d.set < 0 || d.value < d.least {
 			errs = append(errs, fmt.Errorf("%s %s is below %s (0 means the default)", d.field, d.set, d.least))
@@ -237,6 +250,9 @@ func (cfg Config) withDefaults() Config {
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.DeadLetterRetention == 0 {
+		cfg.DeadLetterRetention = DefaultDeadLetterRetention
 	}
 	return cfg
 }
@@ -361,7 +377,9 @@ func (q *Queue) isClosed() bool {
 // EnsureTopics creates the job topic and the dead-letter topic with
 // Config.Partitions and Config.ReplicationFactor unless they exist; topics
 // that exist are left as they are (a smaller partition count than
-// configured is logged). Safe to call from every process at start.
+// configured is logged), except that the dead-letter topic's retention.ms
+// is set to Config.DeadLetterRetention when it differs. Safe to call from
+// every process at start.
 func (q *Queue) EnsureTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	defer cancel()
@@ -395,7 +413,7 @@ func (q *Queue) EnsureTopics(ctx context.Context) error {
 		q.log.Warn("kafka topic has fewer partitions than configured; add partitions to scale out consumers",
 			"topic", q.cfg.Topic, "partitions", len(parts), "configured", q.cfg.Partitions)
 	}
-	return nil
+	return q.ensureDeadLetterRetention(ctx)
 }
 
 // Ping reports whether the job topic's partition leaders answer, for

@@ -50,6 +50,9 @@ func testConfig(tb testing.TB, brokers []string, partitions int, claims Claims) 
 		HeartbeatInterval: 100 * time.Millisecond,
 		ClaimTTL:          testClaimTTL,
 		Claims:            claims,
+		// The shared suite compares dead-lettered bodies; redaction is
+		// tested in deadletter_test.go.
+		KeepPayload: true,
 	}
 }
 

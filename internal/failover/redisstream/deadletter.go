@@ -2,9 +2,11 @@ package redisstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -54,29 +56,185 @@ func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
 }
 
 // DeadLetters returns up to count records of the dead-letter streams,
-// oldest first (by the Redis time they failed at, then shard). Fields that
-// do not parse are left zero rather than hiding the record. With several
-// shards a record's ID is "<shard>:<entry id>".
+// oldest first: the first page of DeadLetterPage.
 func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error) {
+	out, _, err := q.DeadLetterPage(ctx, "", count)
+	return out, err
+}
+
+// ErrDeadLetterNotFound is returned for a dead-letter id that names no
+// record (never written, trimmed, expired, deleted or purged).
+var ErrDeadLetterNotFound = errors.New("redisstream: dead letter not found")
+
+// DeadLetterPage returns up to count records of the dead-letter streams
+// after cursor ("" for the start), oldest first (by the Redis time they
+// failed at, then shard), and the cursor of the next page ("" once no
+// record is left after this page). The shards are merged, each read in
+// entry order, so every record appears on exactly one page. Fields that do
+// not parse are left zero rather than hiding the record. With several
+// shards a record's ID is "<shard>:<entry id>". A cursor is opaque: the
+// last entry id returned of each shard.
+func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([]DeadLetter, string, error) {
 	if count < 1 {
-		return nil, fmt.Errorf("redisstream: dead letters: count %d < 1", count)
+		return nil, "", fmt.Errorf("redisstream: dead letters: count %d < 1", count)
 	}
-	var out []DeadLetter
+	after, err := q.parsePageCursor(cursor)
+	if err != nil {
+		return nil, "", err
+	}
+	pipe := q.client.Pipeline()
+	cmds := make([]*redis.XMessageSliceCmd, len(q.shards))
 	for i, sh := range q.shards {
-		msgs, err := q.client.XRangeN(ctx, sh.deadLetter, "-", "+", int64(count)).Result()
+		start := "-"
+		if after[i] != "" {
+			start = "(" + after[i]
+		}
+		cmds[i] = pipe.XRangeN(ctx, sh.deadLetter, start, "+", int64(count))
+	}
+	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	runs := make([][]DeadLetter, len(q.shards))
+	for i, c := range cmds {
+		msgs, err := c.Result()
 		if err != nil {
-			return nil, fmt.Errorf("redisstream: xrange %s: %w", sh.deadLetter, err)
+			return nil, "", fmt.Errorf("redisstream: xrange %s: %w", q.shards[i].deadLetter, err)
 		}
 		for _, m := range msgs {
 			d := parseDeadLetter(m)
 			d.ID = q.deliveryID(i, m.ID)
-			out = append(out, d)
+			runs[i] = append(runs[i], d)
 		}
 	}
-	// Each shard's records are in order already; a stable sort by time
-	// interleaves them and keeps each shard's own order on ties.
-	slices.SortStableFunc(out, func(a, b DeadLetter) int { return a.FailedAt.Compare(b.FailedAt) })
-	return out[:min(count, len(out))], nil
+	took := make([]int, len(q.shards))
+	var out []DeadLetter
+	for len(out) < count {
+		best := -1
+		for i, run := range runs {
+			if took[i] < len(run) && (best < 0 || run[took[i]].FailedAt.Before(runs[best][took[best]].FailedAt)) {
+				best = i
+			}
+		}
+		if best < 0 {
+			break
+		}
+		out = append(out, runs[best][took[best]])
+		took[best]++
+	}
+	more := false
+	next := slices.Clone(after)
+	for i, run := range runs {
+		if took[i] > 0 {
+			_, next[i], _ = q.locate(run[took[i]-1].ID)
+		}
+		// A shard whose read was full may hold more after it.
+		if took[i] < len(run) || len(run) == count {
+			more = true
+		}
+	}
+	if !more {
+		return out, "", nil
+	}
+	return out, strings.Join(next, ","), nil
+}
+
+// parsePageCursor reads one entry id (or nothing) per shard.
+func (q *Queue) parsePageCursor(cursor string) ([]string, error) {
+	if cursor == "" {
+		return make([]string, len(q.shards)), nil
+	}
+	ids := strings.Split(cursor, ",")
+	if len(ids) != len(q.shards) {
+		return nil, fmt.Errorf("redisstream: dead-letter cursor %q is not one of %d shards", cursor, len(q.shards))
+	}
+	for _, id := range ids {
+		if id != "" && !validEntryID(id) {
+			return nil, fmt.Errorf("redisstream: malformed dead-letter cursor %q", cursor)
+		}
+	}
+	return ids, nil
+}
+
+// validEntryID reports whether id is a stream entry id, <ms>-<seq>.
+func validEntryID(id string) bool {
+	ms, seq, ok := strings.Cut(id, "-")
+	_, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return ok && err1 == nil && err2 == nil
+}
+
+// locateDeadLetter returns the shard and entry id of a dead-letter id, or
+// an error wrapping ErrDeadLetterNotFound when it cannot name one.
+func (q *Queue) locateDeadLetter(id string) (*shard, string, error) {
+	sh, entry, err := q.locate(id)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %w", ErrDeadLetterNotFound, err)
+	}
+	if !validEntryID(entry) {
+		return nil, "", fmt.Errorf("redisstream: dead letter %q: not an entry id: %w", id, ErrDeadLetterNotFound)
+	}
+	return sh, entry, nil
+}
+
+// DeadLetterByID returns the record id names, or an error wrapping
+// ErrDeadLetterNotFound.
+func (q *Queue) DeadLetterByID(ctx context.Context, id string) (DeadLetter, error) {
+	sh, entry, err := q.locateDeadLetter(id)
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	msgs, err := q.client.XRange(ctx, sh.deadLetter, entry, entry).Result()
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("redisstream: xrange %s %s: %w", sh.deadLetter, entry, err)
+	}
+	if len(msgs) == 0 {
+		return DeadLetter{}, fmt.Errorf("redisstream: dead letter %s in %s: %w", entry, sh.deadLetter, ErrDeadLetterNotFound)
+	}
+	d := parseDeadLetter(msgs[0])
+	d.ID = id
+	return d, nil
+}
+
+// DeleteDeadLetters deletes the records ids name (XDEL) and returns how
+// many there were; ids naming no record are skipped. A malformed id is an
+// error wrapping ErrDeadLetterNotFound, and then nothing is deleted.
+func (q *Queue) DeleteDeadLetters(ctx context.Context, ids ...string) (int64, error) {
+	byShard := make(map[*shard][]string)
+	for _, id := range ids {
+		sh, entry, err := q.locateDeadLetter(id)
+		if err != nil {
+			return 0, err
+		}
+		byShard[sh] = append(byShard[sh], entry)
+	}
+	var n int64
+	for sh, entries := range byShard {
+		d, err := q.client.XDel(ctx, sh.deadLetter, entries...).Result()
+		if err != nil {
+			return n, fmt.Errorf("redisstream: xdel %s: %w", sh.deadLetter, err)
+		}
+		n += d
+	}
+	return n, nil
+}
+
+// PurgeDeadLetters deletes the dead-letter stream of every shard and
+// returns how many records they held. Each stream's count and deletion
+// are one MULTI, so a record written meanwhile is either counted or still
+// there.
+func (q *Queue) PurgeDeadLetters(ctx context.Context) (int64, error) {
+	var n int64
+	for _, sh := range q.shards {
+		var xlen *redis.IntCmd
+		_, err := q.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			xlen = p.XLen(ctx, sh.deadLetter)
+			p.Del(ctx, sh.deadLetter)
+			return nil
+		})
+		if err != nil {
+			return n, fmt.Errorf("redisstream: purge %s: %w", sh.deadLetter, err)
+		}
+		n += xlen.Val()
+	}
+	return n, nil
 }
 
 func parseDeadLetter(m redis.XMessage) DeadLetter {

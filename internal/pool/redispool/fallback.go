@@ -34,8 +34,8 @@ func (p *Pool) setFallback(on bool, cause error) {
 	p.modeMu.Unlock()
 
 	if on {
-		p.log.Warn("redispool: Redis unreachable, serving slots from the local fallback pool",
-			"error", cause, "fallback_size", p.cfg.FallbackSize)
+		p.log.Warn("redispool: Redis gone, serving slots from the local fallback pool",
+			"error", cause, "fallback_size", p.cfg.FallbackSize, "down_after", p.cfg.DownAfter)
 		p.mu.Lock()
 		p.goLocked(p.probe)
 		p.mu.Unlock()
@@ -50,8 +50,8 @@ func (p *Pool) setFallback(on bool, cause error) {
 	}
 }
 
-// probe PINGs Redis while in fallback and switches back on the first
-// answer.
+// probe runs the health probe every second while in fallback and
+// switches back on the first answer.
 func (p *Pool) probe() {
 	t := time.NewTicker(p.probeEvery)
 	defer t.Stop()
@@ -61,8 +61,8 @@ func (p *Pool) probe() {
 			return
 		case <-t.C:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-		err := p.rdb.Ping(ctx).Err()
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		err := p.probeOnce(ctx)
 		cancel()
 		if err == nil {
 			p.setFallback(false, nil)

@@ -36,12 +36,14 @@
 // lost while reconnecting). Acquire with no local waiter first tries like a
 // direct request, which succeeds only when no waiter is deprived.
 //
-// Fallback. When Redis cannot be reached (connection error or timeout; an
-// error reply of a script is not a failover) the Pool serves from a local
-// pool.Local of FallbackSize slots and PerUser, tells onFallback(true) and
-// logs one line, then PINGs every second and returns to Redis on the first
-// answer (onFallback(false), one line). Every Redis call has a short
-// timeout, so no caller hangs on a Redis that stopped answering. Leases
+// Fallback. When Redis is gone (a connection refused or reset, or no
+// answer to a health probe for DownAfter; a slow answer is not an outage,
+// see health.go) the Pool serves from a local pool.Local of FallbackSize
+// slots and PerUser, tells onFallback(true) and logs one line, then probes
+// every second and returns to Redis on the first answer
+// (onFallback(false), one line). Every Redis call has a short timeout, so
+// no caller hangs on a Redis that stopped answering; a call that times out
+// fails alone (a direct request goes to the queue). Leases
 // from the fallback pool release to it; Redis leases released while in
 // fallback, or held through an outage longer than LeaseTTL, simply expire.
 // Right after the return, slots still held in the fallback pools are not
@@ -85,6 +87,7 @@ const (
 	probeEvery     = time.Second            // PING while in fallback
 	statsMaxAge    = 500 * time.Millisecond // Stats refresh at most this often
 	minLeaseTTL    = 100 * time.Millisecond
+	minDownAfter   = 100 * time.Millisecond
 )
 
 // ErrClosed is wrapped by the errors of TryAcquire and Acquire after Close.
@@ -113,6 +116,14 @@ type Config struct {
 	// Holder names this process in lease ids ("<holder>/<id>"), so
 	// ZRANGE on LeasesKey shows who holds what. Optional.
 	Holder string
+	// DownAfter is how long the health probe may go unanswered, counted
+	// from a call that timed out, before Redis counts as gone
+	// (REDIS_DOWN_AFTER_MS). Default 3s, at least 100ms.
+	DownAfter time.Duration
+	// Probe is the health probe: a PING on a connection of its own, so a
+	// client pool full of slow calls does not make Redis look dead.
+	// Optional: nil PINGs through the Pool's client.
+	Probe func(context.Context) error
 }
 
 // Validate reports whether cfg is usable. It does not change cfg.
@@ -136,6 +147,9 @@ func (cfg Config) Validate() error {
 	if cfg.FallbackSize < 0 {
 		errs = append(errs, fmt.Errorf("FallbackSize %d is negative (0 means the default)", cfg.FallbackSize))
 	}
+	if cfg.DownAfter < 0 || c.DownAfter < minDownAfter {
+		errs = append(errs, fmt.Errorf("DownAfter %s is below %s (0 means the default)", cfg.DownAfter, minDownAfter))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redispool: config: %w", err)
 	}
@@ -152,6 +166,9 @@ func (cfg Config) withDefaults() Config {
 	if cfg.FallbackSize == 0 {
 		cfg.FallbackSize = DefaultFallbackSize
 	}
+	if cfg.DownAfter == 0 {
+		cfg.DownAfter = DefaultDownAfter
+	}
 	return cfg
 }
 
@@ -163,6 +180,8 @@ func (cfg Config) withDefaults() Config {
 type Pool struct {
 	cfg        Config
 	rdb        redis.UniversalClient
+	prober     redis.UniversalClient // the default health probe's client (health.go)
+	closeProbe func()
 	log        *slog.Logger
 	onFallback func(bool)
 	local      *pool.Local
@@ -187,6 +206,10 @@ type Pool struct {
 	callsDrained bool // Close waits on calls: count no more
 	renewing     bool
 	dispatching  bool
+	suspecting   bool              // the health watch runs (health.go)
+	slowSince    time.Time         // when the call that started it timed out
+	verdict      chan struct{}     // closed at the watch's first verdict
+	unreleased   map[string]string // lease id → user: releases that timed out, retried by renewal
 
 	kick      chan struct{} // cap 1: run a dispatcher pass
 	statsKick chan struct{} // cap 1: refresh the cached stats now
@@ -226,9 +249,15 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 	if err != nil {
 		return nil, fmt.Errorf("redispool: fallback pool: %w", err)
 	}
+	prober, closeProbe := client, func() {}
+	if cfg.Probe == nil {
+		prober, closeProbe = newProber(client)
+	}
 	return &Pool{
 		cfg:          cfg,
 		rdb:          client,
+		prober:       prober,
+		closeProbe:   closeProbe,
 		log:          log,
 		onFallback:   onFallback,
 		local:        local,
@@ -251,7 +280,8 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 // TryAcquire takes a slot for user without waiting: one script call to
 // Redis (at most 500ms), or the fallback pool. It returns an error
 // wrapping pool.ErrPoolExhausted (also when the free slots belong to
-// older waiting jobs) or pool.ErrUserLimit, ctx's error, or ErrClosed.
+// older waiting jobs, or Redis did not answer in time) or
+// pool.ErrUserLimit, ctx's error, or ErrClosed.
 func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) {
 	if p.isClosed() {
 		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
@@ -261,9 +291,20 @@ func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) 
 	}
 	l, err := p.tryRedis(ctx, user)
 	var ue *unavailableError
-	if errors.As(err, &ue) {
+	var se *slowError
+	switch {
+	case errors.As(err, &ue):
 		p.setFallback(true, err)
 		return p.local.TryAcquire(ctx, user)
+	case errors.As(err, &se):
+		// Busy, not gone: this request goes to the queue, Redis keeps
+		// serving the others (health.go). Unless the probe finds Redis
+		// gone right away.
+		p.awaitVerdict(ctx, p.suspect(err))
+		if fb, _ := p.mode(); fb {
+			return p.local.TryAcquire(ctx, user)
+		}
+		return nil, fmt.Errorf("redispool: acquire for %s: Redis did not answer in time: %w (%w)", user, pool.ErrPoolExhausted, err)
 	}
 	return l, err
 }
@@ -351,10 +392,14 @@ func (p *Pool) Close() {
 	if !p.stop() {
 		return
 	}
+	defer p.closeProbe() // no goroutine probes any more
 	// The goroutines are gone; what they held is ours to clean up.
 	p.mu.Lock()
 	held := p.held
-	p.held = make(map[string]string)
+	for id, user := range p.unreleased {
+		held[id] = user
+	}
+	p.held, p.unreleased = make(map[string]string), nil
 	var members []string
 	for _, w := range p.waiters {
 		w.gone = true
@@ -504,12 +549,32 @@ func (p *Pool) release(id, user string) {
 	if fb, _ := p.mode(); fb {
 		return
 	}
+	p.releaseRedis(id, user)
+}
+
+// releaseRedis removes lease id from Redis. A release that timed out is
+// kept for the next renewal round to try again.
+func (p *Pool) releaseRedis(id, user string) {
 	if _, err := p.runRelease(context.Background(), id, user); err != nil {
 		var ue *unavailableError
-		if errors.As(err, &ue) {
+		var se *slowError
+		switch {
+		case errors.As(err, &ue):
 			p.setFallback(true, err)
-			return
+		case errors.As(err, &se):
+			// The release may not have run: the next renewal round tries
+			// again, so the slot is not held until the lease expires.
+			p.mu.Lock()
+			if !p.closed {
+				if p.unreleased == nil {
+					p.unreleased = make(map[string]string)
+				}
+				p.unreleased[id] = user
+			}
+			p.mu.Unlock()
+			p.suspect(err)
+		default:
+			p.log.Warn("redispool: release failed; the lease expires by itself", "lease", id, "error", err)
 		}
-		p.log.Warn("redispool: release failed; the lease expires by itself", "lease", id, "error", err)
 	}
 }

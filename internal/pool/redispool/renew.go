@@ -41,17 +41,28 @@ func (p *Pool) renew() {
 	}
 	orphans := p.orphans
 	p.orphans = nil
+	unreleased := p.unreleased
+	p.unreleased = nil
 	p.mu.Unlock()
 	for _, m := range orphans {
 		p.leave(m) // keeps it an orphan if Redis fails again
+	}
+	for id, user := range unreleased {
+		p.releaseRedis(id, user) // files it again if Redis is still slow
 	}
 
 	lostLeases, lostWaiters, err := p.runRenew(context.Background(), leases, members)
 	if err != nil {
 		var ue *unavailableError
-		if errors.As(err, &ue) {
+		var se *slowError
+		switch {
+		case errors.As(err, &ue):
 			p.setFallback(true, err)
-		} else {
+		case errors.As(err, &se):
+			// Two more rounds come before a lease expires.
+			p.suspect(err)
+			p.log.Warn("redispool: renewal timed out; next round in LeaseTTL/3", "error", err)
+		default:
 			p.log.Warn("redispool: renewal failed", "error", err)
 		}
 		return

@@ -3,7 +3,6 @@ package redispool
 import (
 	"context"
 	_ "embed"
-	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -37,38 +36,13 @@ const (
 	codeReserved  = 3 // direct request: the free slots go to waiters
 )
 
-// unavailableError marks a Redis call that failed because Redis could not
-// be reached or could not serve (connection, timeout, LOADING, …), as
-// opposed to an error reply of a script: the former switches to fallback.
-type unavailableError struct{ err error }
-
-func (e *unavailableError) Error() string { return e.err.Error() }
-func (e *unavailableError) Unwrap() error { return e.err }
-
-// isUnavailable classifies an error from a go-redis call. Replies from the
-// server are logic errors except those saying it cannot serve now; any
-// other error (network, timeout, closed client, pool timeout) means Redis
-// is unavailable.
-func isUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	var rerr redis.Error
-	if errors.As(err, &rerr) {
-		return redis.IsLoadingError(err) || redis.IsClusterDownError(err) ||
-			redis.IsTryAgainError(err) || redis.IsMasterDownError(err) ||
-			redis.IsReadOnlyError(err) || redis.IsMaxClientsError(err) ||
-			redis.IsOOMError(err) || redis.HasErrorPrefix(err, "BUSY")
-	}
-	return true
-}
-
 // run runs a script bounded by timeout, also when the client does not
 // honour context deadlines (go-redis without ContextTimeoutEnabled waits
 // up to its ReadTimeout on a hung server): the call is then abandoned to a
 // goroutine the Pool waits for in Close, and late, if not nil, gets its
-// reply should it succeed after all. An error is an *unavailableError when
-// Redis is unavailable and ctx itself had not ended.
+// reply should it succeed after all. Unless ctx itself had ended, an error
+// is an *unavailableError when Redis is gone and a *slowError when it did
+// not answer in time (health.go).
 func (p *Pool) run(ctx context.Context, timeout time.Duration, s *redis.Script, what string, late func(any), keys []string, args ...any) (any, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	type reply struct {
@@ -101,8 +75,14 @@ func (p *Pool) run(ctx context.Context, timeout time.Duration, s *redis.Script, 
 	}
 	if r.err != nil {
 		err := fmt.Errorf("redispool: %s: %w", what, r.err)
-		if ctx.Err() == nil && isUnavailable(r.err) {
+		if ctx.Err() != nil {
+			return nil, err // the caller gave up: says nothing about Redis
+		}
+		switch classify(r.err) {
+		case redisGone:
 			return nil, &unavailableError{err}
+		case redisSlow:
+			return nil, &slowError{err}
 		}
 		return nil, err
 	}

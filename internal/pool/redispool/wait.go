@@ -86,6 +86,7 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, defer
 		// Like a direct request: granted only when no waiter is deprived.
 		l, err := p.tryRedis(ctx, user)
 		var ue *unavailableError
+		var se *slowError
 		switch {
 		case err == nil:
 			return l, nil
@@ -94,6 +95,8 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, defer
 		case errors.As(err, &ue):
 			p.setFallback(true, err)
 			return nil, errModeChanged
+		case errors.As(err, &se):
+			p.suspect(err) // busy, not gone: wait in line like the others
 		case !errors.Is(err, pool.ErrPoolExhausted) && !errors.Is(err, pool.ErrUserLimit):
 			return nil, err
 		}
@@ -178,10 +181,15 @@ func (p *Pool) leave(member string) {
 	if fb, _ := p.mode(); !fb {
 		err := p.runLeave(context.Background(), member)
 		var ue *unavailableError
-		if !errors.As(err, &ue) {
+		var se *slowError
+		switch {
+		case errors.As(err, &ue):
+			p.setFallback(true, err)
+		case errors.As(err, &se):
+			p.suspect(err) // kept for the next renewal round
+		default:
 			return // done, or an error reply: the entry expires by itself
 		}
-		p.setFallback(true, err)
 	}
 	p.mu.Lock()
 	p.orphans = append(p.orphans, member)
@@ -265,9 +273,12 @@ func (p *Pool) subscribe() (*redis.PubSub, <-chan any) {
 	if _, err := ps.Receive(ctx); err != nil {
 		_ = ps.Close()
 		err = fmt.Errorf("redispool: subscribe %s: %w", p.channel, err)
-		if isUnavailable(err) {
+		switch classify(err) {
+		case redisGone:
 			p.setFallback(true, err)
-		} else {
+		case redisSlow:
+			p.suspect(err) // the ticker subscribes again
+		default:
 			p.log.Warn("redispool: subscribe failed; waiters are served by the 1s re-check only", "error", err)
 		}
 		return nil, nil
@@ -321,6 +332,7 @@ func (p *Pool) pass() {
 
 		var res *result
 		var ue *unavailableError
+		var se *slowError
 		turnedAway := false
 		p.mu.Lock()
 		w.inflight = false
@@ -332,6 +344,22 @@ func (p *Pool) pass() {
 			p.mu.Unlock()
 			p.setFallback(true, err) // the waiters move to the fallback pool
 			return
+		case errors.As(err, &se):
+			// Busy, not gone. The script may still run: its late reply
+			// withdraws what it registered (runAcquire), so the waiter
+			// goes on under a new member, in the same place (since); an
+			// entry registered by an earlier pass is withdrawn by renewal.
+			if w.registered {
+				p.orphans = append(p.orphans, w.member)
+				p.startRenewalLocked()
+			}
+			if !gone {
+				w.member = newID() + ":" + w.user
+			}
+			w.registered, w.enqueued = false, 0
+			p.mu.Unlock()
+			p.suspect(err)
+			return // the next pass (release or re-check) tries again
 		case err != nil:
 			res = &result{err: err}
 		case rep.code == codeGranted:

@@ -1,0 +1,206 @@
+package redispool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// A busy Redis is not a dead one. Under load from 40 callers, Redis stops
+// answering for a second twice (DEBUG SLEEP 1, as a snapshot fork or a
+// slow command does): calls that time out fail alone, as exhausted, and
+// nothing switches to the fallback pool; waiters keep their place and are
+// all served; no lease or waiter is left behind.
+func TestBusyRedisNoFallback(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 8, PerUser: 8, LeaseTTL: 3 * time.Second}
+	var fellBack atomic.Int32
+	logs := &logBuffer{}
+	p := newTestPool(t, s.Addr, cfg, slog.New(slog.NewTextHandler(logs, nil)), func(on bool) {
+		if on {
+			fellBack.Add(1)
+		}
+	})
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var granted, refused, waited atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 40 {
+		wg.Go(func() {
+			user := fmt.Sprintf("u%d", g%4)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				var l pool.Lease
+				var err error
+				if g%2 == 0 {
+					l, err = p.TryAcquire(ctx, user)
+				} else {
+					actx, cancel := context.WithTimeout(ctx, 20*time.Second)
+					l, err = p.Acquire(actx, user)
+					cancel()
+					if err == nil {
+						waited.Add(1)
+					}
+				}
+				switch {
+				case err == nil:
+					granted.Add(1)
+					l.Release()
+				case errors.Is(err, pool.ErrPoolExhausted), errors.Is(err, pool.ErrUserLimit):
+					refused.Add(1)
+				default:
+					t.Errorf("caller %d: %v", g, err)
+					return
+				}
+			}
+		})
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return granted.Load() > 200 }, "load running")
+	for range 2 {
+		before := granted.Load()
+		if err := admin.Do(ctx, "DEBUG", "SLEEP", "1").Err(); err != nil {
+			t.Fatalf("DEBUG SLEEP: %v", err)
+		}
+		testutil.Eventually(t, 10*time.Second, func() bool { return granted.Load() > before+200 }, "grants again after the stall")
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("granted %d (%d after waiting), refused %d", granted.Load(), waited.Load(), refused.Load())
+	if n := fellBack.Load(); n != 0 || p.Fallback() {
+		t.Fatalf("fell back %d times with Redis busy, not down; log:\n%s", n, logs)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 && zcard(t, admin, WaitersKey(cfg.Prefix)) == 0
+	}, "no lease or waiter left behind")
+}
+
+// A dead Redis is one: stopped, the Pool falls back on the first refused
+// call (no wait for DownAfter), and returns once it is back.
+func TestStoppedRedisFallsBackAtOnce(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 2, LeaseTTL: time.Second, DownAfter: time.Minute}
+	events := make(chan bool, 10)
+	p := newTestPool(t, s.Addr, cfg, nil, func(on bool) { events <- on })
+	ctx := context.Background()
+	l, err := p.TryAcquire(ctx, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Release()
+	s.Stop()
+	start := time.Now()
+	l, err = p.TryAcquire(ctx, "u")
+	if err != nil {
+		t.Fatalf("TryAcquire with Redis stopped: %v, want a fallback slot", err)
+	}
+	l.Release()
+	if on := recv(t, events, time.Second, "onFallback(true)"); !on {
+		t.Fatal("onFallback(false) first")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("fallback took %v with DownAfter 1m: a refused connection must count at once", d)
+	}
+	s.Restart(t)
+	if on := recv(t, events, 10*time.Second, "onFallback(false) after the restart"); on {
+		t.Fatal("onFallback(true) twice")
+	}
+}
+
+// Latency is not an outage either. With toxiproxy between the Pool and
+// Redis, 20 callers run while every reply is delayed 100–300 ms, then for
+// 1.5 s by 1.2 s (beyond the 500 ms call timeout and the 1 s probe
+// timeout, well within DownAfter's 3 s): calls time out and fail alone,
+// the probe answers again once the stall ends, nothing falls back, and
+// grants resume.
+func TestLatencyNoFallback(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	px := toxiproxy.NewProxy(srv, "pool", "127.0.0.1:0", s.Addr)
+	if err := px.Start(); err != nil {
+		t.Fatalf("toxiproxy: %v", err)
+	}
+	t.Cleanup(px.Stop)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 6, PerUser: 6, LeaseTTL: 3 * time.Second}
+	var fellBack atomic.Int32
+	p := newTestPool(t, px.Listen, cfg, nil, func(on bool) {
+		if on {
+			fellBack.Add(1)
+		}
+	})
+	ctx := context.Background()
+	addToxic := func(name string, latency, jitter int) {
+		t.Helper()
+		_, err := px.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
+			`{"name":%q,"type":"latency","stream":"downstream","attributes":{"latency":%d,"jitter":%d}}`, name, latency, jitter)))
+		if err != nil {
+			t.Fatalf("add toxic %s: %v", name, err)
+		}
+	}
+	addToxic("slow", 200, 100)
+	stop := make(chan struct{})
+	var granted, refused atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 20 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l, err := p.TryAcquire(ctx, fmt.Sprintf("u%d", g%3))
+				switch {
+				case err == nil:
+					granted.Add(1)
+					l.Release()
+				case errors.Is(err, pool.ErrPoolExhausted), errors.Is(err, pool.ErrUserLimit):
+					refused.Add(1)
+				default:
+					t.Errorf("caller %d: %v", g, err)
+					return
+				}
+			}
+		})
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool { return granted.Load() > 20 }, "grants through the slow proxy")
+	if err := px.Toxics.RemoveToxic(ctx, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	addToxic("stall", 1200, 0)
+	<-time.After(1500 * time.Millisecond) // the length of the stall, not a wait for a condition
+	if err := px.Toxics.RemoveToxic(ctx, "stall"); err != nil {
+		t.Fatal(err)
+	}
+	before := granted.Load()
+	testutil.Eventually(t, 20*time.Second, func() bool { return granted.Load() > before+50 }, "grants after the stall")
+	close(stop)
+	wg.Wait()
+	t.Logf("granted %d, refused %d", granted.Load(), refused.Load())
+	if n := fellBack.Load(); n != 0 {
+		t.Fatalf("fell back %d times on a slow Redis", n)
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "no lease left behind")
+}
