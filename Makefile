@@ -4,7 +4,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test deps vet fmt-check build bench fuzz faults run clean
+.PHONY: test deps vet fmt-check build bench soak fuzz faults run clean
 
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
@@ -45,6 +45,15 @@ build:
 bench: deps build
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
 	@if [ -x scripts/bench/run.sh ]; then scripts/bench/run.sh; fi
+
+# soak holds one api under 200 clients for SOAK_DIRECT_MINUTES (5) on the
+# direct path and SOAK_MIX_MINUTES (2) half through the queue, minute by
+# minute, and fails when a stream is lost, the pool falls back, throughput
+# decays, a pool lease is left held by nobody or goroutines/RSS do not come
+# back (docs/BENCHMARKS.md, "Soak").
+# About 10 minutes; loopback only; not part of `make test`.
+soak: deps
+	scripts/bench/soak.sh
 
 # faults runs the fault-injection suite (docs/RELIABILITY.md) FAULTS_COUNT
 # times and prints each scenario's figures; `make test` runs it once.

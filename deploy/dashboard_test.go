@@ -50,6 +50,7 @@ var dashboardMustShow = []string{
 	"spillway_degradation_level", "spillway_queue_rejections_total",
 	"spillway_upstream_in_flight", "spillway_upstream_healthy",
 	"spillway_upstream_requests_total", "spillway_upstream_first_chunk_seconds",
+	"spillway_upstream_responses_total",
 }
 
 // baseMetricName strips the series suffixes a histogram or summary adds.

@@ -6,6 +6,11 @@
 // in front of it can be compared with one tool. It exits 1 when any stream
 // was lost and 2 on a usage error. It is meant for loopback targets;
 // -allow-remote lifts that guard.
+//
+// With -balance ADDR -backends URL,URL,… it generates no load: it serves
+// ADDR as a small load balancer in front of several api processes (least
+// connections, responses streamed), until SIGINT or SIGTERM; the
+// scale-out benchmark puts it where nginx would be.
 package main
 
 import (
@@ -15,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -29,6 +35,8 @@ import (
 // options is the parsed command line.
 type options struct {
 	cfg        loadtest.Config
+	balance    string   // listen address of the balancer mode
+	backends   []string // the balancer's backends
 	json       bool
 	cpuprofile string
 	stdout     io.Writer
@@ -106,6 +114,15 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.json, "json", false, "print the result as JSON")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the load tool to this file")
 	allowRemote := fs.Bool("allow-remote", false, "allow a target that is not a loopback address")
+	fs.StringVar(&o.balance, "balance", "", "serve this address as a load balancer over -backends instead of generating load")
+	fs.Func("backends", "comma list of the balancer's backend `URLs` (http://127.0.0.1:8080,…)", func(v string) error {
+		for b := range strings.SplitSeq(v, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				o.backends = append(o.backends, b)
+			}
+		}
+		return nil
+	})
 
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -118,6 +135,25 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if err := c.Validate(); err != nil {
 		return o, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if (o.balance == "") != (len(o.backends) == 0) {
+		return o, fmt.Errorf("%w: -balance and -backends go together", errUsage)
+	}
+	if o.balance != "" {
+		if _, err := loadtest.NewBalancer(o.backends); err != nil {
+			return o, fmt.Errorf("%w: %v", errUsage, err)
+		}
+		if !*allowRemote {
+			if err := checkLoopback("http://" + o.balance); err != nil {
+				return o, fmt.Errorf("%w: -balance: %v", errUsage, err)
+			}
+			for _, b := range o.backends {
+				if err := checkLoopback(b); err != nil {
+					return o, fmt.Errorf("%w: -backends: %v", errUsage, err)
+				}
+			}
+		}
+		return o, nil
 	}
 	if !*allowRemote {
 		if err := checkLoopback(c.URL); err != nil {
@@ -146,6 +182,9 @@ func checkLoopback(raw string) error {
 }
 
 func run(ctx context.Context, o options) error {
+	if o.balance != "" {
+		return balance(ctx, o)
+	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
 		if err != nil {
@@ -178,6 +217,37 @@ func run(ctx context.Context, o options) error {
 	}
 	if res.Lost > 0 {
 		return fmt.Errorf("%w: %d of %d", errLost, res.Lost, res.Requests)
+	}
+	return nil
+}
+
+// balanceShutdown bounds the balancer's drain after a signal.
+const balanceShutdown = 5 * time.Second
+
+// balance serves o.balance as a load balancer over o.backends until ctx
+// ends.
+func balance(ctx context.Context, o options) error {
+	b, err := loadtest.NewBalancer(o.backends)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.balance)
+	if err != nil {
+		return fmt.Errorf("balance: %w", err)
+	}
+	srv := &http.Server{Handler: b, ReadHeaderTimeout: 10 * time.Second}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	fmt.Fprintf(o.stderr, "balancing %s over %s\n", ln.Addr(), strings.Join(o.backends, ","))
+	select {
+	case err := <-served:
+		return fmt.Errorf("balance: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), balanceShutdown)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
 	}
 	return nil
 }

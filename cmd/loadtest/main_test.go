@@ -2,17 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 func TestParseFlags(t *testing.T) {
@@ -39,6 +43,12 @@ func TestParseFlags(t *testing.T) {
 		{"unknown mode", []string{"-mode", "grpc"}, 2},
 		{"negative ramp", []string{"-ramp", "-1s"}, 2},
 		{"help", []string{"-h"}, 0},
+		{"balancer", []string{"-balance", "127.0.0.1:9000", "-backends", "http://127.0.0.1:8080, http://127.0.0.1:8081"}, 0},
+		{"balancer without backends", []string{"-balance", "127.0.0.1:9000"}, 2},
+		{"backends without balancer", []string{"-backends", "http://127.0.0.1:8080"}, 2},
+		{"balancer on a remote address", []string{"-balance", "10.0.0.1:9000", "-backends", "http://127.0.0.1:8080"}, 2},
+		{"remote backend", []string{"-balance", "127.0.0.1:9000", "-backends", "http://10.0.0.1:8080"}, 2},
+		{"backend not a URL", []string{"-balance", "127.0.0.1:9000", "-backends", "127.0.0.1:8080"}, 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -160,4 +170,67 @@ func TestRun(t *testing.T) {
 			}
 		})
 	}
+}
+
+// -balance serves a balancer until the context ends, passing requests to
+// the backends.
+func TestBalanceMode(t *testing.T) {
+	t.Parallel()
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "backend "+r.URL.Path)
+	}))
+	t.Cleanup(backend.Close)
+	o, err := parseFlags([]string{"-balance", "127.0.0.1:0", "-backends", backend.URL}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &lockedBuffer{}
+	o.stdout, o.stderr = io.Discard, stderr
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, o) }()
+	var addr string
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		f := strings.Fields(stderr.String())
+		if len(f) >= 2 && f[0] == "balancing" {
+			addr = f[1]
+		}
+		return addr != ""
+	}, "the balancer listening")
+	resp, err := http.Get("http://" + addr + "/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(body) != "backend /x" {
+		t.Fatalf("through the balancer: %q", body)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("balance ended with %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("balance did not stop")
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and one reader.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -277,7 +277,7 @@ func (r *rig) wantLoggedAnswer(requestID, prompt string) {
 	r.t.Helper()
 	var owner string
 	var evs []streamlog.Event
-	testutil.Eventually(r.t, 10*time.Second, func() bool {
+	testutil.Eventually(r.t, 30*time.Second, func() bool {
 		owner, evs = r.logged(requestID)
 		return len(evs) > 0 && evs[len(evs)-1].Name == protocol.EventDone
 	}, "the replay's done in its stream log")
@@ -348,7 +348,7 @@ func TestReplayPrintsAnswers(t *testing.T) {
 			if n := r.deadLetters(); n != 0 {
 				t.Fatalf("%d dead letters left after replaying all", n)
 			}
-			testutil.Eventually(t, 10*time.Second, func() bool { return r.backlog() == 0 }, "queue empty after the replay")
+			testutil.Eventually(t, 30*time.Second, func() bool { return r.backlog() == 0 }, "queue empty after the replay")
 		})
 	}
 }
@@ -514,7 +514,7 @@ func TestReplayInterrupted(t *testing.T) {
 	if !strings.Contains(errb.String(), "1 interrupted (cancelled)") {
 		t.Fatalf("summary: %s", errb.String())
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { return r.sim.Cancelled() >= 1 }, "the upstream call cancelled")
+	testutil.Eventually(t, 30*time.Second, func() bool { return r.sim.Cancelled() >= 1 }, "the upstream call cancelled")
 	if n := r.deadLetters(); n != 1 {
 		t.Fatalf("%d dead letters after an interrupted replay, want 1 (kept)", n)
 	}

@@ -49,6 +49,10 @@ const (
 // BreakerConfig configures a provider's circuit breaker. A zero field
 // takes its default.
 type BreakerConfig struct {
+	// Name names the circuit in its log lines and is the provider label
+	// of spillway_circuit_state. Default: the provider's Name(). With
+	// several upstreams each circuit is named after its upstream.
+	Name string
 	// ConsecutiveFailures opens the circuit after this many provider
 	// failures in a row (BREAKER_FAILURES). Default 5.
 	ConsecutiveFailures uint32
@@ -132,8 +136,8 @@ type Breaker struct {
 
 var _ llm.Provider = (*Breaker)(nil)
 
-// NewBreaker wraps p in a circuit named after p.Name(), which is also the
-// provider label of spillway_circuit_state.
+// NewBreaker wraps p in a circuit named cfg.Name, else after p.Name(),
+// which is also the provider label of spillway_circuit_state.
 func NewBreaker(cfg BreakerConfig, p llm.Provider, m *metrics.Metrics, log *slog.Logger) (*Breaker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -142,14 +146,17 @@ func NewBreaker(cfg BreakerConfig, p llm.Provider, m *metrics.Metrics, log *slog
 	if p == nil || m == nil || log == nil {
 		return nil, errors.New("admission: breaker needs a provider, metrics and logger")
 	}
-	b := &Breaker{cfg: cfg, p: p, gauge: m.CircuitState.WithLabelValues(p.Name()),
+	if cfg.Name == "" {
+		cfg.Name = p.Name()
+	}
+	b := &Breaker{cfg: cfg, p: p, gauge: m.CircuitState.WithLabelValues(cfg.Name),
 		log: log, now: time.Now}
 	for _, prio := range protocol.Priorities {
 		b.refused[prio.Rank()] = m.QueueRejections.WithLabelValues("circuit_open", string(prio))
 	}
 	b.gauge.Set(float64(gobreaker.StateClosed))
 	b.cb = gobreaker.NewCircuitBreaker[llm.Result](gobreaker.Settings{
-		Name:         p.Name(),
+		Name:         cfg.Name,
 		MaxRequests:  cfg.HalfOpenMaxRequests,
 		Interval:     cfg.Window,
 		BucketPeriod: cfg.Window / 6,
@@ -185,6 +192,9 @@ func (b *Breaker) onStateChange(name string, from, to gobreaker.State) {
 // Name returns the wrapped provider's name.
 func (b *Breaker) Name() string { return b.p.Name() }
 
+// Circuit returns the circuit's name (BreakerConfig.Name).
+func (b *Breaker) Circuit() string { return b.cfg.Name }
+
 // State returns the circuit's state; its int value is what
 // spillway_circuit_state shows (0 closed, 1 half-open, 2 open).
 func (b *Breaker) State() gobreaker.State { return b.cb.State() }
@@ -196,18 +206,29 @@ func (b *Breaker) State() gobreaker.State { return b.cb.State() }
 // only, except once the open time is over, when it lets the circuit turn
 // half-open.
 func (b *Breaker) Check(prio protocol.Priority) *protocol.Problem {
-	if gobreaker.State(b.state.Load()) != gobreaker.StateOpen {
+	left := b.OpenFor()
+	if left == 0 {
 		return nil
+	}
+	b.refused[prio.Rank()].Inc()
+	return protocol.ProviderUnavailable(RetryAfterSeconds(left))
+}
+
+// OpenFor returns how long the circuit still refuses every call: 0 while
+// it is closed or half-open, or once its open time is over (it then turns
+// half-open here). It reads atomics only, except in that last case.
+func (b *Breaker) OpenFor() time.Duration {
+	if gobreaker.State(b.state.Load()) != gobreaker.StateOpen {
+		return 0
 	}
 	left := time.Duration(b.openUntil.Load() - b.now().UnixNano())
 	if left <= 0 {
 		if b.cb.State() != gobreaker.StateOpen {
-			return nil
+			return 0
 		}
 		left = time.Second
 	}
-	b.refused[prio.Rank()].Inc()
-	return protocol.ProviderUnavailable(RetryAfterSeconds(left))
+	return left
 }
 
 // uncounted carries an error the circuit must count neither as success
@@ -238,7 +259,7 @@ func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit fun
 			left = time.Second // half-open: the trial call decides soon
 		}
 		return llm.Result{}, &llm.Error{Retryable: true, RetryAfter: left,
-			Err: &circuitOpenError{provider: b.p.Name()}}
+			Err: &circuitOpenError{provider: b.cfg.Name}}
 	}
 	var u *uncounted
 	if errors.As(err, &u) {

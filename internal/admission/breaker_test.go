@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -356,4 +357,64 @@ func TestBreakerConfig(t *testing.T) {
 	if _, err := NewBreaker(BreakerConfig{}, nil, newMetrics(t), testutil.DiscardLogger()); err == nil {
 		t.Error("NewBreaker without a provider succeeded")
 	}
+}
+
+// Several upstreams, one breaker each (named after its upstream): the
+// gate's Circuits refuse only while every circuit is open, with the
+// Retry-After of the one that half-opens first, and count the refusal
+// once.
+func TestCircuitsRefuseOnlyWhenAllOpen(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		log, _ := newLog(t)
+		m := newMetrics(t)
+		var fail atomic.Bool
+		fail.Store(true)
+		var bs []*Breaker
+		for _, name := range []string{"replica-1:8000", "replica-2:8000"} {
+			b, err := NewBreaker(BreakerConfig{Name: name, ConsecutiveFailures: 1, OpenTimeout: 10 * time.Second}, scripted(&fail), m, log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs = append(bs, b)
+		}
+		if _, err := NewCircuits(m); err == nil {
+			t.Fatal("NewCircuits without breakers: want an error")
+		}
+		c, err := NewCircuits(m, bs...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := m.QueueRejections.WithLabelValues("circuit_open", string(protocol.PriorityNormal))
+		_ = call(bs[0])
+		if bs[0].OpenFor() != 10*time.Second || bs[1].OpenFor() != 0 {
+			t.Fatalf("OpenFor = %v and %v, want 10s and 0", bs[0].OpenFor(), bs[1].OpenFor())
+		}
+		if p := c.Check(protocol.PriorityNormal); p != nil {
+			t.Fatalf("one circuit of two open: refused %+v", p)
+		}
+		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("replica-1:8000")); got != 2 {
+			t.Fatalf("replica-1's gauge %v, want 2 (open)", got)
+		}
+		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("replica-2:8000")); got != 0 {
+			t.Fatalf("replica-2's gauge %v, want 0 (closed)", got)
+		}
+		testutil.AdvanceFakeClock(4 * time.Second)
+		_ = call(bs[1])
+		err = call(bs[1])
+		if !errors.Is(err, ErrCircuitOpen) || !strings.Contains(err.Error(), "replica-2:8000") {
+			t.Fatalf("call behind replica-2's open circuit: %v, want ErrCircuitOpen naming it", err)
+		}
+		p := c.Check(protocol.PriorityNormal)
+		if p == nil || p.Status != 503 || p.RetryAfterSeconds != 6 {
+			t.Fatalf("every circuit open: %+v, want 503 with Retry-After 6 (replica-1 half-opens first)", p)
+		}
+		if got := promtest.ToFloat64(refused); got != 1 {
+			t.Fatalf("refusals counted %v, want 1", got)
+		}
+		testutil.AdvanceFakeClock(6*time.Second + time.Millisecond)
+		if p := c.Check(protocol.PriorityNormal); p != nil {
+			t.Fatalf("replica-1 half-open: refused %+v", p)
+		}
+	})
 }

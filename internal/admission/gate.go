@@ -13,8 +13,9 @@ import (
 type GateDeps struct {
 	// Limiter is the per-identity rate limit; nil limits nothing.
 	Limiter *RateLimiter
-	// Breaker is the provider's circuit; nil never refuses.
-	Breaker *Breaker
+	// Breaker is the provider's circuit (a *Breaker, or *Circuits with
+	// several upstreams); nil never refuses.
+	Breaker Circuit
 	// Overflow is the queue's overflow gate; nil when there is no queue.
 	Overflow *Overflow
 	// Service estimates how soon a slot frees up. Required.

@@ -43,4 +43,13 @@ redis.call('PEXPIRE', KEYS[1], wait)
 redis.call('ZADD', KEYS[2], deadline, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('INCRBY', KEYS[4], ARGV[2])
+-- The shared keys live as long as their latest entry, never less: they
+-- vanish together once the queue has been idle for a wait, so nothing of
+-- the quota stays in Redis for ever. Only ever lengthened, as another api
+-- may wait longer.
+for i = 2, 4 do
+  if redis.call('PTTL', KEYS[i]) < wait then
+    redis.call('PEXPIRE', KEYS[i], wait)
+  end
+end
 return 0

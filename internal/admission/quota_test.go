@@ -116,6 +116,34 @@ func TestQuotaEntriesExpire(t *testing.T) {
 	}, "the unreleased entry expired")
 }
 
+// No key of the quota lives for ever: each expires once every entry it
+// holds has, its TTL only ever lengthened by a later job's wait.
+func TestQuotaKeysExpire(t *testing.T) {
+	t.Parallel()
+	quotaBackends(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		q, err := NewQuota(QuotaConfig{Prefix: prefix, MaxPerIdentity: 10, MaxBytes: 1 << 20}, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		if p, err := q.Reserve(ctx, "a", "long", 10, time.Hour); p != nil || err != nil {
+			t.Fatalf("%v %v", p, err)
+		}
+		if p, err := q.Reserve(ctx, "b", "short", 10, time.Minute); p != nil || err != nil {
+			t.Fatalf("%v %v", p, err)
+		}
+		for _, key := range q.keys("a") {
+			ttl, err := rdb.PTTL(ctx, key).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl <= 59*time.Minute || ttl > time.Hour {
+				t.Errorf("key %s has TTL %v, want the longest wait (1h), not cut by the later shorter one", key, ttl)
+			}
+		}
+	})
+}
+
 // A Redis failure is an error, not a refusal: the caller answers
 // queue-unavailable.
 func TestQuotaRedisFailure(t *testing.T) {

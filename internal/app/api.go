@@ -86,7 +86,7 @@ func (a *API) build() error {
 	if err != nil {
 		return err
 	}
-	gate := admission.GateDeps{Limiter: limiter, Breaker: a.breaker, Service: service, Pool: a.pool}
+	gate := admission.GateDeps{Limiter: limiter, Breaker: a.circuit, Service: service, Pool: a.pool}
 	var spill failover.Spiller
 	if a.queue != nil {
 		if spill, gate.Overflow, err = a.buildQueued(); err != nil {

@@ -21,15 +21,16 @@ import (
 const telemetryStopTimeout = 5 * time.Second
 
 // deps is what both processes build the same way, once: observability,
-// the Redis client, the provider behind its circuit breaker, the pool and
-// the queue. close releases them newest first, after every component
-// built on them stopped.
+// the Redis client, the provider behind its circuit breaker (one per
+// upstream with several), the pool and the queue. close releases them
+// newest first, after every component built on them stopped.
 type deps struct {
 	cfg     *config.Config
 	log     *slog.Logger
 	obs     *observability
 	rdb     redis.UniversalClient
-	breaker *admission.Breaker // the provider every call goes through
+	llm     llm.Provider      // the provider every call goes through, behind its circuit(s)
+	circuit admission.Circuit // what the api's gate asks before admitting
 	pool    pool.Pool
 	queue   *OpenedQueue
 	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
@@ -70,24 +71,7 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
-	provider := opts.Provider
-	switch {
-	case provider != nil:
-	case usesBalancer(cfg):
-		if provider, err = d.newBalancer(role); err != nil {
-			return nil, err
-		}
-	default:
-		if provider, err = newProvider(cfg, d.tel); err != nil {
-			return nil, err
-		}
-	}
-	// Every call to the provider, direct or from a worker, goes through
-	// the breaker, so an open circuit fails fast on both paths; beneath
-	// it, each call that reached the upstream is counted once in
-	// spillway_upstream_responses_total.
-	provider = llm.CountResponses(provider, d.obs.m.UpstreamResponded)
-	if d.breaker, err = admission.NewBreaker(BreakerConfig(cfg), provider, d.obs.m, log); err != nil {
+	if err := d.newProvider(role, opts.Provider); err != nil {
 		return nil, err
 	}
 	if d.pool, err = d.newPool(role); err != nil {
@@ -171,13 +155,56 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 	return p, nil
 }
 
-// provider is the provider behind its breaker.
-func (d *deps) provider() llm.Provider { return d.breaker }
+// newProvider builds the provider every call goes through, direct or from
+// a worker, so an open circuit fails fast on both paths; beneath the
+// circuit, each call that reached the upstream is counted once in
+// spillway_upstream_responses_total. A single provider (injected, the
+// simulator, or one plain upstream) sits behind one breaker. Several
+// upstreams each sit behind their own, inside the Balancer
+// (docs/UPSTREAMS.md, "Health"): one failing replica opens only its
+// circuit and is routed around, and the gate refuses only while every
+// circuit is open.
+func (d *deps) newProvider(role string, injected llm.Provider) error {
+	cfg := d.cfg
+	if injected == nil && usesBalancer(cfg) {
+		b, circuits, err := d.newBalancer(role)
+		if err != nil {
+			return err
+		}
+		d.llm, d.circuit = b, circuits
+		return nil
+	}
+	p, label := injected, ""
+	if p == nil {
+		var err error
+		if p, err = newProvider(cfg, d.tel); err != nil {
+			return err
+		}
+		if cfg.LLMProvider == config.ProviderOpenAI && len(cfg.Upstreams) == 1 {
+			label = cfg.Upstreams[0].Name
+		}
+	}
+	if label == "" {
+		label = p.Name()
+	}
+	m := d.obs.m
+	m.UpstreamKnown(label)
+	counted := llm.CountResponses(p, func(code string) { m.UpstreamResponded(label, code) })
+	br, err := admission.NewBreaker(BreakerConfig(cfg), counted, m, d.log)
+	if err != nil {
+		return err
+	}
+	d.llm, d.circuit = br, br
+	return nil
+}
+
+// provider is the provider behind its circuit(s).
+func (d *deps) provider() llm.Provider { return d.llm }
 
 // workerProvider is the provider as queue workers call it: behind the same
-// breaker, but waiting for an upstream slot where the api's direct path
+// circuits, but waiting for an upstream slot where the api's direct path
 // would hand its request to the queue.
-func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.breaker} }
+func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.llm} }
 
 // close releases what newDeps built, newest first: the queue, the pool
 // and the clients, then the tracer provider last.

@@ -156,3 +156,97 @@ func TestWatchPrimarySwitch(t *testing.T) {
 		t.Error("switch reported outside Sentinel mode")
 	})
 }
+
+// TestQueuedThroughSentinelFailover: an api and two consumer processes on
+// a Sentinel-managed Redis, every request on the queued path, and the
+// primary fails over while streams flow. Every stream ends in done with
+// its own prompt's whole answer in order, or in an explicit error event;
+// none breaks the contract (a missing, repeated or reordered id, a wrong
+// answer, no terminal event). New requests complete within a few seconds
+// of the switch, and afterwards the pool and the queue are empty.
+func TestQueuedThroughSentinelFailover(t *testing.T) {
+	t.Parallel()
+	sen := redistest.StartSentinel(t)
+	sc := llm.SimConfig{FirstToken: 5 * time.Millisecond, TokenInterval: 15 * time.Millisecond, Tokens: 40, Seed: 23}
+	_, upstream := startSimllm(t, sc)
+	env := scaleoutEnv(t, upstream, map[string]string{
+		"REDIS_SENTINEL_ADDRS":  strings.Join(sen.SentinelAddrs, ","),
+		"REDIS_SENTINEL_MASTER": sen.MasterName,
+		"DIRECT_PATH_ENABLED":   "false", "POOL_BACKEND": "redis",
+		"CONNECTION_POOL_SIZE": "16", "CONNECTION_POOL_PER_USER": "16", "WORKER_CONCURRENCY": "8",
+		"QUEUE_FAILOVER_TIMEOUT_SECONDS": "60",
+	})
+	a, url, _ := startAPI(t, testConfig(t, env))
+	startConsumer(t, env)
+	startConsumer(t, env)
+	run := func(ctx context.Context, requests int, progress func(loadtest.Snapshot)) *loadtest.Result {
+		t.Helper()
+		res, err := loadtest.Run(ctx, loadtest.Config{
+			URL: url + "/v1/stream", Concurrency: 24, Requests: requests, DistinctPrompts: 100,
+			Seed: sc.Seed, Tokens: sc.Tokens, Verify: true, UserIDs: 24, Timeout: time.Minute,
+		}, progress)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+
+	underway := make(chan struct{})
+	var once sync.Once
+	loaded := make(chan *loadtest.Result, 1)
+	go func() {
+		loaded <- run(t.Context(), 400, func(s loadtest.Snapshot) {
+			if s.Done >= 60 {
+				once.Do(func() { close(underway) })
+			}
+		})
+	}()
+	select {
+	case <-underway:
+	case res := <-loaded:
+		t.Fatalf("the load ended before the failover: %+v", res)
+	case <-time.After(60 * time.Second):
+		t.Fatal("60 streams not done within 60s before the failover")
+	}
+	sen.Failover(t)
+	switched := time.Now()
+	// New requests succeed within a few seconds of the switch.
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		res := run(t.Context(), 4, nil)
+		return res.Done == 4
+	}, "4 new requests done after the failover")
+	took := time.Since(switched)
+	t.Logf("new requests done %v after the switch", took.Round(time.Millisecond))
+	// A pool slot whose release failed on the demoted primary must not
+	// stay taken until its lease expires (30s): every slot would be.
+	if took > 10*time.Second {
+		t.Errorf("new requests done %v after the switch, want a few seconds", took)
+	}
+
+	res := <-loaded
+	t.Logf("through the failover: done %d, errors %v, refused %d %v, lost %d",
+		res.Done, res.ErrorsByType, res.Refused, res.RefusedBy, res.Lost)
+	if res.Lost != 0 {
+		t.Fatalf("%d streams broke the contract: %v %v", res.Lost, res.LostByReason, res.LostSamples)
+	}
+	if res.Done+res.Errors+res.Refused != res.Requests {
+		t.Fatalf("%d requests, %d done, %d errors, %d refused: some ended otherwise", res.Requests, res.Done, res.Errors, res.Refused)
+	}
+	if res.Done < res.Requests/2 {
+		t.Fatalf("only %d of %d streams done: the failover cost more than the streams under way", res.Done, res.Requests)
+	}
+	// After the failover the path works as before.
+	after := run(t.Context(), 100, nil)
+	if after.Done != 100 {
+		t.Fatalf("after the failover: done %d errors %v refused %d lost %d %v",
+			after.Done, after.ErrorsByType, after.Refused, after.Lost, after.LostSamples)
+	}
+	q, err := redisstream.New(redisstream.Config{Prefix: env["QUEUE_PREFIX"], Consumer: "probe"}, sen.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		n, err := q.Depth(context.Background())
+		return err == nil && n == 0 && a.pool.Stats().InUse == 0
+	}, "queue empty and every pool slot released")
+}

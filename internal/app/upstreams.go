@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -38,7 +39,12 @@ func usesBalancer(cfg *config.Config) bool {
 // it waits for a pool slot; the api's only tries, and a request that finds
 // every upstream full is handed to the queue like one that finds the pool
 // full (upstream.ErrNoUpstream is retryable, llm.ErrNoCapacity).
-func (d *deps) newBalancer(role string) (*upstream.Balancer, error) {
+//
+// Each upstream's client sits behind its own circuit breaker, named after
+// the upstream (spillway_circuit_state{provider}); the Balancer routes
+// around an open one, and the returned Circuits refuse at the gate only
+// while every one is open.
+func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits, error) {
 	cfg := d.cfg
 	specs := cfg.Upstreams
 	var (
@@ -51,17 +57,17 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, error) {
 		prefix := cfg.QueuePrefix + "upstream:"
 		rc, err := upstream.NewRedisCaps(d.rdb, specs, upstream.RedisConfig{Prefix: prefix, LeaseTTL: cfg.LeaseTTL(), Holder: d.name}, log)
 		if err != nil {
-			return nil, fmt.Errorf("app: upstream caps: %w", err)
+			return nil, nil, fmt.Errorf("app: upstream caps: %w", err)
 		}
 		d.closers = append(d.closers, func() { _ = rc.Close() })
 		rh, err := upstream.NewRedisHealth(d.rdb, specs, prefix, UpstreamHealthConfig(cfg), log)
 		if err != nil {
-			return nil, fmt.Errorf("app: upstream health: %w", err)
+			return nil, nil, fmt.Errorf("app: upstream health: %w", err)
 		}
 		d.closers = append(d.closers, func() { _ = rh.Close() })
 		rq, err := upstream.NewRedisQuota(d.rdb, specs, prefix, log)
 		if err != nil {
-			return nil, fmt.Errorf("app: upstream quotas: %w", err)
+			return nil, nil, fmt.Errorf("app: upstream quotas: %w", err)
 		}
 		caps, health, quota = rc, rh, rq
 	} else {
@@ -71,19 +77,34 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, error) {
 	}
 	m, err := upstream.NewPrometheus(d.obs.reg)
 	if err != nil {
-		return nil, fmt.Errorf("app: upstream metrics: %w", err)
+		return nil, nil, fmt.Errorf("app: upstream metrics: %w", err)
 	}
+	breakers := make([]*admission.Breaker, 0, len(specs))
 	b, err := upstream.New(specs, BalancerConfig(cfg), upstream.Deps{
 		NewProvider: func(s upstream.Spec) (llm.Provider, error) {
 			oc := OpenAIConfig(cfg)
 			oc.BaseURL, oc.APIKey = s.BaseURL, s.APIKey
 			oc.Tracing = d.tel
-			return llm.NewOpenAI(oc)
+			c, err := llm.NewOpenAI(oc)
+			if err != nil {
+				return nil, err
+			}
+			om, name := d.obs.m, s.Name
+			om.UpstreamKnown(name)
+			counted := llm.CountResponses(c, func(code string) { om.UpstreamResponded(name, code) })
+			bc := BreakerConfig(cfg)
+			bc.Name = name
+			br, err := admission.NewBreaker(bc, counted, om, d.log)
+			if err != nil {
+				return nil, err
+			}
+			breakers = append(breakers, br)
+			return br, nil
 		},
 		Caps: caps, Health: health, Quota: quota, Metrics: m, Log: log,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("app: upstreams: %w", err)
+		return nil, nil, fmt.Errorf("app: upstreams: %w", err)
 	}
 	// The balancer stops before the caps and health it uses (closers run
 	// newest first).
@@ -94,7 +115,11 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, error) {
 	}
 	d.log.Info("several upstreams", "role", role, "upstreams", names, "routing", cfg.LLMRouting,
 		"shared", cfg.PoolBackend == config.PoolBackendRedis)
-	return b, nil
+	circuits, err := admission.NewCircuits(d.obs.m, breakers...)
+	if err != nil {
+		return nil, nil, fmt.Errorf("app: upstream circuits: %w", err)
+	}
+	return b, circuits, nil
 }
 
 // waitingProvider is the workers' view of the provider: a call marks its

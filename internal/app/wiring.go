@@ -100,13 +100,25 @@ func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
 	}
 }
 
+// jobEnvelopeBytes is what a job adds to its request body: ids, times,
+// trace context and priority. A body re-encoded as the job's payload keeps
+// its size unless it is full of escapes that decode to longer text.
+const jobEnvelopeBytes = 64 << 10
+
 // KafkaConfig is the Kafka queue the KAFKA_* settings give.
 func KafkaConfig(cfg *config.Config, claims kafka.Claims) kafka.Config {
 	return kafka.Config{
 		Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
-		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims,
+		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims, MaxMessageBytes: KafkaJobBytes(cfg.MaxBodyBytes),
 		DeadLetterRetention: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
 	}
+}
+
+// KafkaJobBytes is the largest job the Kafka queue is sized for: a body of
+// maxBody (MAX_BODY_BYTES) with the job around it, within the job format's
+// own bound (docs/QUEUE.md, "Kafka").
+func KafkaJobBytes(maxBody int64) int {
+	return int(min(int64(protocol.MaxJobBytes), maxBody+jobEnvelopeBytes))
 }
 
 // ResultsConfig is the api's half of the result channel.
@@ -157,6 +169,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		IgnoreUserIDHeader: !cfg.TrustUserIDHeader,
 		TrustedProxies:     cfg.TrustedProxies,
 		Models:             cfg.LLMModels,
+		ServedModels:       ServedModels(cfg),
 		BodyReadTimeout:    cfg.BodyReadTimeout(),
 		ResumeWindow:       cfg.StreamResumeWindow(),
 		LogTTL:             cfg.StreamLogTTL(),
@@ -196,6 +209,21 @@ func OpenAIModels(cfg *config.Config) []string {
 		}
 	}
 	return models
+}
+
+// ServedModels are the models the upstreams serve when every upstream
+// lists its own: a request for another is a 400. Nil when some upstream
+// takes any model, or with one plain upstream (it judges the model).
+func ServedModels(cfg *config.Config) []string {
+	if cfg.LLMProvider != config.ProviderOpenAI {
+		return nil
+	}
+	for _, s := range cfg.Upstreams {
+		if len(s.Models) == 0 {
+			return nil
+		}
+	}
+	return OpenAIModels(cfg)
 }
 
 // StreamLogConfig is the stream log's part of cfg.

@@ -28,6 +28,20 @@ var ErrClaimLost = errors.New("failover: claim lost")
 // refuse with 503 instead of hanging.
 var ErrQueueUnavailable = errors.New("failover: queue unavailable")
 
+// ErrJobTooLarge wraps Enqueue failures of a job larger than the queue
+// takes: unlike ErrQueueUnavailable, trying again will not help, so the
+// api refuses the request with 413.
+var ErrJobTooLarge = errors.New("failover: job too large for the queue")
+
+// JobLimiter is an optional ability of a Producer, found by type
+// assertion: MaxJobBytes is the largest encoded job Enqueue accepts now
+// (Kafka's record limit; it may change once the queue checked its topic).
+// A Producer without it takes any job protocol.EncodeJob accepts. Safe
+// for concurrent use.
+type JobLimiter interface {
+	MaxJobBytes() int
+}
+
 // Delivery is one job handed to a worker by a Consumer.
 type Delivery struct {
 	// ID identifies the delivery to its backend (a stream entry id, or
@@ -51,7 +65,8 @@ type Delivery struct {
 // Enqueue returns nil only once the backend durably accepted the job; on
 // failure it returns an error wrapping ErrQueueUnavailable (or ctx.Err())
 // and the job was not accepted — or, when the answer was lost, may have
-// been: workers tolerate a job whose client is gone.
+// been: workers tolerate a job whose client is gone. A job the backend can
+// never take gives an error wrapping ErrJobTooLarge instead.
 type Producer interface {
 	Enqueue(ctx context.Context, requestID string, body []byte) error
 }

@@ -8,7 +8,7 @@ import (
 
 // CountResponses wraps p so that count is called once per call that got a
 // response from the upstream, with ResponseCode's label: the value of
-// spillway_upstream_responses_total{code} (docs/TIMEOUTS.md). A call that
+// spillway_upstream_responses_total{upstream,code} (docs/TIMEOUTS.md). A call that
 // got no response (refused connection, timeout before the headers, the
 // caller's cancellation before any) is not counted. It is the one place
 // that counts, so that the direct path and the workers agree; put it

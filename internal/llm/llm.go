@@ -98,3 +98,53 @@ func CapacityWait(ctx context.Context) bool {
 	v, _ := ctx.Value(capacityWaitKey{}).(bool)
 	return v
 }
+
+// Caller says whom a call is for, to a provider that routes or orders
+// calls by it (the several-upstreams balancer, docs/UPSTREAMS.md). Every
+// field is optional.
+type Caller struct {
+	// Identity is who the pool counts the request against: waiting calls
+	// take turns round-robin between identities.
+	Identity string
+	// Session is the affinity key: the X-Session-ID header, else the
+	// body's thread_id, else the identity.
+	Session string
+	// Since is when the work was queued (a queued job's enqueue time):
+	// the call's place in line among one identity's waiting calls. Zero
+	// is when the call starts waiting.
+	Since time.Time
+}
+
+type callerKey struct{}
+
+// WithCaller returns ctx carrying c.
+func WithCaller(ctx context.Context, c Caller) context.Context {
+	return context.WithValue(ctx, callerKey{}, c)
+}
+
+// CallerFrom returns the Caller ctx carries, or the zero Caller.
+func CallerFrom(ctx context.Context) Caller {
+	c, _ := ctx.Value(callerKey{}).(Caller)
+	return c
+}
+
+// Reserver is a Provider with a capacity of its own, such as several
+// capped upstreams: the api's direct path reserves before it commits to
+// the direct path, so a request that finds no capacity goes to the queue
+// exactly as one that finds the pool full.
+type Reserver interface {
+	Provider
+	// Reserve holds capacity for req without waiting. An error wrapping
+	// ErrNoCapacity means none now; any other error is the one Stream
+	// would have returned.
+	Reserve(ctx context.Context, req protocol.ChatRequest) (Reservation, error)
+}
+
+// Reservation is capacity held for one call by a Reserver. Stream makes
+// the call and uses the reservation up; Release gives it back unused. A
+// Reservation is used by one goroutine: Release must not run while Stream
+// does.
+type Reservation interface {
+	Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error)
+	Release()
+}

@@ -51,12 +51,14 @@ type Metrics struct {
 	QueueWait         prometheus.Histogram     // spillway_queue_wait_seconds
 	WorkerJobs        *prometheus.CounterVec   // spillway_worker_jobs_total{outcome}
 	WorkerRetries     *prometheus.CounterVec   // spillway_worker_retries_total{reason}
-	UpstreamResponses *prometheus.CounterVec   // spillway_upstream_responses_total{code}
+	UpstreamResponses *prometheus.CounterVec   // spillway_upstream_responses_total{upstream,code}
 	DeadLetterDepth   prometheus.Gauge         // spillway_dead_letter_depth
 	CircuitState      *prometheus.GaugeVec     // spillway_circuit_state{provider}
 	RateLimited       prometheus.Counter       // spillway_rate_limited_total
 	MalformedMessages *prometheus.CounterVec   // spillway_malformed_messages_total{source}
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
+	ResultsDropped    *prometheus.CounterVec   // spillway_results_dropped_total{reason}
+	StreamGaps        *prometheus.CounterVec   // spillway_stream_gaps_total{outcome}
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
 	RedisCommand      *prometheus.HistogramVec // spillway_redis_command_seconds{op}
 }
@@ -112,8 +114,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "spillway_worker_retries_total", Help: "Provider calls retried by workers, by why the last one failed.",
 		}, []string{"reason"}),
 		UpstreamResponses: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "spillway_upstream_responses_total", Help: "Provider calls that got a response, by HTTP status (200 also for a failure inside a stream).",
-		}, []string{"code"}),
+			Name: "spillway_upstream_responses_total", Help: "Provider calls that got a response, by upstream and HTTP status (200 also for a failure inside a stream).",
+		}, []string{"upstream", "code"}),
 		DeadLetterDepth: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spillway_dead_letter_depth", Help: "Entries in the dead-letter queue.",
 		}),
@@ -129,6 +131,12 @@ func New(reg prometheus.Registerer) *Metrics {
 		SubscriptionsLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_subscriptions_lost_total", Help: "Result subscriptions ended by the subscriber (overflow, connection_lost).",
 		}, []string{"reason"}),
+		ResultsDropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_results_dropped_total", Help: "Result messages the api's relay did not pass on, by reason (stale_attempt, duplicate).",
+		}, []string{"reason"}),
+		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "spillway_stream_gaps_total", Help: "Gaps in queued answers' sequence, by outcome (healed, broken).",
+		}, []string{"outcome"}),
 		RedisCommand: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "spillway_redis_command_seconds", Help: "Redis commands as this process saw them (queueing for a connection included), by command (evalsha for scripts, pipeline for pipelines).",
 			Buckets: redisBuckets,
@@ -140,7 +148,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
-		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.TraceInvalid, m.RedisCommand)
+		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.ResultsDropped, m.StreamGaps,
+		m.TraceInvalid, m.RedisCommand)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)
@@ -159,7 +168,12 @@ func New(reg prometheus.Registerer) *Metrics {
 	for _, r := range RetryReasons {
 		m.WorkerRetries.WithLabelValues(r)
 	}
-	m.UpstreamResponses.WithLabelValues("200")
+	for _, r := range []string{"stale_attempt", "duplicate"} {
+		m.ResultsDropped.WithLabelValues(r)
+	}
+	for _, o := range []string{"healed", "broken"} {
+		m.StreamGaps.WithLabelValues(o)
+	}
 	return m
 }
 

@@ -23,6 +23,14 @@ func (m *Metrics) MalformedMessage(source string) { m.MalformedMessages.WithLabe
 // SubscriptionLost counts a result subscription that ended on its own.
 func (m *Metrics) SubscriptionLost(reason string) { m.SubscriptionsLost.WithLabelValues(reason).Inc() }
 
+// ResultDropped counts a result message the api's relay did not pass on,
+// by reason (stale_attempt, duplicate).
+func (m *Metrics) ResultDropped(reason string) { m.ResultsDropped.WithLabelValues(reason).Inc() }
+
+// StreamGap counts a gap in a queued answer's sequence once it closed, by
+// outcome (healed, broken).
+func (m *Metrics) StreamGap(outcome string) { m.StreamGaps.WithLabelValues(outcome).Inc() }
+
 // JobSettled counts a job a worker finished, by outcome.
 func (m *Metrics) JobSettled(outcome string) { m.WorkerJobs.WithLabelValues(outcome).Inc() }
 
@@ -30,9 +38,17 @@ func (m *Metrics) JobSettled(outcome string) { m.WorkerJobs.WithLabelValues(outc
 // failed (llm.Reason, or circuit_open).
 func (m *Metrics) Retried(reason string) { m.WorkerRetries.WithLabelValues(reason).Inc() }
 
-// UpstreamResponded counts a provider call that got a response, by its
-// HTTP status (llm.ResponseCode).
-func (m *Metrics) UpstreamResponded(code string) { m.UpstreamResponses.WithLabelValues(code).Inc() }
+// UpstreamKnown shows upstream in spillway_upstream_responses_total
+// (its code="200" series at 0) before its first call.
+func (m *Metrics) UpstreamKnown(upstream string) {
+	m.UpstreamResponses.WithLabelValues(upstream, "200")
+}
+
+// UpstreamResponded counts a provider call to upstream that got a
+// response, by its HTTP status (llm.ResponseCode).
+func (m *Metrics) UpstreamResponded(upstream, code string) {
+	m.UpstreamResponses.WithLabelValues(upstream, code).Inc()
+}
 
 // QueueWaited observes how long a job waited from enqueue to a slot.
 func (m *Metrics) QueueWaited(d time.Duration) { m.QueueWait.Observe(d.Seconds()) }

@@ -32,6 +32,8 @@ var (
 		`SIGNAL:RETRYING:{"attempt":0,"retry_in_seconds":1,"reason":"x"}`,
 		`SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":-1,"reason":"x"}`,
 		`SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"a\nb"}`,
+		`SIGNAL:RETRYING:4:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
+		`SIGNAL:RETRYING:01:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
 		`BATCH:[{"seq":1,"content":"a"}]]`,
 		`SIGNAL:DONE:{}}`,
 		`BATCH:[]`,
@@ -155,6 +157,10 @@ func FuzzDecodeJob(f *testing.F) {
 	for _, prio := range []string{`"high"`, `"normal"`, `"low"`, `""`, `"urgent"`, `2`, `null`} {
 		f.Add([]byte(strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":` + prio + `}`))
 	}
+	// Session ids, valid and not.
+	for _, sid := range []string{`"conv-42"`, `""`, `"a b"`, `"` + strings.Repeat("s", 129) + `"`, `7`} {
+		f.Add([]byte(strings.TrimSuffix(sampleJobWire, `}`) + `,"session_id":` + sid + `}`))
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		j, err := DecodeJob(b)
 		if err != nil {
@@ -172,6 +178,9 @@ func FuzzDecodeJob(f *testing.F) {
 		checkMessages(t, j.Payload.Messages, maxMessagesHardLimit)
 		if _, err := ParsePriority(string(j.Priority)); j.Priority != "" && err != nil {
 			t.Fatalf("DecodeJob accepted priority %q", j.Priority)
+		}
+		if j.SessionID != "" && !ValidUserID(j.SessionID) {
+			t.Fatalf("DecodeJob accepted session_id %q", j.SessionID)
 		}
 		if j.Trace != nil {
 			if j.TraceDropped || j.Trace.IsZero() || j.Trace.Validate() != nil {

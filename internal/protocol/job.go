@@ -50,6 +50,10 @@ func DecodeJob(b []byte) (Job, error) {
 	if err := validateMessages(j.Payload.Messages, maxMessagesHardLimit); err != nil {
 		return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
 	}
+	if j.SessionID != "" && !ValidUserID(j.SessionID) {
+		return Job{}, fmt.Errorf("%w: job %s: session_id %.128q is not 1 to 128 characters of A-Z a-z 0-9 . _ : @ -",
+			ErrMalformed, j.RequestID, j.SessionID)
+	}
 	if j.Priority != "" {
 		if _, err := ParsePriority(string(j.Priority)); err != nil {
 			return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
@@ -74,8 +78,8 @@ func validIDChars(s string) bool {
 	return true
 }
 
-// ValidUserID reports whether s is an acceptable X-User-ID: 1 to 128
-// characters of A-Z a-z 0-9 . _ : @ -
+// ValidUserID reports whether s is an acceptable X-User-ID (or
+// X-Session-ID): 1 to 128 characters of A-Z a-z 0-9 . _ : @ -
 func ValidUserID(s string) bool {
 	return len(s) >= 1 && len(s) <= 128 && validIDChars(s)
 }

@@ -130,6 +130,7 @@ func TestJobRoundTrip(t *testing.T) {
 		"trace context":                   func(j *Job) { *j = sampleTracedJob() },
 		"priority high":                   func(j *Job) { j.Priority = PriorityHigh },
 		"priority low":                    func(j *Job) { j.Priority = PriorityLow },
+		"session id":                      func(j *Job) { j.SessionID = "conv-42:user@example.com" },
 		"trace context with baggage only": func(j *Job) { j.Trace = &TraceContext{Baggage: "k=v;meta, k2 = v2"} },
 		"non utc times": func(j *Job) {
 			loc := time.FixedZone("", 5*3600+30*60)
@@ -257,6 +258,9 @@ func TestDecodeJobRejects(t *testing.T) {
 		{"content NUL", edit(`"content":"Hello"`, `"content":"Hel\u0000lo"`)},
 		{"content number", edit(`"content":"Hello"`, `"content":5`)},
 		{"priority unknown", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":"urgent"}`},
+		{"session_id space", strings.TrimSuffix(sampleJobWire, `}`) + `,"session_id":"conv 42"}`},
+		{"session_id 129 chars", strings.TrimSuffix(sampleJobWire, `}`) + `,"session_id":"` + strings.Repeat("s", 129) + `"}`},
+		{"session_id number", strings.TrimSuffix(sampleJobWire, `}`) + `,"session_id":42}`},
 		{"priority upper case", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":"HIGH"}`},
 		{"priority number", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":2}`},
 		{"oversized", edit(`"content":"Hello"`, `"content":"`+hugeContent+`"`)},

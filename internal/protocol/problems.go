@@ -102,9 +102,11 @@ func BodyTooLarge(limit int64) *Problem {
 	return problem(ProblemBodyTooLarge, fmt.Sprintf("The request body must be at most %d bytes.", limit), 0)
 }
 
-// TooLargeToQueue refuses a request whose job does not fit a queue message.
-func TooLargeToQueue() *Problem {
-	return problem(ProblemBodyTooLarge, "The request is too large to be queued; shorten it.", 0)
+// TooLargeToQueue refuses a request whose job does not fit a queue
+// message of at most limit bytes: no retry will make it fit.
+func TooLargeToQueue(limit int) *Problem {
+	return problem(ProblemBodyTooLarge, fmt.Sprintf("The request is too large to be queued: as a queued job it exceeds "+
+		"the queue's limit of %d bytes. Shorten it; sending it again unchanged will not succeed.", limit), 0)
 }
 
 // UnsupportedMedia refuses a body that is not application/json.

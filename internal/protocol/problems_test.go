@@ -69,7 +69,7 @@ func TestProblemConstructorsUseTheCatalogue(t *testing.T) {
 	t.Parallel()
 	for _, p := range []*protocol.Problem{
 		protocol.BadRequest("x"), protocol.Unauthorized("x"), protocol.NotFound(), protocol.MethodNotAllowed("GET"),
-		protocol.BodyTooLarge(1), protocol.TooLargeToQueue(), protocol.UnsupportedMedia(), protocol.RateLimited(1),
+		protocol.BodyTooLarge(1), protocol.TooLargeToQueue(1 << 20), protocol.UnsupportedMedia(), protocol.RateLimited(1),
 		protocol.PoolExhausted(1), protocol.QueueOverflow(1), protocol.QueueTimeout(1), protocol.QueueUnavailable(1),
 		protocol.ResultChannelLost(1), protocol.ProviderFailed(1), protocol.ProviderUnavailable(1),
 		protocol.WorkerLost(1), protocol.SlowClient(1), protocol.ShuttingDown(1), protocol.NotReady(1),

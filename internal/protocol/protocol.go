@@ -88,10 +88,13 @@ const JobVersion = 1
 
 // Job is a queued request as it travels through Redis Streams or Kafka.
 type Job struct {
-	Version   int         `json:"v"`
-	RequestID string      `json:"request_id"`
-	UserID    string      `json:"user_id"`
-	ThreadID  string      `json:"thread_id,omitempty"`
+	Version   int    `json:"v"`
+	RequestID string `json:"request_id"`
+	UserID    string `json:"user_id"`
+	ThreadID  string `json:"thread_id,omitempty"`
+	// SessionID is the request's X-Session-ID, the affinity key of
+	// several upstreams (docs/UPSTREAMS.md, "Routing"). Optional.
+	SessionID string      `json:"session_id,omitempty"`
 	Payload   ChatRequest `json:"payload"`
 	// EnqueueTime is when the api accepted the job.
 	EnqueueTime time.Time `json:"enqueue_time"`

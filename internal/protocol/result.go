@@ -49,11 +49,11 @@ func (k ResultKind) String() string {
 // Result is one message on a request's result channel, as a worker publishes
 // it (docs/QUEUE.md, "Result messages"). Fenced forms carry the attempt
 // that wrote them: `BATCH:{attempt}:[…]`, `SIGNAL:DONE:{attempt}:{chunks}[:{json}]`,
-// `SIGNAL:ERROR:{attempt}:{problem}`, `SIGNAL:HEARTBEAT:{attempt}` and
-// `SIGNAL:RESET:{json}` (whose JSON holds the attempt). The unfenced forms
-// of earlier workers, `BATCH:[…]`, `SIGNAL:DONE[:{json}]`,
-// `SIGNAL:ERROR:{problem}` and `SIGNAL:HEARTBEAT`, still decode, with
-// Attempt 0; so does `SIGNAL:RETRYING:{json}`, which is never fenced.
+// `SIGNAL:ERROR:{attempt}:{problem}`, `SIGNAL:HEARTBEAT:{attempt}`,
+// `SIGNAL:RETRYING:{attempt}:{json}` and `SIGNAL:RESET:{json}` (whose JSON
+// holds the attempt). The unfenced forms of earlier workers, `BATCH:[…]`,
+// `SIGNAL:DONE[:{json}]`, `SIGNAL:ERROR:{problem}`, `SIGNAL:HEARTBEAT` and
+// `SIGNAL:RETRYING:{json}`, still decode, with Attempt 0.
 type Result struct {
 	Kind ResultKind
 	// Attempt is the fencing token of the delivery that wrote the message
@@ -146,8 +146,10 @@ func EncodeResult(r Result) ([]byte, error) {
 			out, err = appendJSON(prefixReset, r.Reset)
 		}
 	case KindRetrying:
+		// Fenced like the others: the `attempt` inside the JSON counts
+		// provider calls, the header the delivery that made them.
 		if err = checkRetrying(r.Retrying); err == nil {
-			out, err = appendJSON(prefixRetrying, r.Retrying)
+			out, err = appendJSON(fenced(prefixRetrying), r.Retrying)
 		}
 	default:
 		return nil, fmt.Errorf("protocol: encode result: unknown kind %d", r.Kind)
@@ -306,14 +308,18 @@ func decodeResult(msg []byte) (Result, error) {
 		}
 		return Result{Kind: KindReset, Attempt: r.Attempt, Reset: &r}, nil
 	case bytes.HasPrefix(msg, prefixRetrying):
+		attempt, rest, err := fence(msg[len(prefixRetrying):])
+		if err != nil {
+			return Result{}, fmt.Errorf("retrying: %v", err)
+		}
 		var r Retrying
-		if err := strictUnmarshal(msg[len(prefixRetrying):], &r); err != nil {
+		if err := strictUnmarshal(rest, &r); err != nil {
 			return Result{}, fmt.Errorf("retrying: %v", err)
 		}
 		if err := checkRetrying(&r); err != nil {
 			return Result{}, err
 		}
-		return Result{Kind: KindRetrying, Retrying: &r}, nil
+		return Result{Kind: KindRetrying, Attempt: attempt, Retrying: &r}, nil
 	}
 	return Result{}, errors.New("unknown prefix")
 }

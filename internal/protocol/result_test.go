@@ -111,6 +111,11 @@ func TestEncodeResultGolden(t *testing.T) {
 			in:   Result{Kind: KindRetrying, Retrying: &Retrying{Attempt: 3, RetryInSeconds: 0.15, Reason: "server_error"}},
 			want: `SIGNAL:RETRYING:{"attempt":3,"retry_in_seconds":0.15,"reason":"server_error"}`,
 		},
+		{
+			name: "fenced retrying",
+			in:   Result{Kind: KindRetrying, Attempt: 1, Retrying: &Retrying{Attempt: 2, RetryInSeconds: 20, Reason: "throttled"}},
+			want: `SIGNAL:RETRYING:1:{"attempt":2,"retry_in_seconds":20,"reason":"throttled"}`,
+		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,6 +163,7 @@ func TestResultRoundTrip(t *testing.T) {
 		{Kind: KindHeartbeat, Attempt: 1},
 		{Kind: KindRetrying, Retrying: &Retrying{Attempt: 1, RetryInSeconds: 0, Reason: "circuit_open"}},
 		{Kind: KindRetrying, Retrying: &Retrying{Attempt: 6, RetryInSeconds: MaxRetryInSeconds, Reason: "timeout"}},
+		{Kind: KindRetrying, Attempt: 3, Retrying: &Retrying{Attempt: 2, RetryInSeconds: 0.5, Reason: "throttled"}},
 	}
 	for _, in := range tests {
 		t.Run(in.Kind.String(), func(t *testing.T) {
@@ -221,6 +227,10 @@ func TestDecodeResultRejects(t *testing.T) {
 		{"retrying reason of error text", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"dial tcp: refused"}`},
 		{"retrying trailing", `SIGNAL:RETRYING:{"attempt":1,"retry_in_seconds":1,"reason":"timeout"}}`},
 		{"retrying attempt string", `SIGNAL:RETRYING:{"attempt":"1","retry_in_seconds":1,"reason":"timeout"}`},
+		{"retrying fence zero", `SIGNAL:RETRYING:0:{"attempt":1,"retry_in_seconds":1,"reason":"timeout"}`},
+		{"retrying fence leading zero", `SIGNAL:RETRYING:01:{"attempt":1,"retry_in_seconds":1,"reason":"timeout"}`},
+		{"retrying fence without colon", `SIGNAL:RETRYING:1{"attempt":1,"retry_in_seconds":1,"reason":"timeout"}`},
+		{"retrying fence only", `SIGNAL:RETRYING:3:`},
 		{"done empty payload", `SIGNAL:DONE:`},
 		{"done bad json", `SIGNAL:DONE:{"usage":`},
 		{"done trailing", `SIGNAL:DONE:{}}`},

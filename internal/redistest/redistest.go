@@ -1,8 +1,8 @@
 // Package redistest starts real redis-server processes for integration
-// tests, on free loopback ports, with no persistence, ended by PID when the
-// test finishes: one server (Start), a 3-primary Redis Cluster
-// (StartCluster) or a Sentinel-managed primary with one replica
-// (StartSentinel).
+// tests, on free loopback ports, with no persistence unless asked
+// (StartWith), ended by PID when the test finishes: one server (Start), a
+// 3-primary Redis Cluster (StartCluster) or a Sentinel-managed primary
+// with one replica (StartSentinel).
 package redistest
 
 import (
@@ -52,6 +52,23 @@ func Start(tb testing.TB) *Server {
 		tb.Fatalf("redistest: redis-server not found (make test installs it): %v", err)
 	}
 	return startServer(tb, bin, serverArgs)
+}
+
+// StartWith is Start with extra redis-server arguments after the defaults,
+// which they override: StartWith(tb, "--appendonly", "yes") runs a server
+// that keeps its data in an append-only file across Restart.
+func StartWith(tb testing.TB, extra ...string) *Server {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("redistest: integration test skipped with -short")
+	}
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		tb.Fatalf("redistest: redis-server not found (make test installs it): %v", err)
+	}
+	return startServer(tb, bin, func(dir string, port int) []string {
+		return append(serverArgs(dir, port), extra...)
+	})
 }
 
 // serverArgs are the settings of every test redis-server.

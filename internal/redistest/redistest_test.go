@@ -27,6 +27,39 @@ func TestStartServesAndStops(t *testing.T) {
 	}
 }
 
+// A server started with AOF keeps its keys across a crash and Restart;
+// one started without loses them.
+func TestStartWithAOFKeepsKeys(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		srv  func(testing.TB) *Server
+		kept bool
+	}{
+		{"aof", func(tb testing.TB) *Server { return StartWith(tb, "--appendonly", "yes", "--appendfsync", "always") }, true},
+		{"default", Start, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := tc.srv(t)
+			c := s.Client(t)
+			ctx := context.Background()
+			if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			s.Stop()
+			s.Restart(t)
+			n, err := c.Exists(ctx, "k").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (n == 1) != tc.kept {
+				t.Fatalf("key exists after a crash and restart: %v, want %v", n == 1, tc.kept)
+			}
+		})
+	}
+}
+
 func TestClusterSpreadsKeysOverNodes(t *testing.T) {
 	t.Parallel()
 	c := StartCluster(t, 3)

@@ -61,6 +61,11 @@ type Config struct {
 	// Models, when not empty, are the only `model` values accepted
 	// (LLM_MODELS); empty passes any through.
 	Models []string
+	// ServedModels, when not empty, are the models the upstreams serve
+	// (several upstreams, each listing its models): a request naming
+	// another is refused with a 400 before any call, as a model outside
+	// Models is; a request naming none goes to any upstream.
+	ServedModels []string
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// Default 64.
 	FrameBuffer int

@@ -13,16 +13,18 @@ import (
 )
 
 // direct streams from the provider in this process while holding lease
-// (docs/ARCHITECTURE.md, "Direct path"). A retryable failure before the
-// first chunk is handed to the queue on the same response (handOff).
-func (h *Handler) direct(x *exchange, lease pool.Lease) {
+// (docs/ARCHITECTURE.md, "Direct path"), through res when the provider
+// reserved capacity for it (reserveUpstream). A retryable failure before
+// the first chunk is handed to the queue on the same response (handOff).
+func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	release := sync.OnceFunc(lease.Release)
 	defer release()
 	// The provider call outlives the request when the client leaves
 	// within a resume window; the session cancels it when the stream ends.
-	ctx, cancel := context.WithCancel(context.WithoutCancel(x.r.Context()))
+	ctx, cancel := context.WithCancel(x.caller(context.WithoutCancel(x.r.Context())))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
-	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, prio: x.prio, release: release, frames: frames}
+	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, session: x.session,
+		prio: x.prio, release: release, frames: frames, res: res}
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
@@ -49,8 +51,10 @@ type directProducer struct {
 	req       protocol.ChatRequest
 	requestID string
 	user      string
+	session   string
 	prio      protocol.Priority
-	release   func() // releases the slot; idempotent
+	res       llm.Reservation // capacity the provider holds for the call; nil when none
+	release   func()          // releases the slot; idempotent
 	frames    chan<- protocol.Result
 	handedOff atomic.Bool
 }
@@ -73,7 +77,11 @@ func (p *directProducer) run(ctx context.Context) {
 	// goroutine fills at most one more before a send blocks. One
 	// allocation per stream instead of one per chunk.
 	ring := make([]protocol.Chunk, cap(p.frames)+2)
-	result, err := h.provider.Stream(ctx, p.req, func(content string) error {
+	call := h.provider.Stream
+	if p.res != nil {
+		call = p.res.Stream
+	}
+	result, err := call(ctx, p.req, func(content string) error {
 		seq++
 		i := seq % len(ring)
 		ring[i] = protocol.Chunk{Seq: seq, Content: content}
@@ -142,7 +150,8 @@ func (p *directProducer) handOff(ctx context.Context, cause error) {
 		return
 	}
 	relay, err := h.spill.Spill(ctx, protocol.Job{
-		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, Payload: p.req, Priority: p.prio,
+		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, SessionID: p.session,
+		Payload: p.req, Priority: p.prio,
 	})
 	if err != nil {
 		var prob *protocol.Problem

@@ -81,6 +81,7 @@ type Handler struct {
 	log       *slog.Logger
 	ids       *identity.Resolver
 	models    map[string]bool // nil: any model
+	served    map[string]bool // nil: any model; else also "" (the upstreams choose)
 	logw      LogWriter
 	logr      LogReader
 	canceller failover.Canceller
@@ -121,8 +122,15 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 		}
 		models[m] = true
 	}
+	var served map[string]bool
+	if len(cfg.ServedModels) > 0 {
+		served = map[string]bool{"": true}
+		for _, m := range cfg.ServedModels {
+			served[m] = true
+		}
+	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
-		m: deps.Metrics, log: deps.Log, ids: ids, models: models, tel: deps.Tracing, draining: make(chan struct{}),
+		m: deps.Metrics, log: deps.Log, ids: ids, models: models, served: served, tel: deps.Tracing, draining: make(chan struct{}),
 		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, live: make(map[string]chan struct{}),
 		progress: newProgress(deps.Positions)}, nil
 }
@@ -149,6 +157,7 @@ type exchange struct {
 	id        identity.Identity // who is asking (docs/API.md, "Identity")
 	open      opener            // set once the request was read
 	prio      protocol.Priority // effective priority, after the caller's maximum
+	session   string            // X-Session-ID: the affinity key of several upstreams
 }
 
 // ServeHTTP parses the request, finds the caller's identity and streams
@@ -170,6 +179,9 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		x.prio, prob = h.priority(x)
 	}
 	if prob == nil {
+		x.session, prob = sessionID(r)
+	}
+	if prob == nil {
 		telemetry.SetRequest(trace.SpanFromContext(r.Context()), x.requestID, string(x.prio))
 	}
 	if prob == nil {
@@ -182,13 +194,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
 		lease, err := h.tryAcquire(r.Context(), x.user)
-		if err == nil {
-			telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
-			h.direct(x, lease)
-			return
-		}
 		limit := "global"
-		if errors.Is(err, pool.ErrUserLimit) {
+		if err == nil {
+			res, ok := h.reserveUpstream(x)
+			if ok {
+				telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
+				h.direct(x, lease, res)
+				return
+			}
+			lease.Release()
+			limit = "upstream"
+		} else if errors.Is(err, pool.ErrUserLimit) {
 			limit = "user"
 		}
 		h.m.PoolRefused(limit)

@@ -37,8 +37,9 @@ func (h *Handler) parseRequest(x *exchange) *protocol.Problem {
 		return protocol.BadRequest(err.Error())
 	}
 	// An unknown model is refused here, not sent upstream: the upstream's
-	// 404 would cost a call, and on the queued path a job (LLM_MODELS).
-	if h.models != nil && !h.models[req.Model] {
+	// 404 would cost a call, and on the queued path a job (LLM_MODELS, or
+	// the models the upstreams list).
+	if (h.models != nil && !h.models[req.Model]) || (h.served != nil && !h.served[req.Model]) {
 		return protocol.ModelNotAllowed()
 	}
 	x.req, x.user, x.id, x.open = req, id.Name, id, open

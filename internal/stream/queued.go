@@ -15,7 +15,8 @@ func (h *Handler) queued(x *exchange) {
 		return
 	}
 	relay, err := h.spill.Spill(x.r.Context(), protocol.Job{
-		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, Payload: x.req, Priority: x.prio,
+		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, SessionID: x.session,
+		Payload: x.req, Priority: x.prio,
 	})
 	if err != nil {
 		var p *protocol.Problem

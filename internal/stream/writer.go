@@ -26,8 +26,11 @@ import (
 // the same moment costs one system call, not one per chunk
 // (docs/BENCHMARKS.md, "Per chunk: no allocation, no full decode").
 type Writer struct {
-	w            http.ResponseWriter
-	rc           *http.ResponseController
+	w  http.ResponseWriter
+	rc *http.ResponseController
+	// errFlusher is the innermost writer that reports flush errors, when
+	// a wrapper in front of it would drop them (see flush).
+	errFlusher   interface{ FlushError() error }
 	writeTimeout time.Duration
 	buf          []byte // what is gathered and not yet written
 	holding      bool
@@ -41,7 +44,33 @@ var ErrTerminated = errors.New("stream: terminal event already written")
 // NewWriter returns a writer for w. writeTimeout bounds each write; zero
 // means no deadline.
 func NewWriter(w http.ResponseWriter, writeTimeout time.Duration) *Writer {
-	return &Writer{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout}
+	return &Writer{w: w, rc: http.NewResponseController(w), errFlusher: innerErrFlusher(w),
+		writeTimeout: writeTimeout}
+}
+
+// innerErrFlusher finds, down w's Unwrap chain, the writer whose
+// FlushError reports a failed flush, when some wrapper in front of it only
+// implements http.Flusher: ResponseController.Flush stops at that wrapper
+// (gin's writer is one), whose Flush drops the error. nil when w itself
+// reports flush errors, or nothing does.
+func innerErrFlusher(w http.ResponseWriter) interface{ FlushError() error } {
+	hidden := false
+	for {
+		if ef, ok := w.(interface{ FlushError() error }); ok {
+			if hidden {
+				return ef
+			}
+			return nil
+		}
+		if _, ok := w.(http.Flusher); ok {
+			hidden = true
+		}
+		u, ok := w.(interface{ Unwrap() http.ResponseWriter })
+		if !ok {
+			return nil
+		}
+		w = u.Unwrap()
+	}
 }
 
 // Start writes the 200 status and the SSE headers, with the request id and
@@ -176,6 +205,15 @@ func (sw *Writer) flush() error {
 	sw.flushes++
 	if err := sw.rc.Flush(); err != nil {
 		return fmt.Errorf("stream: flush: %w", err)
+	}
+	// Flushed through the wrappers, whatever they keep; the connection's
+	// writer then has nothing left to send and reports the error of the
+	// flush a wrapper dropped (a write deadline that passed): without it a
+	// stalled reader would look like one that took the event.
+	if sw.errFlusher != nil {
+		if err := sw.errFlusher.FlushError(); err != nil {
+			return fmt.Errorf("stream: flush: %w", err)
+		}
 	}
 	return nil
 }

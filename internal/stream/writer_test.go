@@ -3,14 +3,17 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/internal/metrics"
@@ -311,5 +314,44 @@ func TestSessionCoalescesReadyFrames(t *testing.T) {
 	}
 	if len(w.writes) != 1 {
 		t.Fatalf("%d writes, want the one that failed", len(w.writes))
+	}
+}
+
+// failingFlush is a connection's writer whose flush fails once err is
+// set, as net/http's does after a write deadline passed: Flush drops the
+// error, FlushError reports it.
+type failingFlush struct {
+	*httptest.ResponseRecorder
+	err error
+}
+
+func (w *failingFlush) Flush()            { _ = w.FlushError() }
+func (w *failingFlush) FlushError() error { return w.err }
+
+// gin's writer implements only http.Flusher, so ResponseController.Flush
+// stops there and a failed flush looks like a success; the Writer must
+// still see the error, or a stalled reader passes for one that took the
+// event.
+func TestWriterSeesFlushErrorBehindGin(t *testing.T) {
+	t.Parallel()
+	inner := &failingFlush{ResponseRecorder: httptest.NewRecorder()}
+	c, _ := gin.CreateTestContext(inner)
+	sw := NewWriter(c.Writer, time.Second)
+	if err := sw.Start("req-1", "queued"); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if err := sw.Event(Event{ID: 1, Content: "x"}.encoded()); err != nil {
+		t.Fatalf("event: %v", err)
+	}
+	// The recorder takes the bytes; only the flush fails.
+	inner.err = &net.OpError{Op: "write", Net: "tcp", Err: os.ErrDeadlineExceeded}
+	err := sw.Event(Event{ID: 2, Content: "y"}.encoded())
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("event whose flush timed out: %v, want a timeout error", err)
+	}
+	// A writer that reports flush errors itself is flushed as it is.
+	if ef := innerErrFlusher(inner); ef != nil {
+		t.Fatalf("innerErrFlusher of a writer with FlushError = %T, want nil", ef)
 	}
 }

@@ -25,7 +25,39 @@ var (
 	// ErrUnknownModel means no configured upstream serves the requested
 	// model; the request is a client error (400).
 	ErrUnknownModel = errors.New("upstream: no upstream serves the model")
+	// ErrCircuitsOpen means every upstream that could take the call has
+	// its circuit open (or sits out, with at least one circuit open). The
+	// Balancer returns it inside a retryable *llm.Error whose RetryAfter
+	// is the soonest an open circuit turns half-open; its CircuitOpen
+	// method lets the api and the workers treat it as they treat a single
+	// provider's open circuit.
+	ErrCircuitsOpen error = circuitsOpen{}
 )
+
+type circuitsOpen struct{}
+
+func (circuitsOpen) Error() string {
+	return "upstream: every upstream that could take the call has its circuit open"
+}
+
+// CircuitOpen reports that the call was refused by open circuits.
+func (circuitsOpen) CircuitOpen() bool { return true }
+
+// Circuit is implemented by an upstream's provider that sits behind its
+// own circuit breaker (admission.Breaker): OpenFor says how long the
+// circuit still refuses every call, 0 while it takes calls. The Balancer
+// routes around an upstream whose circuit is open. It must read memory
+// only: routing asks it on every call.
+type Circuit interface {
+	OpenFor() time.Duration
+}
+
+// isCircuitOpen reports whether err is a circuit breaker's refusal: an
+// error in its chain has a CircuitOpen method that says so.
+func isCircuitOpen(err error) bool {
+	var co interface{ CircuitOpen() bool }
+	return errors.As(err, &co) && co.CircuitOpen()
+}
 
 // DefaultRetryAfterMax is the default Config.RetryAfterMax
 // (LLM_RETRY_AFTER_MAX_SECONDS).
@@ -100,16 +132,22 @@ type Balancer struct {
 	cfg     Config
 	prober  *http.Client
 	models  []string // union; nil when some upstream serves any model
+	line    line     // calls waiting for a slot (Acquire)
 
 	stop context.CancelFunc
 	done sync.WaitGroup
 }
 
-var _ llm.Provider = (*Balancer)(nil)
+var (
+	_ llm.Reserver    = (*Balancer)(nil)
+	_ llm.Reservation = (*Reservation)(nil)
+)
 
 // New returns a Balancer over specs (as returned by Parse, at least one)
-// and, when cfg.ProbeEvery is set, starts the probe goroutine; Close stops
-// it. Close does not close deps: their owner does.
+// and starts the goroutine that serves waiting calls and, when
+// cfg.ProbeEvery is set, the probe goroutine; Close stops them. Close does
+// not close deps: their owner does. A provider NewProvider returns that
+// implements Circuit is routed around while its circuit is open.
 func New(specs []Spec, cfg Config, deps Deps) (*Balancer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -156,6 +194,9 @@ func New(specs []Spec, cfg Config, deps Deps) (*Balancer, error) {
 			return nil, fmt.Errorf("upstream: build client of %s: %w", s.Name, err)
 		}
 		u := &Upstream{Spec: s, index: i, nameHash: fnv64(s.Name), provider: p}
+		if c, ok := p.(Circuit); ok {
+			u.circuit = c
+		}
 		if s.MaxConcurrency > 0 {
 			u.caps = b.caps
 		}
@@ -173,8 +214,11 @@ func New(specs []Spec, cfg Config, deps Deps) (*Balancer, error) {
 		b.models = nil
 	}
 	slices.Sort(b.models)
+	b.line.init()
 	ctx, stop := context.WithCancel(context.Background())
 	b.stop = stop
+	b.done.Add(1)
+	go b.dispatchLoop(ctx)
 	if cfg.ProbeEvery > 0 {
 		b.done.Add(1)
 		go b.probeLoop(ctx)
@@ -182,7 +226,8 @@ func New(specs []Spec, cfg Config, deps Deps) (*Balancer, error) {
 	return b, nil
 }
 
-// Close stops the probe goroutine and waits for it.
+// Close stops the waiting line's and the probe's goroutines and waits for
+// them. Calls still waiting in Acquire wait until their context ends.
 func (b *Balancer) Close() error {
 	b.stop()
 	b.done.Wait()
@@ -200,20 +245,28 @@ func (b *Balancer) Upstreams() []*Upstream { return b.ups }
 // before).
 func (b *Balancer) Models() []string { return b.models }
 
-type sessionKey struct{}
-
-// WithSession returns ctx carrying the affinity session key: the
-// X-Session-ID header, else the body's thread_id, else the identity.
-// Without one, Stream uses the request's ThreadID.
-func WithSession(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, sessionKey{}, key)
+// ask is what a reservation is for, beyond the request: the affinity key,
+// the caller's identity (its turn in the waiting line, its calls in
+// flight) and the upstreams already tried by this attempt.
+type ask struct {
+	key      string
+	identity string
+	since    time.Time
+	tried    uint64
 }
 
-func sessionFrom(ctx context.Context, req protocol.ChatRequest) string {
-	if k, _ := ctx.Value(sessionKey{}).(string); k != "" {
-		return k
+// askOf reads the caller (llm.WithCaller) from ctx: the affinity key is
+// its Session, else the request's thread_id, else its Identity.
+func askOf(ctx context.Context, req *protocol.ChatRequest) ask {
+	c := llm.CallerFrom(ctx)
+	a := ask{key: c.Session, identity: c.Identity, since: c.Since}
+	if a.key == "" {
+		a.key = req.ThreadID
 	}
-	return req.ThreadID
+	if a.key == "" {
+		a.key = c.Identity
+	}
+	return a
 }
 
 // Reservation is a held slot on one upstream for one call, from
@@ -227,8 +280,7 @@ type Reservation struct {
 	trial   bool
 	wait    bool // from Acquire: a retry waits for a slot too
 	tokens  int
-	tried   uint64
-	key     string
+	ask     ask
 	started time.Time
 	done    bool
 }
@@ -246,8 +298,11 @@ func (r *Reservation) Release() {
 }
 
 // Stream implements llm.Provider: TryAcquire (Acquire when ctx was marked
-// by llm.WithCapacityWait), then the reservation's Stream. It returns an error wrapping ErrNoUpstream when no upstream can
-// take the call now, before calling anything.
+// by llm.WithCapacityWait), then the reservation's Stream. It returns an
+// error wrapping ErrNoUpstream when no upstream can take the call now,
+// before calling anything, and a retryable *llm.Error whose cause says
+// CircuitOpen when every upstream that could take it sits behind an open
+// circuit (or sits out, with at least one circuit open).
 func (b *Balancer) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
 	acquire := b.TryAcquire
 	if llm.CapacityWait(ctx) {
@@ -263,63 +318,56 @@ func (b *Balancer) Stream(ctx context.Context, req protocol.ChatRequest, emit fu
 
 // TryAcquire reserves a slot on the upstream the router picks for req,
 // never waiting: the api's direct path. It fails with ErrNoUpstream (the
-// queue takes the request) or ErrUnknownModel.
+// queue takes the request), ErrUnknownModel or the circuits-open error.
+// Upstreams that calls waiting in this process (Acquire) could use are
+// left to them: a new call does not take a slot from older ones.
 func (b *Balancer) TryAcquire(ctx context.Context, req protocol.ChatRequest) (*Reservation, error) {
-	return b.reserve(ctx, req, sessionFrom(ctx, req), 0)
+	return b.reserve(ctx, &req, askOf(ctx, &req), b.line.wanted.Load())
+}
+
+// Reserve implements llm.Reserver with TryAcquire: the api's direct path
+// reserves an upstream before it commits to the direct path.
+func (b *Balancer) Reserve(ctx context.Context, req protocol.ChatRequest) (llm.Reservation, error) {
+	r, err := b.TryAcquire(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 // Acquire reserves like TryAcquire but waits while no upstream can take
-// the call, until one can or ctx ends: the worker's path. It wakes at
-// every release or health change and at least every second. A retry
+// the call, until one can or ctx ends: the worker's path. Calls waiting in
+// one process are served in turn (docs/UPSTREAMS.md, "Caps and quotas"):
+// round-robin between identities (llm.Caller.Identity), oldest first
+// within one (llm.Caller.Since), as workers wait for a pool slot. A retry
 // inside the reservation's Stream waits the same way while an untried
 // upstream is only full, not sitting out.
 func (b *Balancer) Acquire(ctx context.Context, req protocol.ChatRequest) (*Reservation, error) {
-	return b.acquire(ctx, req, sessionFrom(ctx, req), 0)
-}
-
-func (b *Balancer) acquire(ctx context.Context, req protocol.ChatRequest, key string, tried uint64) (*Reservation, error) {
-	t := time.NewTimer(recheckEvery)
-	defer t.Stop()
-	for {
-		capsCh, healthCh := b.caps.Changed(), b.health.Changed()
-		r, err := b.reserve(ctx, req, key, tried)
-		if err == nil {
-			r.wait = true
-			return r, nil
-		}
-		if !errors.Is(err, ErrNoUpstream) || (tried != 0 && !b.anyUp(req.Model, tried)) {
-			return nil, err
-		}
-		t.Reset(recheckEvery)
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("upstream: wait for an upstream: %w", ctx.Err())
-		case <-capsCh:
-		case <-healthCh:
-		case <-t.C:
-		}
-	}
+	return b.acquire(ctx, &req, askOf(ctx, &req))
 }
 
 // anyUp reports whether an upstream serving model and not in tried is
-// healthy or awaiting its trial: worth waiting for.
+// healthy or awaiting its trial, with its circuit not open: worth waiting
+// for.
 func (b *Balancer) anyUp(model string, tried uint64) bool {
 	for i, u := range b.ups {
-		if tried&(1<<i) == 0 && u.Spec.Serves(model) && b.health.State(i) != Ejected {
+		if tried&(1<<i) == 0 && u.Spec.Serves(model) && b.health.State(i) != Ejected && u.openFor() == 0 {
 			return true
 		}
 	}
 	return false
 }
 
-// reserve picks and holds an upstream for req, skipping those in tried.
-// O(upstreams) with no I/O except the cap's try (capped upstreams only),
-// the quota (upstreams with rpm/tpm only) and a trial claim (only while
-// an upstream awaits one).
-func (b *Balancer) reserve(ctx context.Context, req protocol.ChatRequest, key string, tried uint64) (*Reservation, error) {
+// reserve picks and holds an upstream for req, skipping those in a.tried
+// and in skip (upstreams left to waiting calls). O(upstreams) with no I/O
+// except the cap's try (capped upstreams only), the quota (upstreams with
+// rpm/tpm only) and a trial claim (only while an upstream awaits one).
+func (b *Balancer) reserve(ctx context.Context, req *protocol.ChatRequest, a ask, skip uint64) (*Reservation, error) {
 	now := time.Now()
 	var eligible, trial uint64
 	served := false
+	down := true // every upstream passed over sits out or is behind an open circuit
+	var openFor time.Duration
 	for i, u := range b.ups {
 		if !u.Spec.Serves(req.Model) {
 			continue
@@ -327,10 +375,21 @@ func (b *Balancer) reserve(ctx context.Context, req protocol.ChatRequest, key st
 		served = true
 		st := b.health.State(i)
 		b.showHealth(u, st)
-		if tried&(1<<i) != 0 || now.UnixNano() < u.quotaUntil.Load() {
+		if a.tried&(1<<i) != 0 {
 			continue
 		}
-		if u.caps != nil && u.caps.Load(i) >= u.Spec.MaxConcurrency {
+		if left := u.openFor(); left > 0 {
+			if openFor == 0 || left < openFor {
+				openFor = left
+			}
+			continue
+		}
+		if st == Ejected {
+			continue
+		}
+		if skip&(1<<i) != 0 || now.UnixNano() < u.quotaUntil.Load() ||
+			(u.caps != nil && u.caps.Load(i) >= u.Spec.MaxConcurrency) {
+			down = false
 			continue
 		}
 		switch st {
@@ -342,6 +401,9 @@ func (b *Balancer) reserve(ctx context.Context, req protocol.ChatRequest, key st
 	}
 	if !served {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownModel, req.Model)
+	}
+	if eligible != 0 || trial != 0 {
+		down = false
 	}
 	tokens := 0
 	for _, m := range req.Messages {
@@ -360,9 +422,9 @@ func (b *Balancer) reserve(ctx context.Context, req protocol.ChatRequest, key st
 		if !b.health.ClaimTrial(ctx, i) {
 			continue
 		}
-		r, err := b.hold(ctx, b.ups[i], tokens)
+		r, err := b.hold(ctx, b.ups[i], tokens, a)
 		if err == nil {
-			r.trial, r.tried, r.key = true, tried, key
+			r.trial = true
 			return r, nil
 		}
 		if ctx.Err() != nil {
@@ -370,13 +432,12 @@ func (b *Balancer) reserve(ctx context.Context, req protocol.ChatRequest, key st
 		}
 	}
 	for eligible != 0 {
-		i := b.router.Pick(b.ups, Choice{Eligible: eligible, Key: key})
+		i := b.router.Pick(b.ups, Choice{Eligible: eligible, Key: a.key})
 		if i < 0 {
 			break
 		}
-		r, err := b.hold(ctx, b.ups[i], tokens)
+		r, err := b.hold(ctx, b.ups[i], tokens, a)
 		if err == nil {
-			r.tried, r.key = tried, key
 			return r, nil
 		}
 		if ctx.Err() != nil {
@@ -384,13 +445,16 @@ func (b *Balancer) reserve(ctx context.Context, req protocol.ChatRequest, key st
 		}
 		eligible &^= 1 << i
 	}
+	if down && openFor > 0 {
+		return nil, &llm.Error{Retryable: true, RetryAfter: openFor, Err: ErrCircuitsOpen}
+	}
 	return nil, ErrNoUpstream
 }
 
 // hold takes upstream u's cap slot and quota for one call. Its error is
 // ErrFull, a quota refusal (ErrNoUpstream) or ctx's.
-func (b *Balancer) hold(ctx context.Context, u *Upstream, tokens int) (*Reservation, error) {
-	r := &Reservation{b: b, u: u, tokens: tokens}
+func (b *Balancer) hold(ctx context.Context, u *Upstream, tokens int, a ask) (*Reservation, error) {
+	r := &Reservation{b: b, u: u, tokens: tokens, ask: a}
 	if u.caps != nil {
 		s, err := b.caps.TryAcquire(ctx, u.index)
 		if err != nil {
@@ -412,6 +476,7 @@ func (b *Balancer) hold(ctx context.Context, u *Upstream, tokens int) (*Reservat
 		}
 	}
 	b.metrics.InFlight(u.Spec.Name, int(u.local.Add(1)))
+	b.line.held(a.identity, 1)
 	return r, nil
 }
 
@@ -420,6 +485,7 @@ func (b *Balancer) release(r *Reservation) {
 		b.caps.Release(r.slot)
 	}
 	b.metrics.InFlight(r.u.Spec.Name, int(r.u.local.Add(-1)))
+	b.line.held(r.ask.identity, -1)
 }
 
 // Stream calls the reserved upstream. A retryable failure before the first
@@ -443,15 +509,16 @@ func (r *Reservation) Stream(ctx context.Context, req protocol.ChatRequest, emit
 		if first || ctx.Err() != nil || !llm.IsRetryable(err) {
 			return llm.Result{}, err
 		}
-		tried := r.tried | 1<<r.u.index
+		a := r.ask
+		a.tried |= 1 << r.u.index
 		var (
 			next *Reservation
 			nerr error
 		)
 		if r.wait {
-			next, nerr = b.acquire(ctx, req, r.key, tried)
+			next, nerr = b.acquire(ctx, &req, a)
 		} else {
-			next, nerr = b.reserve(ctx, req, r.key, tried)
+			next, nerr = b.reserve(ctx, &req, a, b.line.wanted.Load())
 		}
 		if nerr != nil {
 			return llm.Result{}, err
@@ -491,6 +558,12 @@ func (b *Balancer) call(ctx context.Context, r *Reservation, req protocol.ChatRe
 	}
 	if ctx.Err() != nil && !first {
 		return res, first, err // the caller left; says nothing of the upstream
+	}
+	if !first && isCircuitOpen(err) {
+		// The upstream's own circuit refused the call without making it
+		// (half-open with its trial calls taken, or it opened since the
+		// pick): nothing to count, the next upstream is tried.
+		return res, first, err
 	}
 	b.metrics.Request(u.Spec.Name, outcome(err))
 	if !first && llm.IsRetryable(err) {

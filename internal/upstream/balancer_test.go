@@ -374,7 +374,7 @@ func TestProbeBringsBackAndCountsFailures(t *testing.T) {
 func TestLatencyRouterPrefersFasterUpstream(t *testing.T) {
 	t.Parallel()
 	slow, fast := newMock(t), newMock(t)
-	slow.delay.Store(int64(200 * time.Millisecond)) // far above any noise in fast's latency
+	slow.delay.Store(int64(500 * time.Millisecond)) // far above any noise in fast's latency
 	specs := specsFor([]*mockUpstream{slow, fast}, 0)
 	b, err := New(specs, Config{Routing: RoutingLatency}, Deps{NewProvider: openAIProvider})
 	if err != nil {
@@ -401,7 +401,7 @@ func TestAffinityThroughBalancer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	ctx := WithSession(context.Background(), "conversation-42")
+	ctx := llm.WithCaller(context.Background(), llm.Caller{Session: "conversation-42"})
 	for range 20 {
 		if _, err := collect(ctx, b, chat("x")); err != nil {
 			t.Fatal(err)

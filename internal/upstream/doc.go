@@ -3,9 +3,11 @@
 // one per call (least-loaded, weighted, affinity, latency), each
 // upstream's cluster-wide concurrency cap, rpm/tpm quota and health
 // (passive ejection, cooldown, one trial or probe to come back), and the
-// Balancer, an llm.Provider that puts them together and retries a failure
-// before the first chunk on another upstream. docs/UPSTREAMS.md explains
-// the behaviour to operators.
+// Balancer, an llm.Provider that puts them together, routes around an
+// upstream whose own circuit breaker is open (Circuit), retries a failure
+// before the first chunk on another upstream, and serves the calls that
+// wait for a slot in turn, round-robin between identities (line.go).
+// docs/UPSTREAMS.md explains the behaviour to operators.
 //
 // It lives beside internal/llm rather than inside it: llm holds the
 // provider contract and the HTTP clients with no state beyond one call,

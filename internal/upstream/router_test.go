@@ -188,15 +188,22 @@ func TestPeakEWMA(t *testing.T) {
 	t0 := time.Now()
 	e.observe(100*time.Millisecond, t0)
 	e.observe(time.Second, t0.Add(time.Second)) // peak taken at once
-	if e.value() != 1 {
-		t.Fatalf("after a peak: %v, want 1", e.value())
+	if v := e.valueAt(t0.Add(time.Second)); v != 1 {
+		t.Fatalf("after a peak: %v, want 1", v)
 	}
 	e.observe(100*time.Millisecond, t0.Add(2*time.Second)) // decays gradually
-	if v := e.value(); v <= 0.8 || v >= 1 {
+	if v := e.valueAt(t0.Add(2 * time.Second)); v <= 0.8 || v >= 1 {
 		t.Fatalf("one fast sample 1s later: %v, want between 0.8 and 1", v)
 	}
 	e.observe(100*time.Millisecond, t0.Add(60*time.Second))
-	if v := e.value(); v > 0.11 {
+	if v := e.valueAt(t0.Add(60 * time.Second)); v > 0.11 {
 		t.Fatalf("after a minute: %v, want about 0.1", v)
+	}
+	// Unobserved, the cost decays on reading: a peak of 1s reads about
+	// 0.37s 10s later, so an upstream avoided after one slow call is
+	// tried again.
+	e.observe(time.Second, t0.Add(61*time.Second))
+	if v := e.valueAt(t0.Add(71 * time.Second)); math.Abs(v-math.Exp(-1)) > 0.01 {
+		t.Fatalf("10s after a 1s peak without observations: %v, want about 0.37", v)
 	}
 }

@@ -22,7 +22,8 @@ type Upstream struct {
 	index    int
 	nameHash uint64
 	provider llm.Provider
-	caps     Caps // nil when uncapped
+	caps     Caps    // nil when uncapped
+	circuit  Circuit // nil when the provider has no circuit of its own
 
 	local      atomic.Int64 // calls in flight from this process
 	quotaUntil atomic.Int64 // Unix ns before which the quota is known spent
@@ -42,17 +43,29 @@ func (u *Upstream) Load() int {
 	return int(u.local.Load())
 }
 
+// openFor returns how long u's circuit still refuses calls; 0 without one.
+func (u *Upstream) openFor() time.Duration {
+	if u.circuit == nil {
+		return 0
+	}
+	return u.circuit.OpenFor()
+}
+
 // latencyScore is the latency router's cost: peak-EWMA first-chunk latency
 // in seconds × (load + 1). An upstream never measured scores 0, so it gets
 // tried.
 func (u *Upstream) latencyScore() float64 {
-	return u.lat.value() * float64(u.Load()+1)
+	return u.lat.valueAt(time.Now()) * float64(u.Load()+1)
 }
 
 // peakEWMA tracks first-chunk latency: a slower observation is taken at
 // once (peak), a faster one is averaged in with a weight that grows with
 // the time since the last, so a replica that slowed down is avoided at
-// once and trusted again gradually.
+// once and trusted again gradually. Read, the cost also decays toward 0
+// with the time since the last observation (Finagle reads it by observing
+// 0): a replica avoided after one slow call is not avoided for ever for
+// want of new observations, it is tried again once its cost has decayed
+// below the others'.
 type peakEWMA struct {
 	mu    sync.Mutex
 	cost  float64 // seconds
@@ -72,8 +85,12 @@ func (e *peakEWMA) observe(d time.Duration, now time.Time) {
 	e.stamp = now
 }
 
-func (e *peakEWMA) value() float64 {
+// valueAt returns the cost at now, decayed since the last observation.
+func (e *peakEWMA) valueAt(now time.Time) float64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.cost
+	if e.stamp.IsZero() || !now.After(e.stamp) {
+		return e.cost
+	}
+	return e.cost * math.Exp(-float64(now.Sub(e.stamp))/float64(ewmaDecay))
 }

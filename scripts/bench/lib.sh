@@ -136,6 +136,61 @@ start_redis() {
 	REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 }
 
+# start_redis_cluster N: N (at least 3) cluster-enabled redis-servers on
+# free loopback ports, no persistence, joined into one Redis Cluster of
+# primaries with `redis-cli --cluster create`; waits until every node says
+# cluster_state:ok. Sets REDIS_CLUSTER_ADDRS (comma list), CLUSTER_PORTS
+# and CLUSTER_PIDS; start_api and start_consumer then use the cluster.
+start_redis_cluster() {
+	local n=$1 i port bus dir deadline addrs=()
+	CLUSTER_PORTS=() CLUSTER_PIDS=()
+	for ((i = 0; i < n; i++)); do
+		free_port
+		port=$PORT
+		free_port
+		bus=$PORT
+		dir="$RESULTS/redis-cluster-$port"
+		mkdir -p "$dir"
+		start_proc "redis-cluster-$port" redis-server --bind 127.0.0.1 --port "$port" --dir "$dir" \
+			--save '' --appendonly no --protected-mode yes --maxclients 10000 --loglevel warning \
+			--cluster-enabled yes --cluster-config-file "$dir/nodes.conf" --cluster-port "$bus" \
+			--cluster-node-timeout 5000
+		CLUSTER_PIDS+=("$REPLY")
+		CLUSTER_PORTS+=("$port")
+		addrs+=("127.0.0.1:$port")
+		deadline=$((SECONDS + 10))
+		until redis-cli -p "$port" ping >/dev/null 2>&1; do
+			kill -0 "$REPLY" 2>/dev/null || die "redis-server on $port exited (see $RESULTS/logs)"
+			((SECONDS < deadline)) || die "redis-server on $port did not answer within 10s"
+			sleep 0.1
+		done
+	done
+	redis-cli --cluster create "${addrs[@]}" --cluster-replicas 0 --cluster-yes \
+		>"$RESULTS/logs/redis-cluster-create.log" 2>&1 || die "redis-cli --cluster create failed (see $RESULTS/logs)"
+	for port in "${CLUSTER_PORTS[@]}"; do
+		deadline=$((SECONDS + 30))
+		until redis-cli -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; do
+			((SECONDS < deadline)) || die "cluster node $port not ok within 30s"
+			sleep 0.2
+		done
+	done
+	REDIS_CLUSTER_ADDRS=$(
+		IFS=,
+		echo "${addrs[*]}"
+	)
+	log "redis cluster of $n primaries: $REDIS_CLUSTER_ADDRS"
+}
+
+# redis_env sets REDIS_ENV to the Redis setting of start_api and
+# start_consumer: the cluster once start_redis_cluster ran, else REDIS_URL.
+redis_env() {
+	if [[ -n ${REDIS_CLUSTER_ADDRS:-} ]]; then
+		REDIS_ENV=(REDIS_CLUSTER_ADDRS="$REDIS_CLUSTER_ADDRS")
+	else
+		REDIS_ENV=(REDIS_URL="$REDIS_URL")
+	fi
+}
+
 # start_simllm NAME FIRST_TOKEN_MS TOKEN_MS TOKENS: sets SIM_PORT, SIM_PID.
 start_simllm() {
 	local name=$1
@@ -169,7 +224,8 @@ start_api() {
 	free_port
 	API_PORT=$PORT
 	pprof_flag
-	start_proc "$name" env HTTP_ADDR="127.0.0.1:$API_PORT" REDIS_URL="$REDIS_URL" \
+	redis_env
+	start_proc "$name" env HTTP_ADDR="127.0.0.1:$API_PORT" "${REDIS_ENV[@]}" \
 		LLM_PROVIDER=openai LLM_BASE_URL="http://127.0.0.1:${SIM_PORT:-1}/v1" \
 		EMBEDDED_WORKERS=false LOG_LEVEL=warn "$@" "${API_BIN:-$BIN/api}" "${PPROF_FLAGS[@]}"
 	API_PID=$REPLY
@@ -185,7 +241,8 @@ start_consumer() {
 	port=$PORT
 	CONSUMER_PORT=$port
 	pprof_flag
-	start_proc "$name" env CONSUMER_HTTP_ADDR="127.0.0.1:$port" REDIS_URL="$REDIS_URL" \
+	redis_env
+	start_proc "$name" env CONSUMER_HTTP_ADDR="127.0.0.1:$port" "${REDIS_ENV[@]}" \
 		LLM_PROVIDER=openai LLM_BASE_URL="http://127.0.0.1:${SIM_PORT:-1}/v1" \
 		LOG_LEVEL=warn "$@" "$BIN/consumer" "${PPROF_FLAGS[@]}"
 	CONSUMER_PID=$REPLY

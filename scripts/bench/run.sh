@@ -8,7 +8,7 @@
 # per scenario, the raw load tool results and process logs beneath, and
 # summary.json / summary.txt with the goals of issue "make bench" checked.
 #
-#   scripts/bench/run.sh                  # every scenario, ~7-8 minutes
+#   scripts/bench/run.sh                  # every scenario, ~15 minutes
 #   SCENARIOS="direct flood" scripts/bench/run.sh
 #   BENCH_PROFILE=1 scripts/bench/run.sh  # also save pprof CPU/heap profiles
 #
@@ -18,7 +18,7 @@ source "$(dirname "$0")/lib.sh"
 export RESULTS BIN BENCH_PROFILE
 require_tools go jq curl redis-server redis-cli ss timeout
 
-SCENARIOS=${SCENARIOS:-direct queued waiting flood noisy} # and profile (not by default)
+SCENARIOS=${SCENARIOS:-direct queued waiting flood noisy upstreams scale} # and profile (not by default)
 
 log "building into $BIN"
 (cd "$ROOT" && go build -o "$BIN/" ./cmd/... ./scripts/bench/passproxy)
@@ -39,7 +39,7 @@ done
 
 # Summary: the issue's goals, each met or missed and by how much.
 files=()
-for s in direct queued waiting flood noisy; do [[ -f $RESULTS/$s.json ]] && files+=("$RESULTS/$s.json"); done
+for s in direct queued waiting flood noisy upstreams scale; do [[ -f $RESULTS/$s.json ]] && files+=("$RESULTS/$s.json"); done
 jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 	(map({key: .scenario, value: .}) | from_entries) as $s
 	| def goal(name; value; limit; unit):
@@ -72,10 +72,11 @@ jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 			goal("goroutines per waiting stream"; $s.waiting.at_plateau.goroutines_per_stream; 1; ""),
 			goal("RSS \($s.waiting.rss_kib.after_seconds) s after the waiting streams ended, over idle"; $s.waiting.rss_after_over_idle; 2; "x")
 		 else empty end),
+		(if $s.upstreams then goal("several upstreams: calls over a replica cap, any run"; $s.upstreams.outcome.caps_exceeded; 0; "replicas") else empty end),
 		goal("lost streams, every scenario";
 			([$s.direct.lost, ($s.queued // {} | [to_entries[] | select(.key | test("^c[0-9]+(_b1)?$")) | .value.lost] | add),
 			  ($s.queued.throughput // {} | [.[].lost] | add),
-			  $s.waiting.outcome.lost, $s.flood.outcome.lost, $s.noisy.outcome.lost] | map(select(. != null)) | add); 0; "streams")
+			  $s.waiting.outcome.lost, $s.flood.outcome.lost, $s.noisy.outcome.lost, $s.upstreams.outcome.lost, $s.scale.outcome.lost] | map(select(. != null)) | add); 0; "streams")
 	 ],
 	 scenarios: $s}' "${files[@]}" >"$RESULTS/summary.json"
 

@@ -81,6 +81,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"FetchReturnsAtMostMax", testFetchReturnsAtMostMax},
 		{"UnackedJobRedelivered", testUnackedJobRedelivered},
 		{"TouchKeepsClaim", testTouchKeepsClaim},
+		{"StaleOwnerCannotSettle", testStaleOwnerCannotSettle},
 		{"DeadLetter", testDeadLetter},
 		{"ConcurrentExactlyOnce", testConcurrentExactlyOnce},
 		{"FetchHonoursCancel", testFetchHonoursCancel},
@@ -308,6 +309,37 @@ func testTouchKeepsClaim(t *testing.T, h Harness) {
 	if err := b.Touch(ctxFor(t, 5*time.Second), taken); err != nil {
 		t.Fatalf("Touch by the new owner: %v", err)
 	}
+	ack(t, b, taken)
+	wantDepth(t, h, 0)
+}
+
+// testStaleOwnerCannotSettle: a member that stalled past ReclaimIdle and
+// lost its job to another cannot acknowledge or dead-letter it any more
+// (failover.ErrClaimLost): the successor's claim stays, no dead letter is
+// written, and the successor settles the job.
+func testStaleOwnerCannotSettle(t *testing.T, h Harness) {
+	a, b := h.NewConsumer("a"), h.NewConsumer("b")
+	enqueue(t, h, "req-1", []byte("contested"))
+	stale := fetchN(t, h, a, 1, 1)[0]
+	h.kill(a)
+	taken := fetchN(t, h, b, 1, 1)[0]
+	if taken.Attempt != 2 {
+		t.Fatalf("takeover attempt %d, want 2", taken.Attempt)
+	}
+	if err := a.DeadLetter(ctxFor(t, 5*time.Second), stale, "stale owner gives up"); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("DeadLetter by the stale owner = %v, want ErrClaimLost", err)
+	}
+	if err := a.Ack(ctxFor(t, 5*time.Second), stale); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("Ack by the stale owner = %v, want ErrClaimLost", err)
+	}
+	if err := b.Touch(ctxFor(t, 5*time.Second), taken); err != nil {
+		t.Fatalf("Touch by the successor after the stale owner's settle: %v", err)
+	}
+	dls, err := h.DeadLetters(ctxFor(t, 5*time.Second))
+	if err != nil || len(dls) != 0 {
+		t.Fatalf("dead letters %+v, %v; want none", dls, err)
+	}
+	wantDepth(t, h, 1)
 	ack(t, b, taken)
 	wantDepth(t, h, 0)
 }

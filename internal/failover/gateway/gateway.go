@@ -90,13 +90,35 @@ type Metrics interface {
 	MalformedMessage(source string)
 	// SubscriptionLost counts a result subscription that ended on its own.
 	SubscriptionLost(reason string)
+	// ResultDropped counts a well-formed result message the relay did not
+	// pass on, by reason: ResultStale or ResultDuplicate.
+	ResultDropped(reason string)
+	// StreamGap counts a gap in an answer's sequence once it closed, by
+	// outcome: GapHealed or GapBroken.
+	StreamGap(outcome string)
 }
+
+// Reasons of Metrics.ResultDropped and outcomes of Metrics.StreamGap
+// (docs/METRICS.md, "Result subscriptions (api)").
+const (
+	// ResultStale: an older attempt wrote it (a worker that lost the job).
+	ResultStale = "stale_attempt"
+	// ResultDuplicate: every chunk of the batch had passed already (a
+	// publish retried after its reply was lost).
+	ResultDuplicate = "duplicate"
+	// GapHealed: the missing chunks arrived late, or a reset voided them.
+	GapHealed = "healed"
+	// GapBroken: the gap did not heal and the stream ended in stream-gap.
+	GapBroken = "broken"
+)
 
 type nopMetrics struct{}
 
 func (nopMetrics) QueueRejected(string, protocol.Priority) {}
 func (nopMetrics) MalformedMessage(string)                 {}
 func (nopMetrics) SubscriptionLost(string)                 {}
+func (nopMetrics) ResultDropped(string)                    {}
+func (nopMetrics) StreamGap(string)                        {}
 
 // Quota bounds what waits in the queue, per identity and in bytes, across
 // every api process; admission.Quota implements it. Safe for concurrent
@@ -168,9 +190,10 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		job.Trace = g.deps.Tracing.InjectJob(ctx)
 	}
 	body, err := protocol.EncodeJob(job)
-	if err != nil {
+	if limit := g.maxJobBytes(); err != nil || len(body) > limit {
+		// It will never fit: refused before anything is subscribed.
 		g.deps.Metrics.QueueRejected("too_large", job.Priority)
-		return nil, protocol.TooLargeToQueue()
+		return nil, protocol.TooLargeToQueue(limit)
 	}
 	if p, err := g.reserve(ctx, job, len(body)); p != nil || err != nil {
 		return nil, cmp.Or(p, protocol.QueueUnavailable(g.retryAfter()))
@@ -187,11 +210,28 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 	if err := g.deps.Producer.Enqueue(ctx, job.RequestID, body); err != nil {
 		sub.Close()
 		g.release(job)
+		if errors.Is(err, failover.ErrJobTooLarge) {
+			// The queue learned a lower limit than the one checked above
+			// (Kafka's topic, read at start).
+			g.deps.Metrics.QueueRejected("too_large", job.Priority)
+			g.deps.Log.Warn("job refused by the queue as too large", "request_id", job.RequestID, "bytes", len(body), "err", err)
+			return nil, protocol.TooLargeToQueue(g.maxJobBytes())
+		}
 		g.deps.Metrics.QueueRejected("enqueue_failed", job.Priority)
 		g.deps.Log.Error("enqueue failed", "request_id", job.RequestID, "err", err)
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	return startRelay(g, job, sub), nil
+}
+
+// maxJobBytes is the largest encoded job the queue takes: the job
+// format's own bound, lowered by a Producer that states a smaller one.
+func (g *Gateway) maxJobBytes() int {
+	limit := protocol.MaxJobBytes
+	if l, ok := g.deps.Producer.(failover.JobLimiter); ok {
+		limit = min(limit, l.MaxJobBytes())
+	}
+	return limit
 }
 
 // reserve counts the job against the quota: a problem refuses it, an

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -66,6 +67,8 @@ func (c *counters) get(key string) int {
 func (c *counters) QueueRejected(reason string, _ protocol.Priority) { c.add("rejected:" + reason) }
 func (c *counters) MalformedMessage(source string)                   { c.add("malformed:" + source) }
 func (c *counters) SubscriptionLost(reason string)                   { c.add("lost:" + reason) }
+func (c *counters) ResultDropped(reason string)                      { c.add("dropped:" + reason) }
+func (c *counters) StreamGap(outcome string)                         { c.add("gap:" + outcome) }
 
 // env is one test's queue, result channel and metrics.
 type env struct {
@@ -428,6 +431,70 @@ func TestGatewayRefusesJobTooLargeToQueue(t *testing.T) {
 	})
 }
 
+// limitedProducer is a producer stating a job limit (failover.JobLimiter).
+type limitedProducer struct {
+	*producerFunc
+	limit int
+}
+
+func (p limitedProducer) MaxJobBytes() int { return p.limit }
+
+// A queue stating a lower job limit (Kafka's record size) refuses a job
+// over it with 413 at once, naming the limit, before any subscription;
+// a job under it is queued.
+func TestGatewayRefusesJobOverQueueLimit(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		p := limitedProducer{producerFunc: &producerFunc{enqueue: e.q.Enqueue}, limit: 4096}
+		g := e.gateway(p)
+		job := newJob("big-1")
+		job.Payload.Messages[0].Content = strings.Repeat("x", 5000)
+		ops := e.res.Ops()
+		r, err := g.Spill(context.Background(), job)
+		var prob *protocol.Problem
+		if r != nil || !errors.As(err, &prob) || prob.Status != http.StatusRequestEntityTooLarge || !strings.Contains(prob.Detail, "4096 bytes") {
+			t.Fatalf("Spill = %v, %v; want 413 body-too-large naming the 4096-byte limit", r, err)
+		}
+		if n := e.res.Ops() - ops; n != 0 || p.calls.Load() != 0 {
+			t.Errorf("a refused Spill made %d result-channel calls and %d enqueues, want none", n, p.calls.Load())
+		}
+		spill(t, g, "small-1")
+		if p.calls.Load() != 1 {
+			t.Errorf("a job under the limit was not enqueued")
+		}
+		if got := e.m.get("rejected:too_large"); got != 1 {
+			t.Errorf("QueueRejected(too_large) = %d, want 1", got)
+		}
+	})
+}
+
+// A queue that refuses a job as too large at Enqueue (its limit lowered
+// after the gateway checked) gives 413, not the 503 "retry shortly" of
+// an unavailable queue, and nothing stays subscribed.
+func TestGatewayEnqueueTooLargeIs413(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		p := limitedProducer{producerFunc: &producerFunc{enqueue: func(context.Context, string, []byte) error {
+			return fmt.Errorf("kafka: produce: %w", failover.ErrJobTooLarge)
+		}}, limit: 1 << 20}
+		g := e.gateway(p)
+		r, err := g.Spill(context.Background(), newJob("refused-1"))
+		var prob *protocol.Problem
+		if r != nil || !errors.As(err, &prob) || prob.Slug() != protocol.ProblemBodyTooLarge || prob.Status != http.StatusRequestEntityTooLarge {
+			t.Fatalf("Spill = %v, %v; want 413 body-too-large", r, err)
+		}
+		if e.m.get("rejected:too_large") != 1 || e.m.get("rejected:enqueue_failed") != 0 {
+			t.Errorf("rejections %v, want one too_large and no enqueue_failed", e.m.n)
+		}
+		listened, err := e.res.PublishResult(context.Background(), "refused-1", []byte(`SIGNAL:HEARTBEAT:1`))
+		if err != nil || listened {
+			t.Errorf("after the refusal a publish was heard (%v, %v): the subscription stayed", listened, err)
+		}
+	})
+}
+
 // TestGatewayGapEndsStream: a chunk that never comes ends the stream with
 // stream-gap one heartbeat after the gap opened, and the done behind the
 // gap never reaches the client.
@@ -463,6 +530,9 @@ func TestGatewayGapEndsStream(t *testing.T) {
 		if p := r.Problem(); p == nil || p.Slug() != protocol.ProblemStreamGap || p.Status != http.StatusServiceUnavailable {
 			t.Fatalf("problem %+v, want stream-gap 503", p)
 		}
+		if got := e.m.get("gap:" + gateway.GapBroken); got != 1 {
+			t.Errorf("StreamGap(broken) = %d, want 1", got)
+		}
 	})
 }
 
@@ -478,6 +548,7 @@ func TestGatewayGapHeals(t *testing.T) {
 		e.publish("heal-1", `BATCH:1:[{"seq":3,"content":"c"}]`)
 		testutil.AdvanceFakeClock(gwHeartbeat / 2)
 		e.publish("heal-1", `BATCH:1:[{"seq":2,"content":"b"}]`)
+		e.publish("heal-1", `BATCH:1:[{"seq":2,"content":"b"}]`) // a retried publish's copy
 		e.publish("heal-1", `SIGNAL:DONE:1:3`)
 		var got string
 		for {
@@ -491,6 +562,10 @@ func TestGatewayGapHeals(t *testing.T) {
 		}
 		if got != "abc" {
 			t.Errorf("answer %q, want abc", got)
+		}
+		if healed, broken, dup := e.m.get("gap:"+gateway.GapHealed), e.m.get("gap:"+gateway.GapBroken),
+			e.m.get("dropped:"+gateway.ResultDuplicate); healed != 1 || broken != 0 || dup != 1 {
+			t.Errorf("StreamGap healed %d broken %d, ResultDropped(duplicate) %d; want 1, 0, 1", healed, broken, dup)
 		}
 	})
 }
@@ -526,6 +601,9 @@ func TestGatewayFencesOlderAttempt(t *testing.T) {
 		want := []string{"reset", "heartbeat", "batch", "done"}
 		if fmt.Sprint(kinds) != fmt.Sprint(want) || got != "x" {
 			t.Errorf("relay passed %v with chunks %q, want %v and %q", kinds, got, want, "x")
+		}
+		if n := e.m.get("dropped:" + gateway.ResultStale); n != 2 {
+			t.Errorf("ResultDropped(stale_attempt) = %d, want 2 (attempt 1's batch and done)", n)
 		}
 	})
 }

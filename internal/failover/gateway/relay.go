@@ -120,9 +120,13 @@ func (r *relay) run() {
 				continue
 			}
 			v := seq.accept(res)
+			for range v.dups {
+				g.deps.Metrics.ResultDropped(ResultDuplicate)
+			}
 			if v.stale {
 				// A worker that lost the job still speaks: fenced off, and
 				// its words are no sign of life of the one that has it.
+				g.deps.Metrics.ResultDropped(ResultStale)
 				g.deps.Log.Info("result of an older attempt dropped", "request_id", r.job.RequestID,
 					"attempt", res.Attempt, "current", seq.attempt, "kind", res.Kind.String())
 				continue
@@ -145,6 +149,7 @@ func (r *relay) run() {
 				}
 			}
 			if v.broken {
+				g.deps.Metrics.StreamGap(GapBroken)
 				g.deps.Log.Warn("chunks missing from the answer; ending the stream", "request_id", r.job.RequestID,
 					"attempt", seq.attempt, "next_seq", seq.next)
 				r.giveUp(protocol.StreamGap(g.retryAfter()))
@@ -157,8 +162,10 @@ func (r *relay) run() {
 			case !v.waiting && healing:
 				healing = false
 				heal.Stop()
+				g.deps.Metrics.StreamGap(GapHealed)
 			}
 		case <-heal.C:
+			g.deps.Metrics.StreamGap(GapBroken)
 			g.deps.Log.Warn("gap in the answer did not heal; ending the stream", "request_id", r.job.RequestID,
 				"attempt", seq.attempt, "next_seq", seq.next, "wait", cfg.WorkerHeartbeat.String())
 			r.giveUp(protocol.StreamGap(g.retryAfter()))

@@ -19,8 +19,9 @@ type sequencer struct {
 	next    int // seq the client needs next
 	held    []protocol.Result
 	out     []protocol.Result // the last verdict's out, reused
-	// stale counts messages dropped because an older attempt wrote them.
-	stale int
+	// stale counts messages dropped because an older attempt wrote them;
+	// dups batches dropped because every chunk of theirs had passed.
+	stale, dups int
 }
 
 // verdict is what one message did to the sequence.
@@ -33,12 +34,21 @@ type verdict struct {
 	broken bool
 	// stale reports the message came from an older attempt and was dropped.
 	stale bool
+	// dups counts batches dropped as duplicates while handling the message.
+	dups int
 }
 
 func newSequencer() *sequencer { return &sequencer{next: 1} }
 
 // accept takes one decoded message and says what to forward.
 func (s *sequencer) accept(r protocol.Result) verdict {
+	dups := s.dups
+	v := s.take(r)
+	v.dups = s.dups - dups
+	return v
+}
+
+func (s *sequencer) take(r protocol.Result) verdict {
 	att := r.Attempt
 	if att == 0 { // unfenced: an earlier worker; it speaks for the attempt followed
 		att = s.attempt
@@ -122,6 +132,7 @@ func (s *sequencer) release(out []protocol.Result) ([]protocol.Result, bool) {
 		last := h.Chunks[len(h.Chunks)-1].Seq
 		if last < s.next { // a duplicate (a publish retried after a lost reply)
 			s.held = slices.Delete(s.held, 0, 1) // in place: the buffer is kept
+			s.dups++
 			continue
 		}
 		first := h.Chunks[0].Seq

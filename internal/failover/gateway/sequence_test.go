@@ -23,6 +23,8 @@ func render(rs []protocol.Result) string {
 			b.WriteString("[done]")
 		case protocol.KindError:
 			b.WriteString("[error]")
+		case protocol.KindRetrying:
+			b.WriteString("[retrying]")
 		}
 	}
 	return b.String()
@@ -66,6 +68,15 @@ func TestSequencer(t *testing.T) {
 			"a[reset]x[done]", false, false, 0},
 		{"old error fenced off", []string{`BATCH:2:[{"seq":1,"content":"x"}]`, `SIGNAL:ERROR:1:{"type":"t","status":503}`, `SIGNAL:DONE:2:1`},
 			"x[done]", false, false, 1},
+		{"retrying of the attempt followed passes", []string{`SIGNAL:HEARTBEAT:1`, `SIGNAL:RETRYING:1:{"attempt":2,"retry_in_seconds":1,"reason":"throttled"}`,
+			`BATCH:1:[{"seq":1,"content":"a"}]`, `SIGNAL:DONE:1:1`},
+			"[retrying]a[done]", false, false, 0},
+		{"old retrying fenced off", []string{`BATCH:2:[{"seq":1,"content":"x"}]`, `SIGNAL:RETRYING:1:{"attempt":2,"retry_in_seconds":1,"reason":"timeout"}`, `SIGNAL:DONE:2:1`},
+			"x[done]", false, false, 1},
+		{"newer attempt's retrying moves the fence", []string{`BATCH:1:[{"seq":1,"content":"a"}]`,
+			`SIGNAL:RETRYING:2:{"attempt":2,"retry_in_seconds":1,"reason":"timeout"}`, `BATCH:1:[{"seq":2,"content":"b"}]`,
+			`BATCH:2:[{"seq":1,"content":"x"}]`, `SIGNAL:DONE:2:1`},
+			"a[reset][retrying]x[done]", false, false, 1},
 		{"error ends whatever is missing", []string{`BATCH:1:[{"seq":1,"content":"a"}]`, `BATCH:1:[{"seq":3,"content":"c"}]`, `SIGNAL:ERROR:1:{"type":"t","status":503}`},
 			"a[error]", false, false, 0},
 	}
@@ -111,5 +122,25 @@ func TestSequencerHoldsBounded(t *testing.T) {
 	}
 	if !v.broken {
 		t.Fatalf("%d batches held behind a gap without giving up", len(s.held))
+	}
+}
+
+func TestSequencerCountsDuplicates(t *testing.T) {
+	t.Parallel()
+	s := newSequencer()
+	var dups int
+	for _, m := range []string{
+		`BATCH:1:[{"seq":1,"content":"a"},{"seq":2,"content":"b"}]`,
+		`BATCH:1:[{"seq":1,"content":"a"},{"seq":2,"content":"b"}]`, // whole batch again: a duplicate
+		`BATCH:1:[{"seq":2,"content":"b"},{"seq":3,"content":"c"}]`, // overlaps: trimmed, not dropped
+	} {
+		r, err := protocol.DecodeResult([]byte(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dups += s.accept(r).dups
+	}
+	if dups != 1 || s.next != 4 {
+		t.Fatalf("dups %d next %d, want 1 duplicate and seq 4 next", dups, s.next)
 	}
 }

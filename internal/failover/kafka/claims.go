@@ -41,9 +41,14 @@ type Claims interface {
 	// that expired but was not taken over is still member's and is
 	// extended.
 	Refresh(ctx context.Context, id, member string, ttl time.Duration) error
-	// Release marks id done, whoever holds it (like XACK): later Claims
-	// return ErrClaimDone and the holder's Refresh reports the claim lost.
-	Release(ctx context.Context, id string) error
+	// Release marks id done for member, which must hold the claim (live
+	// or expired, as long as nobody took it over): later Claims return
+	// ErrClaimDone and Refresh reports the claim lost. It returns an error
+	// wrapping failover.ErrClaimLost, and changes nothing, when another
+	// member holds the claim: a stalled worker cannot finish the job its
+	// successor answers. A job already done, or without a claim record,
+	// is (still) recorded done.
+	Release(ctx context.Context, id, member string) error
 }
 
 // ErrClaimHeld is wrapped by Claims.Claim while another member holds a live
@@ -90,6 +95,10 @@ var (
 	//go:embed refresh.lua
 	refreshSource string
 	refreshScript = redis.NewScript(refreshSource)
+
+	//go:embed release.lua
+	releaseSource string
+	releaseScript = redis.NewScript(releaseSource)
 )
 
 // RedisClaims is Claims on Redis: one hash per job under
@@ -163,17 +172,16 @@ func (c *RedisClaims) Refresh(ctx context.Context, id, member string, ttl time.D
 	return nil
 }
 
-// Release implements Claims: it sets done and restarts the retention in
-// one transaction, creating the record if it expired.
-func (c *RedisClaims) Release(ctx context.Context, id string) error {
+// Release implements Claims with one script run: the owner check and the
+// done mark are one step, so no takeover can fall between them.
+func (c *RedisClaims) Release(ctx context.Context, id, member string) error {
 	key := ClaimKey(c.prefix, id)
-	_, err := c.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.HSet(ctx, key, "done", "1")
-		p.PExpire(ctx, key, c.retention)
-		return nil
-	})
+	n, err := releaseScript.Run(ctx, c.client, []string{key}, member, c.retention.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("kafka: release claim %s: %w", key, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("kafka: release claim %s: held by another member than %s: %w", key, member, failover.ErrClaimLost)
 	}
 	return nil
 }

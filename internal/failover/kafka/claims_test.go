@@ -68,9 +68,24 @@ func testClaimsContract(t *testing.T, c Claims) {
 	if err := c.Refresh(ctx, "j1", "b", ttl); err != nil {
 		t.Fatalf("Refresh of an expired, untaken claim by its holder: %v", err)
 	}
-	// Released (by anyone): done for every member, lost for the holder.
-	if err := c.Release(ctx, "j1"); err != nil {
+	// Only the holder may release: a former holder (its claim taken over)
+	// is refused and changes nothing.
+	if err := c.Release(ctx, "j1", "a"); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("Release by the former holder = %v, want ErrClaimLost", err)
+	}
+	if err := c.Refresh(ctx, "j1", "b", ttl); err != nil {
+		t.Fatalf("Refresh by the holder after a refused Release: %v", err)
+	}
+	// Released by the holder: done for every member, lost for the holder.
+	if err := c.Release(ctx, "j1", "b"); err != nil {
 		t.Fatalf("Release: %v", err)
+	}
+	// Done stays done: the holder's retry after a lost reply, and a late
+	// former holder, both find it done.
+	for _, m := range []string{"b", "a"} {
+		if err := c.Release(ctx, "j1", m); err != nil {
+			t.Fatalf("Release by %s of a done job: %v", m, err)
+		}
 	}
 	for _, m := range []string{"a", "b", "c"} {
 		if _, err := claim("j1", m); !errors.Is(err, ErrClaimDone) {
@@ -81,7 +96,7 @@ func testClaimsContract(t *testing.T, c Claims) {
 		t.Fatalf("Refresh after Release = %v, want ErrClaimLost", err)
 	}
 	// Releasing a job nobody claimed records it done too; ids are separate.
-	if err := c.Release(ctx, "j2"); err != nil {
+	if err := c.Release(ctx, "j2", "a"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := claim("j2", "a"); !errors.Is(err, ErrClaimDone) {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	kafkago "github.com/segmentio/kafka-go"
 
@@ -196,7 +197,9 @@ func (c *Consumer) Name() string { return c.name }
 // the others at once, and stops fetching: Fetch returns ErrClosed. Jobs
 // still running are not settled here; they are taken over once their
 // claims expire. Ack and DeadLetter of jobs fetched earlier still record
-// them as done in Claims. Close waits for the member's goroutines.
+// them as done in Claims while this member holds their claims; without
+// Claims they return ErrClaimLost, since the partitions' new owners
+// deliver those jobs again. Close waits for the member's goroutines.
 func (c *Consumer) Close() error {
 	c.closeOnce.Do(func() {
 		c.joinMu.Lock()
@@ -211,6 +214,14 @@ func (c *Consumer) Close() error {
 				c.closeErr = fmt.Errorf("kafka: leave group %s: %w", c.q.cfg.Group, err)
 			}
 			<-done
+			// Out of the group, this member owns no partition: a job
+			// settled from now on is never committed from here.
+			c.mu.Lock()
+			c.gen = nil
+			for _, p := range c.parts {
+				p.gen = nil
+			}
+			c.mu.Unlock()
 		}
 		c.q.mu.Lock()
 		delete(c.q.consumers, c)
@@ -309,7 +320,7 @@ func (c *Consumer) readPartition(ctx context.Context, gen *kafkago.Generation, i
 		Partition:      id,
 		Dialer:         c.q.dialer(c.name),
 		MinBytes:       1,
-		MaxBytes:       10 << 20,
+		MaxBytes:       max(10<<20, cfg.TopicMaxMessageBytes()),
 		MaxWait:        fetchMaxWait,
 		ReadBackoffMin: 50 * time.Millisecond,
 		ReadBackoffMax: time.Second,
@@ -620,29 +631,50 @@ func (c *Consumer) outstanding(d failover.Delivery) (*entry, error) {
 	return e, nil
 }
 
-// Ack settles d: it records the job done in Claims (whoever holds it now,
-// like XACK), then commits the partition up to its lowest unfinished job.
-// Acknowledging a delivery no longer outstanding here does nothing. With
-// Claims the result is Release's: a failed commit is retried by later
-// commits, and a re-fetch meanwhile skips the job. Without Claims a failed
-// commit is returned, since the job may then be delivered again.
+// Ack settles d: it records the job done in Claims, only if this member
+// still holds its claim (one atomic step, like ack.lua on Redis Streams),
+// then commits the partition up to its lowest unfinished job.
+// Acknowledging a delivery no longer outstanding here does nothing.
+//
+// When another member took the job over (this worker stalled past
+// ClaimTTL and its partition moved), Ack changes nothing and returns an
+// error wrapping failover.ErrClaimLost: the job is its successor's to
+// finish, and waits here like any job claimed by another member. Without
+// Claims the generation is the owner check: a job whose partition this
+// member no longer owns is forgotten here, not committed (its new owner
+// delivers it again), and Ack returns ErrClaimLost too.
+//
+// With Claims a failed commit is retried by later commits and a re-fetch
+// meanwhile skips the job, so Ack returns only the claim's error; without
+// Claims a failed commit is returned, since the job may then be
+// delivered again.
 func (c *Consumer) Ack(ctx context.Context, d failover.Delivery) error {
 	e, err := c.outstanding(d)
 	if err != nil || e == nil {
 		return err
 	}
-	return c.finish(ctx, e)
+	return c.finish(ctx, e, "ack")
 }
 
-// finish releases e's claim, marks it done and commits.
-func (c *Consumer) finish(ctx context.Context, e *entry) error {
+// finish releases e's claim if this member holds it, marks e done and
+// commits; op names the caller in errors.
+func (c *Consumer) finish(ctx context.Context, e *entry, op string) error {
 	var releaseErr error
 	if claims := c.q.cfg.Claims; claims != nil {
-		if err := claims.Release(ctx, c.claimID(e)); err != nil {
-			releaseErr = fmt.Errorf("kafka: ack %s: %w", deliveryID(e.part.id, e.offset), err)
+		err := claims.Release(ctx, c.claimID(e), c.member)
+		switch {
+		case errors.Is(err, failover.ErrClaimLost):
+			c.lostClaim(e)
+			return fmt.Errorf("kafka: %s %s: %w", op, deliveryID(e.part.id, e.offset), err)
+		case err != nil:
+			// Whether the job is marked done is unknown; the commit below
+			// still settles it for Kafka, and a claim never released only
+			// matters to a re-fetch, which the commit prevents.
+			releaseErr = fmt.Errorf("kafka: %s %s: %w", op, deliveryID(e.part.id, e.offset), err)
 		}
 	}
 	c.mu.Lock()
+	owned := c.ownsLocked(e)
 	c.markDone(e)
 	c.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, c.q.cfg.Timeout)
@@ -654,7 +686,29 @@ func (c *Consumer) finish(ctx context.Context, e *entry) error {
 		}
 		return releaseErr
 	}
+	if !owned {
+		return fmt.Errorf("kafka: %s %s: partition %d moved to another member: %w", op,
+			deliveryID(e.part.id, e.offset), e.part.id, failover.ErrClaimLost)
+	}
 	return commitErr
+}
+
+// ownsLocked reports whether this member owns e's partition in its current
+// generation. The caller holds c.mu.
+func (c *Consumer) ownsLocked(e *entry) bool {
+	return e.part.gen != nil && e.part.gen == c.gen
+}
+
+// lostClaim puts e, found claimed by another member, on the waiting list:
+// while this member owns the partition, a later Fetch learns whether the
+// successor finished it (skipped) or let it expire (taken over again).
+func (c *Consumer) lostClaim(e *entry) {
+	c.mu.Lock()
+	if e.state == stateInflight {
+		c.wait(e, time.Now().Add(c.retryInterval()))
+	}
+	c.mu.Unlock()
+	c.wakeFetch()
 }
 
 // Touch extends this member's claim on d by ClaimTTL. It returns an error
@@ -682,12 +736,7 @@ func (c *Consumer) Touch(ctx context.Context, d failover.Delivery) error {
 		return nil
 	}
 	if errors.Is(err, failover.ErrClaimLost) {
-		c.mu.Lock()
-		if e.state == stateInflight {
-			c.wait(e, time.Now().Add(c.retryInterval()))
-		}
-		c.mu.Unlock()
-		c.wakeFetch()
+		c.lostClaim(e)
 	}
 	return fmt.Errorf("kafka: touch %s: %w", d.ID, err)
 }
@@ -699,23 +748,44 @@ func (c *Consumer) wakeFetch() {
 	}
 }
 
+// maxReasonBytes bounds the reason header of a dead letter: reasons may
+// carry provider error text, and the record must fit the topic's
+// max.message.bytes beside a body of MaxMessageBytes.
+const maxReasonBytes = 1024
+
 // DeadLetter writes the job to Config.DeadLetterTopic (key: request id,
 // value: the body with Config.KeepPayload, else empty; headers reason,
 // attempt, source_topic, source_partition, source_offset, body_sha1,
 // body_bytes, failed_at_ms) with the producer's acks, and only then
 // settles it like Ack. A delivery no longer outstanding here is not
-// written. With Claims, a job whose claim another member holds now is not
-// written either (an error wrapping failover.ErrClaimLost). When the write
-// fails the job is not settled: it is delivered again, with a new attempt,
-// after ClaimTTL.
+// written.
+//
+// Ownership is checked before the write and again, atomically with the
+// done mark, after it (Ack's rule): with Claims, the claim is first
+// extended by ClaimTTL plus WriteTimeout, so no other member can take the
+// job over while its record is written, and a job another member holds
+// already is not written at all (an error wrapping failover.ErrClaimLost).
+// Without Claims a job whose partition moved to another member is not
+// written either. When the write fails the job is not settled: it is
+// delivered again, with a new attempt, after ClaimTTL.
 func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
 	e, err := c.outstanding(d)
 	if err != nil || e == nil {
 		return err
 	}
 	if claims := c.q.cfg.Claims; claims != nil {
-		if err := claims.Refresh(ctx, c.claimID(e), c.member, c.q.cfg.ClaimTTL); err != nil {
+		if err := claims.Refresh(ctx, c.claimID(e), c.member, c.q.cfg.ClaimTTL+c.q.cfg.WriteTimeout); err != nil {
+			if errors.Is(err, failover.ErrClaimLost) {
+				c.lostClaim(e)
+			}
 			return fmt.Errorf("kafka: dead-letter %s: %w", d.ID, err)
+		}
+	} else {
+		c.mu.Lock()
+		owned := c.ownsLocked(e)
+		c.mu.Unlock()
+		if !owned {
+			return fmt.Errorf("kafka: dead-letter %s: partition %d moved to another member: %w", d.ID, e.part.id, failover.ErrClaimLost)
 		}
 	}
 	c.mu.Lock()
@@ -734,7 +804,18 @@ func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason s
 		c.wakeFetch()
 		return fmt.Errorf("kafka: dead-letter %s to %s: %w", d.ID, c.q.cfg.DeadLetterTopic, err)
 	}
-	return c.finish(ctx, e)
+	return c.finish(ctx, e, "dead-letter")
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }
 
 // commitTargets returns, for each partition this member owns in gen, the

@@ -60,7 +60,7 @@ func (q *Queue) deadLetterMessage(requestID string, body []byte, reason string, 
 		Key:   []byte(requestID),
 		Value: value,
 		Headers: []kafkago.Header{
-			{Key: "reason", Value: []byte(reason)},
+			{Key: "reason", Value: []byte(truncateUTF8(reason, maxReasonBytes))},
 			{Key: "attempt", Value: []byte(strconv.Itoa(attempt))},
 			{Key: "source_topic", Value: []byte(q.cfg.Topic)},
 			{Key: "source_partition", Value: []byte(strconv.Itoa(partition))},
@@ -279,7 +279,7 @@ func (q *Queue) readDeadLetters(ctx context.Context, p int, start, end int64, li
 	for off < end && len(out) < limit {
 		fctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 		res, err := q.client.Fetch(fctx, &kafkago.FetchRequest{
-			Topic: topic, Partition: p, Offset: off, MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond,
+			Topic: topic, Partition: p, Offset: off, MinBytes: 1, MaxBytes: int64(max(10<<20, q.cfg.TopicMaxMessageBytes())), MaxWait: 100 * time.Millisecond,
 		})
 		if err == nil {
 			err = res.Error

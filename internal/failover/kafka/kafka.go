@@ -40,7 +40,9 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
@@ -64,8 +66,25 @@ const (
 	DefaultHeartbeatInterval = time.Second
 	DefaultClaimTTL          = 15 * time.Second
 	DefaultTimeout           = 5 * time.Second
+	DefaultMaxMessageBytes   = 1 << 20
 	// DefaultDeadLetterRetention is DEAD_LETTER_TTL_HOURS' default.
 	DefaultDeadLetterRetention = 168 * time.Hour
+)
+
+// Bounds of Config.MaxMessageBytes, and the room a record and its batch
+// need beside a job of that size (docs/QUEUE.md, "Kafka").
+const (
+	minMaxMessageBytes = 1 << 10
+	maxMaxMessageBytes = 64 << 20
+	// recordOverhead is the room beside a job's bytes in its record: the
+	// key (a request id), the trace headers, a dead letter's headers (its
+	// reason capped at maxReasonBytes) and the record's own framing.
+	recordOverhead = 16 << 10
+	// batchOverhead is a record batch's header (61 bytes in format v2)
+	// with room to spare: brokers hold whole batches to max.message.bytes.
+	batchOverhead = 1 << 10
+	// topicMaxMessageBytes names the topic setting EnsureTopics manages.
+	topicMaxMessageBytes = "max.message.bytes"
 )
 
 // Config configures a Queue. Zero fields take the stated defaults.
@@ -119,6 +138,13 @@ type Config struct {
 	// Timeout bounds each metadata, offset, commit and topic-admin request
 	// and each dial. Default 5s.
 	Timeout time.Duration
+	// MaxMessageBytes is the largest job (a record's value) Enqueue takes;
+	// the api derives it from MAX_BODY_BYTES. The producer's batches and
+	// both topics' max.message.bytes (TopicMaxMessageBytes) are sized to
+	// carry such a job with its key and headers, and EnsureTopics raises
+	// the setting of topics that have less. A larger job is refused with
+	// failover.ErrJobTooLarge. Default 1 MiB; 1 KiB to 64 MiB.
+	MaxMessageBytes int
 	// DeadLetterRetention is the dead-letter topic's retention.ms
 	// (DEAD_LETTER_TTL_HOURS): EnsureTopics sets it on the topic, so a
 	// dead letter is deleted by the brokers once it is that old. Whole
@@ -184,6 +210,10 @@ func (cfg Config) Validate() error {
 		if d.set < 0 || d.value < d.least {
 			errs = append(errs, fmt.Errorf("%s %s is below %s (0 means the default)", d.field, d.set, d.least))
 		}
+	}
+	if c.MaxMessageBytes < minMaxMessageBytes || c.MaxMessageBytes > maxMaxMessageBytes {
+		errs = append(errs, fmt.Errorf("MaxMessageBytes %d is outside [%d, %d] (0 means the default)",
+			cfg.MaxMessageBytes, minMaxMessageBytes, maxMaxMessageBytes))
 	}
 	if c.HeartbeatInterval >= c.SessionTimeout {
 		errs = append(errs, fmt.Errorf("HeartbeatInterval %s is not below SessionTimeout %s", c.HeartbeatInterval, c.SessionTimeout))
@@ -251,10 +281,23 @@ func (cfg Config) withDefaults() Config {
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
 	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = DefaultMaxMessageBytes
+	}
 	if cfg.DeadLetterRetention == 0 {
 		cfg.DeadLetterRetention = DefaultDeadLetterRetention
 	}
 	return cfg
+}
+
+// batchBytes is the producer's batch limit: one record of the largest job.
+func (cfg Config) batchBytes() int { return cfg.MaxMessageBytes + recordOverhead }
+
+// TopicMaxMessageBytes is the max.message.bytes both topics need so that a
+// job of MaxMessageBytes fits, as a job and as a dead letter: what
+// EnsureTopics creates them with, or raises them to.
+func (cfg Config) TopicMaxMessageBytes() int {
+	return cfg.withDefaults().batchBytes() + batchOverhead
 }
 
 // ErrClosed is returned by calls on a closed Queue or Consumer.
@@ -272,14 +315,19 @@ type Queue struct {
 	client    *kafkago.Client
 	writer    *kafkago.Writer
 
+	// jobLimit is the largest job Enqueue takes: MaxMessageBytes, or less
+	// once EnsureTopics found a topic that cannot take that much.
+	jobLimit atomic.Int64
+
 	mu        sync.Mutex
 	closed    bool
 	consumers map[*Consumer]struct{}
 }
 
 var (
-	_ failover.Producer = (*Queue)(nil)
-	_ failover.Depther  = (*Queue)(nil)
+	_ failover.Producer   = (*Queue)(nil)
+	_ failover.Depther    = (*Queue)(nil)
+	_ failover.JobLimiter = (*Queue)(nil)
 )
 
 // New returns a Queue. It does no network I/O: connections are opened on
@@ -312,6 +360,9 @@ func New(cfg Config, log *slog.Logger) (*Queue, error) {
 		Balancer:     &kafkago.Hash{},
 		RequiredAcks: kafkago.RequiredAcks(cfg.RequiredAcks),
 		BatchTimeout: cfg.BatchTimeout,
+		// kafka-go's default (1 MiB) is below a job of MAX_BODY_BYTES
+		// with its key and headers; the topics take a batch this big.
+		BatchBytes:   int64(cfg.batchBytes()),
 		ReadTimeout:  cfg.WriteTimeout,
 		WriteTimeout: cfg.WriteTimeout,
 		// A few quick retries ride out a leader change; the ctx of each
@@ -325,8 +376,13 @@ func New(cfg Config, log *slog.Logger) (*Queue, error) {
 		Transport:              transport,
 		ErrorLogger:            kafkaLogger(log, slog.LevelDebug),
 	}
+	q.jobLimit.Store(int64(cfg.MaxMessageBytes))
 	return q, nil
 }
+
+// MaxJobBytes implements failover.JobLimiter: the largest job Enqueue
+// takes now.
+func (q *Queue) MaxJobBytes() int { return int(q.jobLimit.Load()) }
 
 // kafkaLogger adapts kafka-go's printf logging to log at level. kafka-go
 // logs routine rebalance churn as errors, so it goes to debug: this package
@@ -375,10 +431,14 @@ func (q *Queue) isClosed() bool {
 }
 
 // EnsureTopics creates the job topic and the dead-letter topic with
-// Config.Partitions and Config.ReplicationFactor unless they exist; topics
-// that exist are left as they are (a smaller partition count than
-// configured is logged), except that the dead-letter topic's retention.ms
-// is set to Config.DeadLetterRetention when it differs. Safe to call from
+// Config.Partitions, Config.ReplicationFactor and TopicMaxMessageBytes
+// unless they exist. Of topics that exist, a smaller partition count than
+// configured is logged; a max.message.bytes below TopicMaxMessageBytes is
+// raised to it, and when that fails (no permission to alter topics) the
+// error is returned and the Queue lowers MaxJobBytes to what the smaller
+// topic carries, so a larger job is refused at once as too large instead
+// of failing at the broker; and the dead-letter topic's retention.ms is
+// set to Config.DeadLetterRetention when it differs. Safe to call from
 // every process at start.
 func (q *Queue) EnsureTopics(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
@@ -390,6 +450,9 @@ func (q *Queue) EnsureTopics(ctx context.Context) error {
 			Topic:             t,
 			NumPartitions:     q.cfg.Partitions,
 			ReplicationFactor: q.cfg.ReplicationFactor,
+			ConfigEntries: []kafkago.ConfigEntry{{
+				ConfigName: topicMaxMessageBytes, ConfigValue: strconv.Itoa(q.cfg.TopicMaxMessageBytes()),
+			}},
 		})
 	}
 	res, err := q.client.CreateTopics(ctx, req)
@@ -413,7 +476,106 @@ func (q *Queue) EnsureTopics(ctx context.Context) error {
 		q.log.Warn("kafka topic has fewer partitions than configured; add partitions to scale out consumers",
 			"topic", q.cfg.Topic, "partitions", len(parts), "configured", q.cfg.Partitions)
 	}
-	return q.ensureDeadLetterRetention(ctx)
+	return errors.Join(q.ensureMessageBytes(ctx, topics), q.ensureDeadLetterRetention(ctx))
+}
+
+// ensureMessageBytes reads each topic's max.message.bytes and raises any
+// below TopicMaxMessageBytes. A topic left smaller lowers the job limit to
+// what it carries, and is returned as an error naming the setting.
+func (q *Queue) ensureMessageBytes(ctx context.Context, topics []string) error {
+	need := q.cfg.TopicMaxMessageBytes()
+	have, err := q.messageBytes(ctx, topics)
+	if err != nil {
+		return err
+	}
+	limit := q.cfg.MaxMessageBytes
+	var errs []error
+	for _, t := range topics {
+		if have[t] >= need {
+			continue
+		}
+		res, err := q.client.IncrementalAlterConfigs(ctx, &kafkago.IncrementalAlterConfigsRequest{
+			Resources: []kafkago.IncrementalAlterConfigsRequestResource{{
+				ResourceType: kafkago.ResourceTypeTopic, ResourceName: t,
+				Configs: []kafkago.IncrementalAlterConfigsRequestConfig{{
+					Name: topicMaxMessageBytes, Value: strconv.Itoa(need), ConfigOperation: kafkago.ConfigOperationSet,
+				}},
+			}},
+		})
+		if err == nil && len(res.Resources) > 0 {
+			err = res.Resources[0].Error
+		}
+		if err == nil {
+			q.log.Info("kafka topic's max.message.bytes raised to carry a job of the largest body",
+				"topic", t, "from", have[t], "to", need)
+			continue
+		}
+		limit = min(limit, max(0, have[t]-recordOverhead-batchOverhead))
+		errs = append(errs, fmt.Errorf("kafka: topic %s has %s=%d, below the %d a job of %d bytes needs, and raising it failed: %w",
+			t, topicMaxMessageBytes, have[t], need, q.cfg.MaxMessageBytes, err))
+	}
+	q.jobLimit.Store(int64(limit))
+	if err := errors.Join(errs...); err != nil {
+		q.log.Error("kafka topics cannot carry the largest jobs; larger jobs are refused with 413 until "+
+			topicMaxMessageBytes+" is raised", "job_limit", limit, "err", err)
+		return err
+	}
+	return nil
+}
+
+// refusedAsTooLarge reports whether a write failed because the broker
+// found the batch too large. kafka-go reports a batch's failure inside
+// WriteErrors, which does not unwrap.
+func refusedAsTooLarge(err error) bool {
+	if errors.Is(err, kafkago.MessageSizeTooLarge) {
+		return true
+	}
+	var werrs kafkago.WriteErrors
+	if errors.As(err, &werrs) {
+		for _, e := range werrs {
+			if errors.Is(e, kafkago.MessageSizeTooLarge) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// messageBytes returns the max.message.bytes each topic has (its own or
+// the broker's default).
+func (q *Queue) messageBytes(ctx context.Context, topics []string) (map[string]int, error) {
+	req := &kafkago.DescribeConfigsRequest{}
+	for _, t := range topics {
+		req.Resources = append(req.Resources, kafkago.DescribeConfigRequestResource{
+			ResourceType: kafkago.ResourceTypeTopic, ResourceName: t, ConfigNames: []string{topicMaxMessageBytes},
+		})
+	}
+	res, err := q.client.DescribeConfigs(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: describe configs of %v: %w", topics, err)
+	}
+	have := make(map[string]int, len(topics))
+	for _, r := range res.Resources {
+		if r.Error != nil {
+			return nil, fmt.Errorf("kafka: describe configs of %s: %w", r.ResourceName, r.Error)
+		}
+		for _, e := range r.ConfigEntries {
+			if e.ConfigName != topicMaxMessageBytes {
+				continue
+			}
+			n, err := strconv.Atoi(e.ConfigValue)
+			if err != nil {
+				return nil, fmt.Errorf("kafka: topic %s: %s %q: %w", r.ResourceName, topicMaxMessageBytes, e.ConfigValue, err)
+			}
+			have[r.ResourceName] = n
+		}
+	}
+	for _, t := range topics {
+		if _, ok := have[t]; !ok {
+			return nil, fmt.Errorf("kafka: describe configs of %s: no %s", t, topicMaxMessageBytes)
+		}
+	}
+	return have, nil
 }
 
 // Ping reports whether the job topic's partition leaders answer, for
@@ -437,6 +599,9 @@ func (q *Queue) Ping(ctx context.Context) error {
 // failover.ErrQueueUnavailable (and ctx's error when ctx ended). A job
 // whose wait was cut short may still be written by the batch it joined.
 func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) error {
+	if limit := q.MaxJobBytes(); len(body) > limit {
+		return fmt.Errorf("kafka: produce %s: job of %d bytes exceeds %d: %w", q.cfg.Topic, len(body), limit, failover.ErrJobTooLarge)
+	}
 	ctx, cancel := context.WithTimeout(ctx, q.cfg.WriteTimeout)
 	defer cancel()
 	err := ctx.Err()
@@ -448,10 +613,21 @@ func (q *Queue) Enqueue(ctx context.Context, requestID string, body []byte) erro
 			Headers: q.cfg.Tracing.InjectKafka(ctx, nil),
 		})
 	}
-	if err != nil {
-		return fmt.Errorf("kafka: produce %s: %w: %w", q.cfg.Topic, failover.ErrQueueUnavailable, err)
+	var tooLarge kafkago.MessageTooLargeError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &tooLarge):
+		// The record with its key and headers exceeds the batch limit.
+		return fmt.Errorf("kafka: produce %s: %w: %w", q.cfg.Topic, failover.ErrJobTooLarge, err)
+	case refusedAsTooLarge(err):
+		// The broker refused it: the topic's limit was lowered after
+		// EnsureTopics checked it. Other jobs of the batch fail too, so
+		// this is not the job's fault alone.
+		q.log.Error("kafka broker refused a batch as too large; check the topic's "+topicMaxMessageBytes,
+			"topic", q.cfg.Topic, "need", q.cfg.TopicMaxMessageBytes(), "err", err)
 	}
-	return nil
+	return fmt.Errorf("kafka: produce %s: %w: %w", q.cfg.Topic, failover.ErrQueueUnavailable, err)
 }
 
 // Depth returns the backlog: the group's lag summed over the partitions of

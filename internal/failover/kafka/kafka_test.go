@@ -147,6 +147,9 @@ func TestConfig(t *testing.T) {
 		{"negative write timeout", Config{Brokers: b, WriteTimeout: -time.Second}, false},
 		{"negative claim ttl", Config{Brokers: b, ClaimTTL: -time.Second}, false},
 		{"heartbeat not below session", Config{Brokers: b, HeartbeatInterval: 6 * time.Second}, false},
+		{"message bytes below 1 KiB", Config{Brokers: b, MaxMessageBytes: 1000}, false},
+		{"message bytes above 64 MiB", Config{Brokers: b, MaxMessageBytes: 64<<20 + 1}, false},
+		{"message bytes 8 MiB", Config{Brokers: b, MaxMessageBytes: 8 << 20}, true},
 	} {
 		before := tc.cfg
 		before.Brokers = slices.Clone(tc.cfg.Brokers)
@@ -164,7 +167,7 @@ func TestConfig(t *testing.T) {
 		t.Errorf("default names %q %q %q differ from docs/QUEUE.md", d.Topic, d.Group, d.DeadLetterTopic)
 	}
 	if d.Partitions != 4 || d.ReplicationFactor != 1 || d.RequiredAcks != -1 || d.BatchTimeout != 5*time.Millisecond ||
-		d.WriteTimeout != 5*time.Second || d.ClaimTTL != 15*time.Second {
+		d.WriteTimeout != 5*time.Second || d.ClaimTTL != 15*time.Second || d.MaxMessageBytes != 1<<20 {
 		t.Errorf("defaults = %+v", d)
 	}
 	if got := (Config{Brokers: b, Topic: "jobs"}).withDefaults().DeadLetterTopic; got != "jobs.dead_letter" {
@@ -841,4 +844,84 @@ func TestDeliveryID(t *testing.T) {
 	if err != nil || p != 3 || o != 1234 {
 		t.Errorf("round trip = %d, %d, %v", p, o, err)
 	}
+}
+
+// TestStalledOwnerCannotSettleSuccessorsJob: a member that stalled past
+// its claim (here: it left the group and stopped touching) and comes back
+// to acknowledge or dead-letter the job after another member took it over
+// is refused with ErrClaimLost and changes nothing: the successor's claim
+// stays live, no dead letter is written, and the successor settles the job.
+// The owner check and the done mark are one Redis script (release.lua).
+func TestStalledOwnerCannotSettleSuccessorsJob(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	srv := redistest.Start(t)
+	claims, err := NewRedisClaims(RedisClaimsConfig{Prefix: redistest.Prefix(t)}, srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := newQueue(t, testConfig(t, cluster.Brokers, 1, claims))
+	a := newConsumer(t, q, "a")
+	enqueueN(t, q, 1)
+	stale := fetchAll(t, a, 1)[0]
+	if err := a.Close(); err != nil { // a stalls: out of the group, no more touches
+		t.Fatal(err)
+	}
+	b := newConsumer(t, q, "b")
+	taken := fetchAll(t, b, 1)[0] // after ClaimTTL: a takeover
+	if taken.Attempt != 2 || taken.ID != stale.ID {
+		t.Fatalf("takeover %+v, want attempt 2 of %s", taken, stale.ID)
+	}
+
+	if err := a.DeadLetter(ctxT(t, 5*time.Second), stale, "stalled worker gives up"); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("DeadLetter by the stalled owner = %v, want ErrClaimLost", err)
+	}
+	if err := a.Ack(ctxT(t, 5*time.Second), stale); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("Ack by the stalled owner = %v, want ErrClaimLost", err)
+	}
+	if err := b.Touch(ctxT(t, 5*time.Second), taken); err != nil {
+		t.Fatalf("the successor's Touch after the stalled owner settled = %v, want its claim intact", err)
+	}
+	if n, err := q.DeadLetterDepth(ctxT(t, 5*time.Second)); err != nil || n != 0 {
+		t.Fatalf("dead letters %d, %v; want none from the stalled owner", n, err)
+	}
+	wantDepth(t, q, 1)
+	if err := b.Ack(ctxT(t, 5*time.Second), taken); err != nil {
+		t.Fatalf("Ack by the successor: %v", err)
+	}
+	wantDepth(t, q, 0)
+}
+
+// TestStalledOwnerWithoutClaims: without Claims the generation is the
+// owner check: a member whose partition moved cannot dead-letter or
+// commit the job the partition's new owner was handed again.
+func TestStalledOwnerWithoutClaims(t *testing.T) {
+	t.Parallel()
+	cluster := kafkatest.Start(t)
+	q := newQueue(t, testConfig(t, cluster.Brokers, 1, nil))
+	a := newConsumer(t, q, "a")
+	enqueueN(t, q, 1)
+	stale := fetchAll(t, a, 1)[0]
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b := newConsumer(t, q, "b")
+	again := fetchAll(t, b, 1)[0]
+	if again.ID != stale.ID {
+		t.Fatalf("b got %s, want %s again", again.ID, stale.ID)
+	}
+	if err := a.DeadLetter(ctxT(t, 5*time.Second), stale, "stalled"); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("DeadLetter by the former owner = %v, want ErrClaimLost", err)
+	}
+	if err := a.Ack(ctxT(t, 5*time.Second), stale); !errors.Is(err, failover.ErrClaimLost) {
+		t.Fatalf("Ack by the former owner = %v, want ErrClaimLost", err)
+	}
+	if n, err := q.DeadLetterDepth(ctxT(t, 5*time.Second)); err != nil || n != 0 {
+		t.Fatalf("dead letters %d, %v; want none", n, err)
+	}
+	wantDepth(t, q, 1)
+	if err := b.Ack(ctxT(t, 5*time.Second), again); err != nil {
+		t.Fatal(err)
+	}
+	wantDepth(t, q, 0)
 }

@@ -68,7 +68,7 @@ func (m *memClaims) Refresh(ctx context.Context, id, member string, ttl time.Dur
 	return nil
 }
 
-func (m *memClaims) Release(ctx context.Context, id string) error {
+func (m *memClaims) Release(ctx context.Context, id, member string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -78,6 +78,9 @@ func (m *memClaims) Release(ctx context.Context, id string) error {
 	if r == nil {
 		r = &memClaim{}
 		m.recs[id] = r
+	}
+	if !r.done && r.member != "" && r.member != member {
+		return fmt.Errorf("memclaims %s: held by %s: %w", id, r.member, failover.ErrClaimLost)
 	}
 	r.done = true
 	return nil

@@ -284,7 +284,8 @@ func (q *Queue) pendingLocked(d failover.Delivery) *entry {
 }
 
 // Ack removes the job from the queue. Acknowledging a job that is no
-// longer pending (already acknowledged or dead-lettered) does nothing.
+// longer pending (already acknowledged or dead-lettered) does nothing; a
+// job another member took over is left to it (ErrClaimLost), as on Redis.
 func (c *Consumer) Ack(ctx context.Context, d failover.Delivery) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -292,7 +293,12 @@ func (c *Consumer) Ack(ctx context.Context, d failover.Delivery) error {
 	q := c.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if e := q.pendingLocked(d); e != nil {
+	e := q.pendingLocked(d)
+	switch {
+	case e == nil:
+	case e.owner != c.name:
+		return fmt.Errorf("memqueue: ack %s: held by %s: %w", d.ID, e.owner, ErrClaimLost)
+	default:
 		delete(q.pending, e.seq)
 	}
 	return nil
@@ -317,7 +323,7 @@ func (c *Consumer) Touch(ctx context.Context, d failover.Delivery) error {
 
 // DeadLetter moves the job to the dead-letter list with reason and the
 // delivery's attempt. A job that is no longer pending is not recorded
-// again.
+// again; a job another member took over is not recorded (ErrClaimLost).
 func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -328,6 +334,9 @@ func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason s
 	e := q.pendingLocked(d)
 	if e == nil {
 		return nil
+	}
+	if e.owner != c.name {
+		return fmt.Errorf("memqueue: dead-letter %s: held by %s: %w", d.ID, e.owner, ErrClaimLost)
 	}
 	delete(q.pending, e.seq)
 	q.dead = append(q.dead, DeadLetter{

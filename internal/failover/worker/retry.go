@@ -52,9 +52,13 @@ func isCircuitOpen(err error) bool {
 func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (string, string) {
 	var waited time.Duration // every wait so far, bounded by QueueTimeout
 	retries := 0             // retries spent, bounded by MaxRetries
+	// Whom the call is for, to a provider that routes or orders calls by
+	// it (several upstreams: affinity, and the turn of a call waiting for
+	// an upstream slot, as for a pool slot).
+	callCtx := llm.WithCaller(ctx, llm.Caller{Identity: job.UserID, Session: job.SessionID, Since: job.EnqueueTime})
 	for call := 1; ; call++ {
 		b := newBatcher(pub, w.cfg.BatchSize, w.cfg.BatchTimeout)
-		res, err := w.deps.Provider.Stream(ctx, job.Payload, func(content string) error { return b.add(ctx, content) })
+		res, err := w.deps.Provider.Stream(callCtx, job.Payload, func(content string) error { return b.add(ctx, content) })
 		if err == nil {
 			b.flush(ctx)
 			usage := res.Usage

@@ -15,11 +15,17 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// retryings returns the RETRYING payloads of rs, in order.
-func retryings(rs []received) []protocol.Retrying {
+// retryings returns the RETRYING payloads of rs, in order. Every one must
+// be fenced with the delivery's attempt (1 here: no takeover), like the
+// other messages, so the api can drop one of a worker that lost the job.
+func retryings(tb testing.TB, rs []received) []protocol.Retrying {
+	tb.Helper()
 	var out []protocol.Retrying
 	for _, r := range rs {
 		if r.res.Kind == protocol.KindRetrying {
+			if r.res.Attempt != 1 {
+				tb.Errorf("SIGNAL:RETRYING fenced with attempt %d, want the delivery's 1", r.res.Attempt)
+			}
 			out = append(out, *r.res.Retrying)
 		}
 	}
@@ -74,7 +80,7 @@ func TestWorkerHonoursRetryAfter(t *testing.T) {
 					{Attempt: 2, RetryInSeconds: tt.wantWait.Seconds(), Reason: llm.ReasonThrottled},
 					{Attempt: 3, RetryInSeconds: tt.wantWait.Seconds(), Reason: llm.ReasonThrottled},
 				}
-				if got := retryings(rs); !slices.Equal(got, want) {
+				if got := retryings(t, rs); !slices.Equal(got, want) {
 					t.Errorf("retrying events %+v, want %+v", got, want)
 				}
 				if n := e.retriesFor(llm.ReasonThrottled); n != 2 {

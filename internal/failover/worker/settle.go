@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
@@ -22,7 +23,13 @@ func (w *Worker) settle(ctx context.Context, d failover.Delivery, requestID, out
 	} else {
 		err = w.deps.Consumer.Ack(sctx, d)
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, failover.ErrClaimLost):
+		// This worker stalled past the reclaim time and another one
+		// took the job over: settling it is the successor's to do.
+		w.log.Warn("job taken over by another worker before it was settled; left to it", "request_id", requestID,
+			"outcome", outcome, "err", err)
+	case err != nil:
 		w.log.Error("could not settle job; it will be redelivered", "request_id", requestID, "outcome", outcome, "err", err)
 	}
 	w.m.JobSettled(outcome)

@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,6 +58,7 @@ type Server struct {
 	requests  atomic.Int64
 	cancelled atomic.Int64
 	active    atomic.Int64
+	peak      atomic.Int64
 	throttled atomic.Int64
 }
 
@@ -89,8 +91,14 @@ func (s *Server) Cancelled() int64 { return s.cancelled.Load() }
 func (s *Server) Throttled() int64 { return s.throttled.Load() }
 
 // Active returns how many chat completions, streaming or not, are being
-// answered now (simllm_active_streams).
+// answered now (simllm_active_streams): from their arrival to the last
+// write of their answer.
 func (s *Server) Active() int64 { return s.active.Load() }
+
+// Peak returns the most chat completions ever answered at once
+// (simllm_active_streams_peak): what a gateway's cap on this upstream let
+// through.
+func (s *Server) Peak() int64 { return s.peak.Load() }
 
 type chatRequest struct {
 	Model         string             `json:"model"`
@@ -167,9 +175,15 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if body.Model == "" {
 		body.Model = ModelID
 	}
-	s.active.Add(1)
-	defer s.active.Add(-1)
-	a := answer{id: newID(), created: time.Now().Unix(), model: body.Model}
+	n := s.active.Add(1)
+	ended := sync.OnceFunc(func() { s.active.Add(-1) })
+	defer ended()
+	for p := s.peak.Load(); n > p; p = s.peak.Load() {
+		if s.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	a := answer{id: newID(), created: time.Now().Unix(), model: body.Model, ended: ended}
 	if body.Stream {
 		s.stream(w, r, req, a, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
 	} else {
@@ -199,6 +213,13 @@ type answer struct {
 	id      string
 	created int64
 	model   string
+	// ended ends the call's count in simllm_active_streams; it runs just
+	// before the last write of the answer (and at the latest when the
+	// handler returns). A client cannot have seen the end of its call
+	// before that write, so a client that holds calls under a cap never
+	// shows more than the cap here, whatever the server does after the
+	// last byte.
+	ended func()
 }
 
 func (a answer) chunk(choices []chunkChoice, usage *protocol.Usage) chunk {
@@ -261,6 +282,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req protocol.Cha
 		err = send(a.chunk([]chunkChoice{}, &u))
 	}
 	if err == nil {
+		a.ended()
 		err = s.write(w, rc, []byte("data: [DONE]\n\n"))
 	}
 	if err != nil {
@@ -296,6 +318,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, req protocol.C
 		s.providerError(w, a, err)
 		return
 	}
+	a.ended()
 	writeJSON(w, http.StatusOK, completion{
 		ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
 		Choices: []completionChoice{{
@@ -323,6 +346,7 @@ func (s *Server) providerError(w http.ResponseWriter, a answer, err error) {
 		s.throttled.Add(1)
 	}
 	s.log.Info("provider failed", "id", a.id, "status", status, "err", err)
+	a.ended()
 	writeError(w, status, "server_error", "the simulated provider failed; retry the request")
 }
 
@@ -346,8 +370,12 @@ func (s *Server) registry() *prometheus.Registry {
 		}, func() float64 { return float64(s.Throttled()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "simllm_active_streams",
-			Help: "Chat completions being answered now.",
+			Help: "Chat completions being answered now (until the last write of their answer).",
 		}, func() float64 { return float64(s.Active()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "simllm_active_streams_peak",
+			Help: "The most chat completions answered at once since start.",
+		}, func() float64 { return float64(s.Peak()) }),
 	)
 	return reg
 }

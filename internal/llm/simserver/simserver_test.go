@@ -293,6 +293,7 @@ func TestModelsHealthMetrics(t *testing.T) {
 		"# TYPE simllm_requests_total counter", "simllm_requests_total 2\n",
 		"# TYPE simllm_cancelled_total counter", "simllm_cancelled_total 0\n",
 		"# TYPE simllm_active_streams gauge", "simllm_active_streams 0\n",
+		"# TYPE simllm_active_streams_peak gauge", "simllm_active_streams_peak 1\n",
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)

@@ -45,7 +45,10 @@
 // no caller hangs on a Redis that stopped answering; a call that times out
 // fails alone (a direct request goes to the queue). Leases
 // from the fallback pool release to it; Redis leases released while in
-// fallback, or held through an outage longer than LeaseTTL, simply expire.
+// fallback (or whose release found Redis gone) are released in Redis by
+// the renewal round that follows the return, so a failover does not keep
+// their slots taken until they expire; leases held through an outage
+// longer than LeaseTTL simply expire.
 // Right after the return, slots still held in the fallback pools are not
 // counted in Redis, so the cluster may briefly exceed Size by up to
 // FallbackSize per process.
@@ -209,7 +212,7 @@ type Pool struct {
 	suspecting   bool              // the health watch runs (health.go)
 	slowSince    time.Time         // when the call that started it timed out
 	verdict      chan struct{}     // closed at the watch's first verdict
-	unreleased   map[string]string // lease id → user: releases that timed out, retried by renewal
+	unreleased   map[string]string // lease id → user: releases that timed out or found Redis gone, retried by renewal
 
 	kick      chan struct{} // cap 1: run a dispatcher pass
 	statsKick chan struct{} // cap 1: refresh the cached stats now
@@ -542,14 +545,30 @@ func (p *Pool) release(id, user string) {
 	delete(p.held, id)
 	p.mu.Unlock()
 	// Not held any more: Close released it, or renewal found it expired.
-	// In fallback Redis is not asked: the lease, no longer renewed, expires.
+	// In fallback Redis is not asked now; the renewal round after the
+	// return does, unless the lease expired by then.
 	if !mine {
 		return
 	}
 	if fb, _ := p.mode(); fb {
+		p.releaseLater(id, user)
 		return
 	}
 	p.releaseRedis(id, user)
+}
+
+// releaseLater files a release for the next renewal round. Only leases
+// granted by Redis are filed, so there are at most Size of them.
+func (p *Pool) releaseLater(id, user string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if p.unreleased == nil {
+		p.unreleased = make(map[string]string)
+	}
+	p.unreleased[id] = user
 }
 
 // releaseRedis removes lease id from Redis. A release that timed out is
@@ -560,18 +579,14 @@ func (p *Pool) releaseRedis(id, user string) {
 		var se *slowError
 		switch {
 		case errors.As(err, &ue):
+			// A primary demoted by a failover, or one that went away: the
+			// release runs once Redis is back.
+			p.releaseLater(id, user)
 			p.setFallback(true, err)
 		case errors.As(err, &se):
 			// The release may not have run: the next renewal round tries
 			// again, so the slot is not held until the lease expires.
-			p.mu.Lock()
-			if !p.closed {
-				if p.unreleased == nil {
-					p.unreleased = make(map[string]string)
-				}
-				p.unreleased[id] = user
-			}
-			p.mu.Unlock()
+			p.releaseLater(id, user)
 			p.suspect(err)
 		default:
 			p.log.Warn("redispool: release failed; the lease expires by itself", "lease", id, "error", err)

@@ -776,6 +776,44 @@ func TestWaiterLeftInOutageWithdrawnOnReturn(t *testing.T) {
 	dl.Release()
 }
 
+// A Redis lease released while the Pool serves from its fallback (Redis
+// hung, or a primary demoted by a failover) is released in Redis once it
+// is back, not left to take its slot until it expires (LeaseTTL 30s here).
+func TestLeaseReleasedInOutageFreedOnReturn(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 1, PerUser: 5, LeaseTTL: 30 * time.Second, FallbackSize: 2, DownAfter: 300 * time.Millisecond}
+	ctx := context.Background()
+	events := make(chan bool, 10)
+	p := newTestPool(t, s.Addr, cfg, nil, func(on bool) { events <- on })
+	other := newTestPool(t, s.Addr, cfg, nil, nil)
+	held, err := p.TryAcquire(ctx, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "CLIENT", "PAUSE", 2500, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.TryAcquire(ctx, "x"); !errors.Is(err, pool.ErrPoolExhausted) {
+		t.Fatalf("TryAcquire while Redis hung: %v, want ErrPoolExhausted", err)
+	}
+	if on := recv(t, events, 3*time.Second, "onFallback(true)"); !on {
+		t.Fatal("not in fallback")
+	}
+	held.Release()
+	if on := recv(t, events, 10*time.Second, "onFallback(false)"); on {
+		t.Fatal("onFallback(true) twice")
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 },
+		"the lease released during the outage gone from Redis")
+	l, err := other.TryAcquire(ctx, "v")
+	if err != nil {
+		t.Fatalf("the only slot after the return: %v", err)
+	}
+	l.Release()
+}
+
 // AcquireOrDefer turns a waiter away at once while its user is at the
 // per-user limit, and also when the limit is reached while it waits for a
 // global slot (another process's waiter of the same user was served), and

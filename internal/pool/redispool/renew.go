@@ -48,7 +48,11 @@ func (p *Pool) renew() {
 		p.leave(m) // keeps it an orphan if Redis fails again
 	}
 	for id, user := range unreleased {
-		p.releaseRedis(id, user) // files it again if Redis is still slow
+		if fb, _ := p.mode(); fb {
+			p.releaseLater(id, user) // gone again: after the next return
+			continue
+		}
+		p.releaseRedis(id, user) // files it again if Redis is still slow or gone
 	}
 
 	lostLeases, lostWaiters, err := p.runRenew(context.Background(), leases, members)
