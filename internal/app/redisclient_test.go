@@ -126,11 +126,11 @@ func TestRedisClientSettings(t *testing.T) {
 	}
 	s.Stop()
 	for _, cl := range []redis.UniversalClient{c, pc} {
-		start := time.Now()
-		err := cl.Ping(t.Context()).Err()
-		if took := time.Since(start); took > 400*time.Millisecond {
-			t.Errorf("PING on a stopped Redis took %v: a refused dial must not be retried into the pool's call timeout", took)
-		}
+		// Within a deadline like the pool's calls have: a refused dial
+		// retried into the deadline would read as busy, not gone.
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		err := cl.Ping(ctx).Err()
+		cancel()
 		if rediserr.Classify(err) != rediserr.Gone {
 			t.Errorf("PING on a stopped Redis: %v, classified %v, want gone", err, rediserr.Classify(err))
 		}

@@ -13,6 +13,7 @@ import (
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/rs/zerolog"
 
 	"github.com/spillway-dev/spillway/internal/pool"
@@ -130,7 +131,7 @@ func TestStoppedRedisFallsBackAtOnce(t *testing.T) {
 // Latency is not an outage either. With toxiproxy between the Pool and
 // Redis, 20 callers run while every reply is delayed 100–300 ms, then for
 // 1.5 s by 1.2 s (beyond the 500 ms call timeout and the 1 s probe
-// timeout, well within DownAfter's 3 s): calls time out and fail alone,
+// timeout, well within the test's DownAfter of 8 s): calls time out and fail alone,
 // the probe answers again once the stall ends, nothing falls back, and
 // grants resume.
 func TestLatencyNoFallback(t *testing.T) {
@@ -143,7 +144,9 @@ func TestLatencyNoFallback(t *testing.T) {
 		t.Fatalf("toxiproxy: %v", err)
 	}
 	t.Cleanup(px.Stop)
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 6, PerUser: 6, LeaseTTL: 3 * time.Second}
+	// DownAfter well above the stall: on a loaded machine the probe's own
+	// redial through the proxy adds to it.
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 6, PerUser: 6, LeaseTTL: 3 * time.Second, DownAfter: 8 * time.Second}
 	var fellBack atomic.Int32
 	p := newTestPool(t, px.Listen, cfg, nil, func(on bool) {
 		if on {
@@ -203,4 +206,77 @@ func TestLatencyNoFallback(t *testing.T) {
 		t.Fatalf("fell back %d times on a slow Redis", n)
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "no lease left behind")
+}
+
+// A timed-out acquire whose script Redis ran anyway must not leave a lease
+// held by nobody until it expires: with ContextTimeoutEnabled the client
+// never reads the late reply, so the next renewal round removes whatever
+// the call may have granted. Three acquires of one identity (limit 3) time
+// out behind 700 ms of latency; once it is gone the identity gets its
+// slots back within a renewal round (LeaseTTL/3 = 10 s), not after the
+// 30 s lease TTL.
+func TestTimedOutAcquireLeavesNoLease(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	px := toxiproxy.NewProxy(srv, "pool", "127.0.0.1:0", s.Addr)
+	if err := px.Start(); err != nil {
+		t.Fatalf("toxiproxy: %v", err)
+	}
+	t.Cleanup(px.Stop)
+	c := redis.NewClient(&redis.Options{Addr: px.Listen, ContextTimeoutEnabled: true})
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 10, PerUser: 3, LeaseTTL: 30 * time.Second, DownAfter: time.Minute}
+	p, err := New(cfg, c, testutil.DiscardLogger(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	t.Cleanup(p.Close)
+	ctx := context.Background()
+	// Open connections first, so the scripts reach Redis: a dial behind
+	// the latency would time out before sending anything.
+	var warm sync.WaitGroup
+	for range 6 {
+		warm.Go(func() {
+			if err := c.Do(ctx, "DEBUG", "SLEEP", "0.2").Err(); err != nil {
+				t.Errorf("warm-up: %v", err)
+			}
+		})
+	}
+	warm.Wait()
+	wl, err := p.TryAcquire(ctx, "warm") // loads the script: EVALSHA then finds it
+	if err != nil {
+		t.Fatal(err)
+	}
+	wl.Release()
+	if _, err := px.Toxics.AddToxicJson(strings.NewReader(
+		`{"name":"slow","type":"latency","stream":"downstream","attributes":{"latency":700}}`)); err != nil {
+		t.Fatal(err)
+	}
+	var calls sync.WaitGroup
+	for i := range 3 {
+		calls.Go(func() {
+			if _, err := p.TryAcquire(ctx, "u"); !errors.Is(err, pool.ErrPoolExhausted) {
+				t.Errorf("acquire %d behind 700 ms: %v, want a timeout reported as exhausted", i, err)
+			}
+		})
+	}
+	calls.Wait()
+	if err := px.Toxics.RemoveToxic(ctx, "slow"); err != nil {
+		t.Fatal(err)
+	}
+	if n := zcard(t, admin, LeasesKey(cfg.Prefix)); n == 0 {
+		t.Fatal("no lease granted behind the latency: the test would prove nothing")
+	}
+	start := time.Now()
+	testutil.Eventually(t, 20*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "leases of timed-out acquires removed")
+	if d := time.Since(start); d > 15*time.Second {
+		t.Fatalf("leases held by nobody for %v, want within a renewal round", d)
+	}
+	l, err := p.TryAcquire(ctx, "u")
+	if err != nil {
+		t.Fatalf("identity after the stall: %v", err)
+	}
+	l.Release()
 }

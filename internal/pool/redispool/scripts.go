@@ -3,6 +3,7 @@ package redispool
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
@@ -130,6 +131,14 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
 		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since)
 	if err != nil {
+		if _, slow := errors.AsType[*slowError](err); slow {
+			// The script may have run, or run later, and its late reply is
+			// never read when the client stops reading at the deadline
+			// (ContextTimeoutEnabled): the next renewal round withdraws
+			// what it may have granted or registered, so no lease is held
+			// by nobody for longer than LeaseTTL/3.
+			p.forget(id, user, member)
+		}
 		return acquireReply{}, err
 	}
 	n, err := ints(v, 3)
@@ -223,4 +232,22 @@ func strs(v any) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// forget files lease id of user, and waiter member if not "", for the next
+// renewal round to remove from Redis (both removals are idempotent).
+func (p *Pool) forget(id, user, member string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	if p.unreleased == nil {
+		p.unreleased = make(map[string]string)
+	}
+	p.unreleased[id] = user
+	if member != "" {
+		p.orphans = append(p.orphans, member)
+	}
+	p.startRenewalLocked()
 }
