@@ -39,7 +39,7 @@ vet:
 
 build:
 	mkdir -p bin
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -o bin/ ./cmd/... ./scripts/bench/passproxy
 
 # bench runs the Go benchmarks, then the load scenarios (scripts/bench).
 bench: deps build
@@ -68,6 +68,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJob$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeChatRequest$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendEvent$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzAppendJSONString$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzBatchCodec$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzFastDelta$$' -fuzztime $(FUZZTIME) ./internal/llm/
 
 run:
 	$(GO) run ./cmd/api

@@ -63,6 +63,8 @@ func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 		return nil, err
 	}
 	a := &API{deps: d, drain: newDrainer()}
+	// Memory held after a burst of streams goes back to the system.
+	a.background = append(a.background, newMemReturner(log.With("component", "memory")).Run)
 	if err := a.build(); err != nil {
 		a.Close()
 		return nil, err

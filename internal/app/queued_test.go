@@ -197,7 +197,7 @@ func TestQueuedIsolation(t *testing.T) {
 		t.Fatal(err)
 	}
 	if res.Lost != 0 || res.Done != 300 || res.Paths[protocol.PathQueued] != 300 {
-		t.Fatalf("done %d lost %d samples %+v", res.Done, res.Lost, res.LostSamples)
+		t.Fatalf("done %d lost %d samples %+v; errors %v, refused %+v", res.Done, res.Lost, res.LostSamples, res.ErrorsByType, res.RefusedBy)
 	}
 }
 

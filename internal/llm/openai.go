@@ -316,7 +316,29 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 		return Result{}, &Error{Status: resp.StatusCode,
 			Err: fmt.Errorf("openai: response content type %q is not text/event-stream", resp.Header.Get("Content-Type"))}
 	}
-	return c.read(&watchdog{body: resp.Body, call: c})
+	res, err := c.read(&watchdog{body: resp.Body, call: c})
+	if err == nil {
+		c.drain(resp.Body)
+	}
+	return res, err
+}
+
+// After an answer's end (`data: [DONE]`, or a finish reason and the end
+// of the body) only the end of the HTTP response is left, usually on its
+// way already: drain reads it, at most drainBytes within drainWait, so the
+// transport keeps the connection for the next call instead of closing it
+// (a body closed before its end closes the connection) and dialling
+// anew. An upstream that sends more, or is slow to end the response, has
+// its connection closed, as before.
+const (
+	drainBytes = 4 << 10
+	drainWait  = 20 * time.Millisecond
+)
+
+func (c *openAICall) drain(body io.Reader) {
+	c.timer.Reset(drainWait) // fires errStalled: the transport closes the connection
+	_, _ = io.CopyN(io.Discard, body, drainBytes)
+	c.timer.Stop()
 }
 
 // openAICall is the state of one Stream call.
@@ -332,6 +354,10 @@ type openAICall struct {
 	started bool
 	emitted int // chunks passed to emit
 	status  int // HTTP status of the response, once it arrived
+	// delta is the fast path's buffer of one chunk's content; slab is
+	// where the strings passed to emit are carved from (slabString).
+	delta []byte
+	slab  []byte
 }
 
 // start ends the first-token phase. The timer stays stopped until the
@@ -467,6 +493,19 @@ func (c *openAICall) read(body io.Reader) (Result, error) {
 	dispatch := func(d []byte) (done bool, err error) {
 		if string(d) == "[DONE]" {
 			return true, nil
+		}
+		// The common shape is read without a full decode
+		// (fastchunk.go); the rest is decoded in full below.
+		if content, ok := fastDelta(d, c.delta[:0]); ok {
+			c.delta = content
+			if len(content) > 0 {
+				c.start()
+				if err := c.emit(slabString(&c.slab, content)); err != nil {
+					return false, fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)
+				}
+				c.emitted++
+			}
+			return false, nil
 		}
 		var ch openAIChunk
 		if err := json.Unmarshal(d, &ch); err != nil {

@@ -84,8 +84,7 @@ func (e *ChunkEncoder) AppendUsage(dst []byte, u protocol.Usage) []byte {
 // appendString appends s as a JSON string. JSON escapes CR, LF and NUL,
 // so content cannot start another SSE line.
 func appendString(dst []byte, s string) []byte {
-	b, _ := json.Marshal(s) // a string always encodes
-	return append(dst, b...)
+	return protocol.AppendJSONString(dst, s)
 }
 
 // Completion is the chat.completion object answering a request made

@@ -115,7 +115,7 @@ func EncodeResult(r Result) ([]byte, error) {
 	switch r.Kind {
 	case KindBatch:
 		if err = checkBatch(r.Chunks); err == nil {
-			out, err = appendJSON(fenced(prefixBatch), r.Chunks)
+			out = appendBatch(append(make([]byte, 0, batchLen(r.Chunks)), fenced(prefixBatch)...), r.Chunks)
 		}
 	case KindDone:
 		head := append([]byte(nil), prefixDone...)
@@ -234,9 +234,11 @@ func decodeResult(msg []byte) (Result, error) {
 		if err != nil {
 			return Result{}, fmt.Errorf("batch: %v", err)
 		}
-		var chunks []Chunk
-		if err := strictUnmarshal(rest, &chunks); err != nil {
-			return Result{}, fmt.Errorf("batch: %v", err)
+		chunks, ok := decodeBatchFast(rest)
+		if !ok {
+			if chunks, err = decodeBatchFull(rest); err != nil {
+				return Result{}, fmt.Errorf("batch: %v", err)
+			}
 		}
 		if err := checkBatch(chunks); err != nil {
 			return Result{}, err
@@ -320,6 +322,13 @@ func decodeResult(msg []byte) (Result, error) {
 		return Result{Kind: KindRetrying, Attempt: attempt, Retrying: &r}, nil
 	}
 	return Result{}, errors.New("unknown prefix")
+}
+
+// decodeBatchFull decodes a BATCH array of any shape.
+func decodeBatchFull(b []byte) ([]Chunk, error) {
+	var chunks []Chunk
+	err := strictUnmarshal(b, &chunks)
+	return chunks, err
 }
 
 // fence reads the optional "{attempt}:" header in front of a JSON payload.

@@ -57,6 +57,19 @@ func (s eventSink) Start(requestID, path string) error { return s.ew.Start(reque
 
 func (s eventSink) Ping() error { return s.ew.Ping() }
 
+func (s eventSink) Hold() {
+	if h, ok := s.ew.(holder); ok {
+		h.Hold()
+	}
+}
+
+func (s eventSink) Flush() error {
+	if h, ok := s.ew.(holder); ok {
+		return h.Flush()
+	}
+	return nil
+}
+
 func (s eventSink) Event(e Event) error {
 	switch e.Name {
 	case "":

@@ -71,13 +71,21 @@ func (p *directProducer) send(ctx context.Context, res protocol.Result) error {
 func (p *directProducer) run(ctx context.Context) {
 	h := p.h
 	seq := 0
+	// Each chunk travels in a one-chunk batch whose backing array is a
+	// slot of ring, reused once the write loop is done with it: it
+	// holds at most the frames buffered plus the one it writes, and this
+	// goroutine fills at most one more before a send blocks. One
+	// allocation per stream instead of one per chunk.
+	ring := make([]protocol.Chunk, cap(p.frames)+2)
 	call := h.provider.Stream
 	if p.res != nil {
 		call = p.res.Stream
 	}
 	result, err := call(ctx, p.req, func(content string) error {
 		seq++
-		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: seq, Content: content}}})
+		i := seq % len(ring)
+		ring[i] = protocol.Chunk{Seq: seq, Content: content}
+		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: ring[i : i+1 : i+1]})
 	})
 	if err == nil {
 		usage := result.Usage

@@ -201,6 +201,12 @@ func (c *openaiChunks) Error(p *protocol.Problem) error {
 	return c.write(openaiwire.AppendErrorEvent(c.buf[:0], p), true)
 }
 
+// Hold and Flush gather the chunks ready at the same moment into one
+// write (Writer.Hold).
+func (c *openaiChunks) Hold() { c.sw.Hold() }
+
+func (c *openaiChunks) Flush() error { return c.sw.Flush() }
+
 func (c *openaiChunks) Ping() error {
 	return c.write(append(c.buf[:0], protocol.PingFrame...), false)
 }

@@ -32,16 +32,13 @@ func (e Event) Terminal() bool {
 	return e.Name == protocol.EventDone || e.Name == protocol.EventError
 }
 
-type chunkData struct {
-	Content string `json:"content"`
-}
-
 // encoded returns e with Data set from its typed field.
 func (e Event) encoded() Event {
 	var v any
 	switch {
 	case e.Name == "":
-		v = chunkData{Content: e.Content}
+		e.Data = appendChunkData(nil, e.Content)
+		return e
 	case e.Reset != nil:
 		v = e.Reset
 	case e.Queued != nil:
@@ -76,4 +73,17 @@ type Sink interface {
 	Ping() error
 }
 
-var _ Sink = (*Writer)(nil)
+// holder is a Sink that can gather events and send them together: the
+// session holds while it writes every frame that is ready, then flushes
+// once (Writer.Hold).
+type holder interface {
+	Hold()
+	Flush() error
+}
+
+var (
+	_ Sink   = (*Writer)(nil)
+	_ holder = (*Writer)(nil)
+	_ holder = eventSink{}
+	_ holder = (*openaiChunks)(nil)
+)

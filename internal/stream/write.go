@@ -50,6 +50,7 @@ type session struct {
 	terminated bool // a done or error event was emitted
 	attached   bool
 	firstChunk bool
+	slab       []byte      // chunk data handed to the log (chunkData)
 	window     *time.Timer // runs while detached
 	// ctx is the request's, holding its server span; problemType is the
 	// type of the problem the stream ended with, for the span's outcome.
@@ -143,7 +144,7 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 				continue // worker liveness only; the relay tracks it
 			}
 			var end bool
-			if outcome, end, err = s.write(res); end {
+			if outcome, end, err = s.writeReady(res); end {
 				return outcome, true
 			}
 		case <-positions:
@@ -194,6 +195,42 @@ func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
 		// Heartbeat on a timer reset after each write.
 		heartbeat.Reset(h.cfg.Heartbeat)
 	}
+}
+
+// maxCoalesce bounds how many frames one write gathers, so a producer
+// that never pauses still sees its chunks flushed regularly.
+const maxCoalesce = 64
+
+// writeReady writes res and every frame already waiting behind it in one
+// write and one flush (docs/BENCHMARKS.md, "Per chunk: no allocation, no
+// full decode"): chunks that are ready at the same moment cost one system
+// call. A terminal frame is written at once, with what came before it.
+func (s *session) writeReady(res protocol.Result) (outcome string, end bool, err error) {
+	h, _ := s.sink.(holder)
+	if h == nil || !s.attached {
+		return s.write(res)
+	}
+	h.Hold()
+	outcome, end, err = s.write(res)
+	for n := 1; !end && err == nil && n < maxCoalesce; n++ {
+		select {
+		case next, ok := <-s.frames:
+			if !ok {
+				n = maxCoalesce // the loop's next receive sees the close again
+				continue
+			}
+			if next.Kind == protocol.KindHeartbeat {
+				continue
+			}
+			outcome, end, err = s.write(next)
+		default:
+			n = maxCoalesce
+		}
+	}
+	if ferr := h.Flush(); err == nil && !end {
+		err = ferr
+	}
+	return outcome, end, err
 }
 
 // sendPosition sends a queued event when the position is worth one; sent
@@ -258,19 +295,45 @@ func (s *session) end(p *protocol.Problem) string {
 func (s *session) emit(ev Event) error {
 	s.lastID++
 	ev.ID = s.lastID
-	ev = ev.encoded()
-	data := ev.Data
+	logged := s.h.logw != nil && s.resumable
+	switch {
+	case ev.Name != "":
+		ev = ev.encoded()
+	case logged:
+		// A chunk's data is encoded for the log only; the sink encodes
+		// it again into its own buffer. The log keeps the bytes until
+		// its next batch is written, so they come from the session's
+		// slab rather than an allocation per chunk.
+		ev.Data = s.chunkData(ev.Content)
+	}
 	if ev.Terminal() {
 		s.terminated = true
 	}
-	if s.h.logw != nil && s.resumable {
-		s.h.logw.Append(s.requestID, streamlog.Event{ID: ev.ID, Name: ev.Name, Data: data})
+	if logged {
+		s.h.logw.Append(s.requestID, streamlog.Event{ID: ev.ID, Name: ev.Name, Data: ev.Data})
 	}
 	if !s.attached {
 		return nil
 	}
 	return s.sink.Event(ev)
 }
+
+// chunkData returns the data of a chunk of content, carved from the end of
+// the session's slab: blocks that are only appended to (never written
+// below their length), a new one when the last is full, so bytes handed
+// to the log are never overwritten.
+func (s *session) chunkData(content string) []byte {
+	n := len(`{"content":""}`) + len(content) // more when escaped: append grows the block
+	if cap(s.slab)-len(s.slab) < n {
+		s.slab = make([]byte, 0, max(slabBlock, 2*n))
+	}
+	start := len(s.slab)
+	s.slab = appendChunkData(s.slab, content)
+	return s.slab[start:len(s.slab):len(s.slab)]
+}
+
+// slabBlock is the size of one block of a session's chunk data.
+const slabBlock = 4 << 10
 
 // write writes one frame. end reports a terminal frame, whose outcome is
 // then final; err is a failed write to the client.
@@ -281,6 +344,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 			s.firstChunk = false
 			s.firstChunkWritten()
 		}
+		attached := s.attached
 		for _, c := range res.Chunks {
 			if e := s.emit(Event{Content: c.Content}); e != nil && err == nil {
 				// Keep numbering and logging the rest: a resume wants them.
@@ -288,9 +352,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 				s.attached = false
 			}
 		}
-		if err != nil {
-			s.attached = true // lose() decides what the failure means
-		}
+		s.attached = attached // lose() decides what a failure means
 		return "", false, err
 	case protocol.KindReset:
 		r := res.Reset

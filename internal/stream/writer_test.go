@@ -2,6 +2,7 @@ package stream
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -209,6 +210,111 @@ func TestDrainEndsStreamWithError(t *testing.T) {
 			t.Fatalf("body %q", rec.Body.String())
 		}
 	})
+}
+
+// writeCounter is a ResponseWriter that records each write and flush.
+type writeCounter struct {
+	h       http.Header
+	writes  []string
+	flushes int
+	failAt  int // the write, counted from 1, that fails; 0: none
+}
+
+func (c *writeCounter) Header() http.Header { return c.h }
+func (c *writeCounter) WriteHeader(int)     {}
+func (c *writeCounter) Flush()              { c.flushes++ }
+func (c *writeCounter) Write(b []byte) (int, error) {
+	c.writes = append(c.writes, string(b))
+	if len(c.writes) == c.failAt {
+		return 0, errors.New("client gone")
+	}
+	return len(b), nil
+}
+
+// Between Hold and Flush the writer gathers events into one write and one
+// flush, byte for byte what they would have been one by one; a terminal
+// event goes out at once with what was gathered.
+func TestWriterHoldCoalesces(t *testing.T) {
+	t.Parallel()
+	one := &writeCounter{h: http.Header{}}
+	sw := NewWriter(one, 0)
+	held := &writeCounter{h: http.Header{}}
+	hw := NewWriter(held, 0)
+	hw.Hold()
+	for i := range int64(5) {
+		for _, w := range []*Writer{sw, hw} {
+			if err := w.Event(Event{ID: i + 1, Content: fmt.Sprint("c", i)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if len(held.writes) != 0 || held.flushes != 0 {
+		t.Fatalf("held writer wrote %d times, flushed %d times before Flush", len(held.writes), held.flushes)
+	}
+	if err := hw.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if len(held.writes) != 1 || held.flushes != 1 || len(one.writes) != 5 {
+		t.Fatalf("held: %d writes %d flushes; one by one: %d writes; want 1, 1, 5", len(held.writes), held.flushes, len(one.writes))
+	}
+	if held.writes[0] != strings.Join(one.writes, "") {
+		t.Fatalf("held bytes %q differ from one by one %q", held.writes[0], one.writes)
+	}
+	hw.Hold()
+	_ = hw.Event(Event{ID: 6, Content: "last"})
+	if err := hw.Event(Event{ID: 7, Name: protocol.EventDone, Done: &protocol.Done{RequestID: "r", FinishReason: "stop", Path: "direct"}}.encoded()); err != nil {
+		t.Fatal(err)
+	}
+	if len(held.writes) != 2 || !strings.HasPrefix(held.writes[1], "id: 6\n") || !strings.Contains(held.writes[1], "event: done") {
+		t.Fatalf("terminal event under hold: writes %q, want the chunk and done in one", held.writes)
+	}
+}
+
+// The write loop sends every frame that is ready at the same moment in
+// one write and one flush: ten chunks and done queued before the stream
+// starts reach the client in the headers' flush plus one write. A write
+// that fails is a lost client, as without coalescing.
+func TestSessionCoalescesReadyFrames(t *testing.T) {
+	t.Parallel()
+	h := newTestHandler(t, time.Hour)
+	w := &writeCounter{h: http.Header{}}
+	frames := make(chan protocol.Result, 16)
+	for i := range 10 {
+		frames <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: i + 1, Content: fmt.Sprint("t", i)}}}
+	}
+	frames <- protocol.Result{Kind: protocol.KindDone}
+	s := h.newSession(w, "r", "u", protocol.PathDirect, time.Now())
+	s.frames = frames
+	if o, _ := s.serve(t.Context()); o != OutcomeDone {
+		t.Fatalf("outcome %s, want done", o)
+	}
+	if len(w.writes) != 1 || w.flushes != 2 {
+		t.Fatalf("%d writes, %d flushes (headers included); want 1 and 2: %q", len(w.writes), w.flushes, w.writes)
+	}
+	for i := range 10 {
+		if !strings.Contains(w.writes[0], fmt.Sprintf("id: %d\ndata: {\"content\":\"t%d\"}\n\n", i+1, i)) {
+			t.Fatalf("chunk %d missing from %q", i, w.writes[0])
+		}
+	}
+	if !strings.HasSuffix(w.writes[0], "id: 11\nevent: done\ndata: {\"request_id\":\"r\",\"finish_reason\":\"stop\",\"path\":\"direct\"}\n\n") {
+		t.Fatalf("write does not end with done: %q", w.writes[0])
+	}
+
+	// Chunks only: one write when they are ready, and a failed write ends
+	// the stream as cancelled (no resume window).
+	w = &writeCounter{h: http.Header{}, failAt: 1}
+	frames = make(chan protocol.Result, 16)
+	for i := range 5 {
+		frames <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: i + 1, Content: "x"}}}
+	}
+	s = h.newSession(w, "r2", "u", protocol.PathDirect, time.Now())
+	s.frames = frames
+	if o, _ := s.serve(t.Context()); o != OutcomeCancelled {
+		t.Fatalf("outcome %s after a failed write, want cancelled", o)
+	}
+	if len(w.writes) != 1 {
+		t.Fatalf("%d writes, want the one that failed", len(w.writes))
+	}
 }
 
 // failingFlush is a connection's writer whose flush fails once err is

@@ -216,7 +216,8 @@ pprof_flag() {
 # start_api NAME [VAR=value...]: an api on a free port against Redis and
 # the simulated upstream on SIM_PORT (an OpenAI-compatible provider, as in
 # production); the extra settings override the defaults below. Sets
-# API_PORT, API_PID and, when profiling, PPROF_ADDR.
+# API_PORT, API_PID and, when profiling, PPROF_ADDR. API_BIN, when set,
+# is the api binary to run instead of $BIN/api (a baseline build).
 start_api() {
 	local name=$1
 	shift
@@ -226,7 +227,7 @@ start_api() {
 	redis_env
 	start_proc "$name" env HTTP_ADDR="127.0.0.1:$API_PORT" "${REDIS_ENV[@]}" \
 		LLM_PROVIDER=openai LLM_BASE_URL="http://127.0.0.1:${SIM_PORT:-1}/v1" \
-		EMBEDDED_WORKERS=false LOG_LEVEL=warn "$@" "$BIN/api" "${PPROF_FLAGS[@]}"
+		EMBEDDED_WORKERS=false LOG_LEVEL=warn "$@" "${API_BIN:-$BIN/api}" "${PPROF_FLAGS[@]}"
 	API_PID=$REPLY
 	wait_http "http://127.0.0.1:$API_PORT/readyz" "$API_PID"
 }
@@ -397,4 +398,16 @@ pair_summary() {
 	            b_cpu_us_per_stream: ($pairs | map(.b.cpu_us_per_stream) | median)},
 	   lost: ($pairs | map(.a.lost + .b.lost) | add),
 	   loads: ($pairs | map(.a.load, .b.load))}' "$@"
+}
+
+# start_proxy NAME UPSTREAM_URL: the bare pass-through hop (passproxy) in
+# front of UPSTREAM_URL, the floor the api is measured against. Sets
+# PROXY_PORT and PROXY_PID.
+start_proxy() {
+	local name=$1
+	free_port
+	PROXY_PORT=$PORT
+	start_proc "$name" "$BIN/passproxy" -addr "127.0.0.1:$PROXY_PORT" -upstream "$2"
+	PROXY_PID=$REPLY
+	wait_http "http://127.0.0.1:$PROXY_PORT/healthz" "$PROXY_PID"
 }

@@ -18,17 +18,20 @@
 # once each; chunks/s delivered to clients and CPU seconds per process.
 #
 # Writes $RESULTS/queued/*.json and $RESULTS/queued.json (summary).
-# Environment: PAIRS (3), N1 (100), N200 (2000), SIM_* (50/5/16),
-# TPUT_C (64), TPUT_N (1500), TPUT_TOKENS (64).
+# Environment: PAIRS (3), CONCS ("1 50 200"), N1 (100), NC (requests per
+# run above concurrency 1, 2000), SIM_* (50/5/16),
+# TPUT_C (64), TPUT_N (1500), TPUT_TOKENS (64), TPUT_BATCH (20: the chunk
+# batch of the second queued api's consumers in part 2).
 source "$(dirname "$0")/lib.sh"
 SCENARIO=queued
 require_tools jq curl redis-server redis-cli ss
 
 PAIRS=${PAIRS:-3}
+CONCS=${CONCS:-1 50 200}
 N1=${N1:-100}
-N200=${N200:-2000}
+NC=${NC:-${N200:-2000}}
 FT=${SIM_FIRST_TOKEN_MS:-50} TI=${SIM_TOKEN_MS:-5} TOK=${SIM_TOKENS:-16}
-TPUT_C=${TPUT_C:-64} TPUT_N=${TPUT_N:-1500} TPUT_TOKENS=${TPUT_TOKENS:-64}
+TPUT_C=${TPUT_C:-64} TPUT_N=${TPUT_N:-1500} TPUT_TOKENS=${TPUT_TOKENS:-64} TPUT_BATCH=${TPUT_BATCH:-20}
 
 worker_env=(CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000 WORKER_CONCURRENCY=128)
 
@@ -61,9 +64,9 @@ run_load warmup-direct 60 -url "$DIRECT" -c 200 -n 1000 "${common[@]}"
 run_load warmup-queued 60 -url "$QUEUED" -c 200 -n 1000 "${common[@]}"
 run_load warmup-queued-b1 60 -url "$QUEUED_B1" -c 200 -n 1000 "${common[@]}"
 
-for c in 1 200; do
+for c in $CONCS; do
 	n=$N1
-	((c > 1)) && n=$N200
+	((c > 1)) && n=$NC
 	for ((i = 1; i <= PAIRS; i++)); do
 		run_load "c$c-p$i-direct" 120 -url "$DIRECT" -c "$c" -n "$n" "${common[@]}"
 		prof=
@@ -91,15 +94,25 @@ start_consumer consumer-fast-1 "${worker_env[@]}"
 CPU_PID[consumer_1]=$CONSUMER_PID
 start_consumer consumer-fast-2 "${worker_env[@]}"
 CPU_PID[consumer_2]=$CONSUMER_PID
+# The same with larger batches (TPUT_BATCH chunks a message).
+start_api api-queued-big DIRECT_PATH_ENABLED=false QUEUE_PREFIX=qbig:
+QUEUED_BIG="http://127.0.0.1:$API_PORT/v1/stream"
+CPU_PID[api_queued_big]=$API_PID
+for i in 1 2; do
+	start_consumer "consumer-big-$i" QUEUE_PREFIX=qbig: QUEUE_FAILOVER_CHUNK_BATCH_SIZE="$TPUT_BATCH" "${worker_env[@]}"
+	CPU_PID[consumer_big_$i]=$CONSUMER_PID
+done
 UP="http://127.0.0.1:$SIM_PORT/v1/chat/completions"
 tcommon=(-tokens "$TPUT_TOKENS" -seed 1 -prompts 200 -timeout 60s -c "$TPUT_C")
 
 run_load tput-warmup 60 -url "$QUEUED" -n 300 "${tcommon[@]}"
-for target in upstream direct queued; do
+run_load tput-warmup-big 60 -url "$QUEUED_BIG" -n 300 "${tcommon[@]}"
+for target in upstream direct queued queued-big; do
 	case $target in
 	upstream) args=(-mode openai -url "$UP") ;;
 	direct) args=(-url "$DIRECT") ;;
 	queued) args=(-url "$QUEUED") ;;
+	queued-big) args=(-url "$QUEUED_BIG") ;;
 	esac
 	run_load "tput-$target" 180 "${args[@]}" -n "$TPUT_N" "${tcommon[@]}"
 done
@@ -108,9 +121,9 @@ done
 A_LABEL=direct
 {
 	echo '{"scenario": "queued",'
-	printf '"settings": {"pairs": %d, "n1": %d, "n200": %d, "sim_first_token_ms": %d, "sim_token_ms": %d, "sim_tokens": %d, "tput_c": %d, "tput_n": %d, "tput_tokens": %d},\n' \
-		"$PAIRS" "$N1" "$N200" "$FT" "$TI" "$TOK" "$TPUT_C" "$TPUT_N" "$TPUT_TOKENS"
-	for c in 1 200; do
+	printf '"settings": {"pairs": %d, "n1": %d, "n": %d, "sim_first_token_ms": %d, "sim_token_ms": %d, "sim_tokens": %d, "tput_c": %d, "tput_n": %d, "tput_tokens": %d, "tput_batch": %d},\n' \
+		"$PAIRS" "$N1" "$NC" "$FT" "$TI" "$TOK" "$TPUT_C" "$TPUT_N" "$TPUT_TOKENS" "$TPUT_BATCH"
+	for c in $CONCS; do
 		B_LABEL=queued
 		echo "\"c$c\":"
 		pair_summary "$RESULTS"/queued/c$c-p*.json
@@ -126,12 +139,15 @@ A_LABEL=direct
 		chunks_per_s: ((.result.done * $tok / .result.elapsed_seconds) | round),
 		first_chunk: .result.latency.all.first_chunk, total: .result.latency.all.total,
 		cpu_seconds, load: .load_before}}) | from_entries' \
-		"$RESULTS"/queued/tput-upstream.json "$RESULTS"/queued/tput-direct.json "$RESULTS"/queued/tput-queued.json
+		"$RESULTS"/queued/tput-upstream.json "$RESULTS"/queued/tput-direct.json "$RESULTS"/queued/tput-queued.json \
+		"$RESULTS"/queued/tput-queued-big.json
 	echo '}'
 } | jq . >"$RESULTS/queued.json"
 
-jq -r '"queued: added first chunk (batch 5) c=1 p50 \(.c1.median.added_p50)ms p99 \(.c1.median.added_p99)ms; c=200 p50 \(.c200.median.added_p50)ms p99 \(.c200.median.added_p99)ms; batch 1: c=1 p50 \(.c1_b1.median.added_p50)ms, c=200 p50 \(.c200_b1.median.added_p50)ms p99 \(.c200_b1.median.added_p99)ms; relay \(.throughput.queued.chunks_per_s) chunks/s queued, \(.throughput.direct.chunks_per_s) direct"' \
+jq -r '(to_entries[] | select(.key | test("^c[0-9]+$")) | "queued c=\(.key | ltrimstr("c")): added first chunk (batch 5) p50 \(.value.median.added_p50)ms p99 \(.value.median.added_p99)ms"),
+	(to_entries[] | select(.key | test("^c[0-9]+_b1$")) | "queued c=\(.key | ltrimstr("c") | rtrimstr("_b1")), batch 1: added p50 \(.value.median.added_p50)ms p99 \(.value.median.added_p99)ms"),
+	"relay \(.throughput.queued.chunks_per_s) chunks/s queued (batch 5), \(.throughput["queued-big"].chunks_per_s) (batch \(.settings.tput_batch)), \(.throughput.direct.chunks_per_s) direct, \(.throughput.upstream.chunks_per_s) upstream alone"' \
 	"$RESULTS/queued.json" >&2
-jq -e '([.c1, .c200, .c1_b1, .c200_b1] | all(.lost == 0 and all(.pairs[]; (.b.paths | keys) == ["queued"])))
+jq -e '([to_entries[] | select(.key | test("^c[0-9]+(_b1)?$")) | .value] | all(.lost == 0 and all(.pairs[]; (.b.paths | keys) == ["queued"])))
 	and ([.throughput[].lost] | add) == 0' "$RESULTS/queued.json" >/dev/null ||
 	die "queued: streams lost or not on the queued path (see $RESULTS/queued.json)"

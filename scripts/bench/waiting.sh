@@ -5,11 +5,14 @@
 # consumer, so every stream waits: QUEUE_FAILOVER_TIMEOUT_SECONDS=60 (each
 # then ends with an `error` event of type queue-timeout, counted as an
 # error, not lost), HEARTBEAT_INTERVAL_SECONDS=2, and an overflow threshold
-# above WAIT_N so none is refused. The load tool opens WAIT_N streams
+# and a per-identity queue limit (QUEUE_MAX_PER_IDENTITY; every stream
+# comes from one address) above WAIT_N so none is refused. The load tool opens WAIT_N streams
 # (ramped over WAIT_RAMP) and records every ping's interval. The api's
 # VmRSS is sampled before the load and, once spillway_active_streams
 # {path="queued"} reaches WAIT_N, every second for PLATEAU_SAMPLES
 # seconds: (plateau − idle) / WAIT_N is the memory per waiting stream.
+# After the load it samples RSS for AFTER_SECONDS (60) more seconds: is
+# the memory given back to the system?
 #
 # Needs WAIT_N + a margin of open files in both the api and the load tool:
 # it raises the soft limit to 65536 or to the hard limit, whichever is
@@ -25,6 +28,7 @@ WAIT_RAMP=${WAIT_RAMP:-10s}
 QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-60}
 HEARTBEAT=${HEARTBEAT:-2}
 PLATEAU_SAMPLES=${PLATEAU_SAMPLES:-10}
+AFTER_SECONDS=${AFTER_SECONDS:-60}
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 NOFILE=$(ulimit -n)
@@ -36,7 +40,7 @@ mkdir -p "$dir"
 start_redis
 start_api api DIRECT_PATH_ENABLED=false CONNECTION_POOL_SIZE=1 LLM_PROVIDER=sim \
 	QUEUE_FAILOVER_TIMEOUT_SECONDS="$QUEUE_TIMEOUT" HEARTBEAT_INTERVAL_SECONDS="$HEARTBEAT" \
-	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500
+	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500 QUEUE_MAX_PER_IDENTITY=$((WAIT_N * 2))
 API_PPROF=$PPROF_ADDR
 METRICS="http://127.0.0.1:$API_PORT/metrics"
 sleep 2 # let start-up allocation settle
@@ -73,18 +77,34 @@ while kill -0 "$LT" 2>/dev/null; do
 done
 load_finish waiting
 AFTER_RSS=$(rss_kib "$API_PID")
+# After the load: does the api give the memory back? RSS once a second
+# for AFTER_SECONDS (the goal: within 2x of idle 60 s after the end).
+log "sampling RSS for ${AFTER_SECONDS}s after the load"
+echo -e "t_s\trss_kib\tgoroutines\theap_inuse_bytes" >"$dir/after.tsv"
+for ((t = 1; t <= AFTER_SECONDS; t++)); do
+	sleep 1
+	m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
+	gor=$(awk '$1 == "go_goroutines" {print $2 + 0}' <<<"$m")
+	heap=$(awk '$1 == "go_memstats_heap_inuse_bytes" {printf "%d", $2}' <<<"$m")
+	echo -e "$t\t$(rss_kib "$API_PID")\t${gor:-}\t${heap:-}" >>"$dir/after.tsv"
+done
+LATER_RSS=$(rss_kib "$API_PID")
+LATER_GOR=$(awk 'END {print $3 + 0}' "$dir/after.tsv")
 [[ -n $plateau_at ]] || die "waiting: the api never held $WAIT_N queued streams at once (see $dir/samples.tsv)"
 
 plateau_json=$(printf '%s\n' "${plateau[@]}" | jq -s .)
 jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "$IDLE_RSS" \
 	--argjson plateau "$plateau_json" --argjson peak "$peak" --argjson after "$AFTER_RSS" \
+	--argjson later "$LATER_RSS" --argjson later_s "$AFTER_SECONDS" --argjson later_gor "$LATER_GOR" \
 	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" \
 	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
 	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" "$JQ_DEFS"'
 	$run[0] as $r | ($plateau | median) as $pm | {
 	scenario: "waiting",
 	settings: {streams: $n, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile},
-	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau, peak: $peak, after_streams_ended: $after},
+	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau, peak: $peak, after_streams_ended: $after,
+		after_seconds: $later_s, after_later: $later},
+	rss_after_over_idle: ($later / $idle | r3), goroutines_after_later: $later_gor,
 	kib_per_stream: (($pm - $idle) / $n | r3),
 	kib_per_stream_peak: (($peak - $idle) / $n | r3),
 	plateau_reached_after_s: $at,
@@ -96,7 +116,7 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	ping_interval_ms: $r.result.ping_interval, max_gap_ms: $r.result.max_gap,
 	load_before: $r.load_before, load_after: $r.load_after}' >"$RESULTS/waiting.json"
 
-jq -r '"waiting: \(.settings.streams) streams, \(.kib_per_stream) KiB/stream (idle \(.rss_kib.idle), plateau \(.rss_kib.plateau_median) KiB), ping interval p50 \(.ping_interval_ms.p50_ms)ms p99 \(.ping_interval_ms.p99_ms)ms max \(.ping_interval_ms.max_ms)ms, errors \(.outcome.errors), lost \(.outcome.lost)"' \
+jq -r '"waiting: \(.settings.streams) streams, \(.kib_per_stream) KiB/stream (idle \(.rss_kib.idle), plateau \(.rss_kib.plateau_median) KiB, \(.rss_kib.after_seconds)s after the load \(.rss_kib.after_later) KiB = \(.rss_after_over_idle)x idle), \(.at_plateau.goroutines_per_stream) goroutines/stream, ping interval p50 \(.ping_interval_ms.p50_ms)ms p99 \(.ping_interval_ms.p99_ms)ms max \(.ping_interval_ms.max_ms)ms, errors \(.outcome.errors), lost \(.outcome.lost)"' \
 	"$RESULTS/waiting.json" >&2
 jq -e '.outcome.lost == 0 and .outcome.refused == 0 and
 	(.outcome.errors_by_type | to_entries | all(.key | endswith("/queue-timeout")))' "$RESULTS/waiting.json" >/dev/null ||

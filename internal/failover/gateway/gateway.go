@@ -26,9 +26,11 @@ const queueSystemKafka = "kafka"
 const (
 	// DefaultRetryAfter is advised when the queue cannot take a job.
 	DefaultRetryAfter = 2 * time.Second
-	// DefaultBuffer is results held between the subscription and a slow
-	// handler; the handler's own frame buffer is in front of it.
-	DefaultBuffer = 64
+	// DefaultBuffer is results held between the relay and the handler.
+	// It is small: the subscription's own buffer (pubsub.DefaultBuffer
+	// messages, allocated only once the worker speaks) is the slack for
+	// a slow client, and this one is allocated for every waiting stream.
+	DefaultBuffer = 8
 	// cancelTimeout bounds telling the workers a client left; it runs
 	// after the request ended, on a context of its own.
 	cancelTimeout = 2 * time.Second
@@ -48,7 +50,7 @@ type Config struct {
 	ReclaimIdle time.Duration
 	// RetryAfter is advised when the queue cannot take a job. Default 2s.
 	RetryAfter time.Duration
-	// Buffer is results held for a slow client. Default 64.
+	// Buffer is results held between the relay and the handler. Default 8.
 	Buffer int
 	// QueueSystem is the queue's messaging.system on the enqueue span
 	// ("redis" or "kafka"), QueueName the stream or topic. On "kafka" the

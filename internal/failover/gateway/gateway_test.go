@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -647,5 +648,33 @@ func TestGatewayEnqueuesInThePriorityLine(t *testing.T) {
 	spill(t, e.gateway(plain), "plain")
 	if plain.calls.Load() != 1 {
 		t.Errorf("a queue without lines got %d Enqueue calls, want 1", plain.calls.Load())
+	}
+}
+
+// A waiting job's relay has no goroutine until its worker speaks: 200
+// waiting streams add none, and a message starts exactly the relay it is
+// for, which then relays it. Not parallel, and outside a bubble, so the
+// process's goroutine count is this test's.
+func TestWaitingRelaysHaveNoGoroutine(t *testing.T) {
+	e := newEnv(t)
+	g, err := gateway.New(gateway.Config{QueueTimeout: time.Hour, WorkerHeartbeat: time.Second, ReclaimIdle: 5 * time.Second},
+		gateway.Deps{Producer: e.q, Results: e.res, Canceller: e.res, Metrics: e.m, Log: testutil.DiscardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := runtime.NumGoroutine()
+	relays := make([]failover.Relay, 200)
+	for i := range relays {
+		relays[i] = spill(t, g, fmt.Sprintf("waiting-%d", i))
+	}
+	if added := runtime.NumGoroutine() - before; added > 10 {
+		t.Fatalf("200 waiting relays added %d goroutines, want none of their own", added)
+	}
+	e.publish("waiting-7", "BATCH:1:[{\"seq\":1,\"content\":\"Hel\"}]")
+	if res := nextResult(t, relays[7], 10*time.Second); res.Kind != protocol.KindBatch || res.Chunks[0].Content != "Hel" {
+		t.Fatalf("relay 7 got %+v, want its chunk", res)
+	}
+	if added := runtime.NumGoroutine() - before; added < 1 || added > 11 {
+		t.Fatalf("after one worker spoke: %d goroutines added, want the one relay's", added)
 	}
 }

@@ -24,6 +24,8 @@ type relay struct {
 	stop    chan struct{} // closed by Close
 	problem *protocol.Problem
 	wg      sync.WaitGroup
+	started sync.Once   // the goroutine was started, or will never be
+	wake    *time.Timer // starts it at the queue deadline; nil when started at once
 	once    sync.Once
 }
 
@@ -34,11 +36,32 @@ type waitingJob struct {
 	Priority          protocol.Priority
 }
 
+// readyNotifier is a subscription that can say when it has something to
+// read (pubsub.Subscription.OnReady).
+type readyNotifier interface {
+	OnReady(func())
+}
+
 func startRelay(g *Gateway, job protocol.Job, sub failover.ResultSubscription) *relay {
 	r := &relay{g: g, job: waitingJob{RequestID: job.RequestID, UserID: job.UserID, Deadline: job.Deadline, Priority: job.Priority}, sub: sub, results: make(chan protocol.Result, g.cfg.Buffer),
 		done: make(chan struct{}), stop: make(chan struct{})}
-	r.wg.Go(r.run)
+	// While the job waits in the queue there is nothing to relay: the
+	// goroutine starts when the worker's first message (or the end of
+	// the subscription) arrives, or at the queue deadline to give up,
+	// so a waiting stream costs no goroutine of its own
+	// (docs/BENCHMARKS.md, "Waiting streams").
+	if n, ok := sub.(readyNotifier); ok {
+		r.wake = time.AfterFunc(time.Until(job.Deadline), r.start)
+		n.OnReady(r.start)
+	} else {
+		r.start()
+	}
 	return r
+}
+
+// start starts the relay's goroutine, once; after Close, never.
+func (r *relay) start() {
+	r.started.Do(func() { r.wg.Go(r.run) })
 }
 
 func (r *relay) Results() <-chan protocol.Result { return r.results }
@@ -177,6 +200,12 @@ func (r *relay) run() {
 // one cancelled.
 func (r *relay) Close(completed bool) {
 	r.once.Do(func() {
+		// A relay whose goroutine has not started never will: Wait then
+		// cannot race a late start.
+		r.started.Do(func() {})
+		if r.wake != nil {
+			r.wake.Stop()
+		}
 		close(r.stop)
 		r.wg.Wait()
 		r.sub.Close()

@@ -18,6 +18,7 @@ type sequencer struct {
 	attempt int // attempt followed; 0 before the first fenced message
 	next    int // seq the client needs next
 	held    []protocol.Result
+	out     []protocol.Result // the last verdict's out, reused
 	// stale counts messages dropped because an older attempt wrote them;
 	// dups batches dropped because every chunk of theirs had passed.
 	stale, dups int
@@ -52,7 +53,10 @@ func (s *sequencer) take(r protocol.Result) verdict {
 	if att == 0 { // unfenced: an earlier worker; it speaks for the attempt followed
 		att = s.attempt
 	}
-	var out []protocol.Result
+	// The verdict's results are sent on before the next accept: one
+	// buffer serves every message.
+	out := s.out[:0]
+	defer func() { s.out = out[:0] }()
 	switch {
 	case att < s.attempt:
 		s.stale++
@@ -113,12 +117,12 @@ func (s *sequencer) release(out []protocol.Result) ([]protocol.Result, bool) {
 		h := s.held[0]
 		if h.Kind == protocol.KindDone {
 			if h.Attempt == 0 { // unfenced: no count to check
-				s.held = s.held[1:]
+				s.held = slices.Delete(s.held, 0, 1) // in place: the buffer is kept
 				return append(out, h), false
 			}
 			switch got := s.next - 1; {
 			case got == h.Count:
-				s.held = s.held[1:]
+				s.held = slices.Delete(s.held, 0, 1) // in place: the buffer is kept
 				return append(out, h), false
 			case got > h.Count:
 				return out, true // more chunks than the worker counted
@@ -127,7 +131,7 @@ func (s *sequencer) release(out []protocol.Result) ([]protocol.Result, bool) {
 		}
 		last := h.Chunks[len(h.Chunks)-1].Seq
 		if last < s.next { // a duplicate (a publish retried after a lost reply)
-			s.held = s.held[1:]
+			s.held = slices.Delete(s.held, 0, 1) // in place: the buffer is kept
 			s.dups++
 			continue
 		}
@@ -135,7 +139,7 @@ func (s *sequencer) release(out []protocol.Result) ([]protocol.Result, bool) {
 		if first > s.next {
 			return out, false // a gap: wait
 		}
-		s.held = s.held[1:]
+		s.held = slices.Delete(s.held, 0, 1) // in place: the buffer is kept
 		h.Chunks = h.Chunks[s.next-first:]
 		s.next = last + 1
 		out = append(out, h)

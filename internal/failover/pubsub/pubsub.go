@@ -80,8 +80,9 @@ type Config struct {
 	// 256.
 	Shards int
 	// Buffer is the number of messages buffered per subscription before it
-	// ends with ErrOverflow. Each subscription allocates its buffer up
-	// front (24 bytes a slot). Default 256.
+	// ends with ErrOverflow. A subscription allocates its buffer (24 bytes
+	// a slot) at its first message, or when C is first called. Default
+	// 256.
 	Buffer int
 	// SubscribeTimeout bounds how long Subscribe waits for Redis to
 	// confirm a subscription, and each command a shard sends. Default 5s.
@@ -426,7 +427,8 @@ type Subscription struct {
 	sh      *shard
 	channel string
 
-	c         chan []byte
+	c         chan []byte   // made at first use (chanLocked); guarded by sh.mu until then
+	ready     func()        // OnReady's function; guarded by sh.mu
 	confirmed chan struct{} // closed by the reader on Redis' confirmation
 	done      chan struct{} // closed when ended for a reason other than Close
 	err       error         // written before done is closed
@@ -445,7 +447,29 @@ func (sub *Subscription) Channel() string { return sub.channel }
 // C returns the channel of payloads, in publish order. It is closed after
 // the subscription ended (by Close or any other reason); payloads buffered
 // before the end can still be read.
-func (sub *Subscription) C() <-chan []byte { return sub.c }
+func (sub *Subscription) C() <-chan []byte {
+	sub.sh.mu.Lock()
+	defer sub.sh.mu.Unlock()
+	return sub.chanLocked()
+}
+
+// OnReady arranges for f to be called once, when the subscription has a
+// payload to read or has ended (at once when it already has). It lets a
+// reader wait with no goroutine of its own: a request waiting in the
+// queue costs no goroutine and no buffer until its worker speaks
+// (docs/BENCHMARKS.md, "Waiting streams"). f runs on the shard's reader
+// goroutine with the shard locked: it must not block or call back into
+// the subscription; starting a goroutine is what it is for. A later call
+// replaces an earlier f that has not run.
+func (sub *Subscription) OnReady(f func()) {
+	sh := sub.sh
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sub.ready = f
+	if sub.state == stateEnded || (sub.c != nil && len(sub.c) > 0) {
+		sub.readyLocked()
+	}
+}
 
 // Done returns a channel closed when the subscription ended for a reason
 // other than its own Close: Err then tells why (ErrOverflow,

@@ -929,3 +929,58 @@ func TestResetEndsSubscriptions(t *testing.T) {
 		t.Fatalf("after Reset got %q", got)
 	}
 }
+
+// OnReady is called once, at the first payload, and a subscription that
+// waited has no buffer until then; on a subscription that ended, or has a
+// payload already, it is called at once.
+func TestOnReady(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	s := newSubscriber(t, Config{Shards: 1}, client)
+	sub := mustSubscribe(t, s, "ready-1")
+	var calls atomic.Int32
+	sub.OnReady(func() { calls.Add(1) })
+	s.shards[0].mu.Lock()
+	buffered := sub.c != nil
+	s.shards[0].mu.Unlock()
+	if calls.Load() != 0 || buffered {
+		t.Fatalf("before any payload: %d calls, buffer made %v; want 0, false", calls.Load(), buffered)
+	}
+	publish(t, client, "ready-1", "one")
+	publish(t, client, "ready-1", "two")
+	testutil.Eventually(t, within, func() bool { return calls.Load() == 1 }, "OnReady not called at the first payload")
+	if got := receive(t, sub, within); got != "one" {
+		t.Fatalf("first payload %q", got)
+	}
+	if got := receive(t, sub, within); got != "two" {
+		t.Fatalf("second payload %q", got)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("OnReady called %d times, want once", n)
+	}
+
+	// Registered late: a payload waits already, or the subscription ended.
+	late := mustSubscribe(t, s, "ready-2")
+	publish(t, client, "ready-2", "x")
+	testutil.Eventually(t, within, func() bool {
+		s.shards[0].mu.Lock()
+		defer s.shards[0].mu.Unlock()
+		return late.c != nil && len(late.c) == 1
+	}, "payload not buffered")
+	var lateCalls atomic.Int32
+	late.OnReady(func() { lateCalls.Add(1) })
+	if lateCalls.Load() != 1 {
+		t.Fatal("OnReady after a payload arrived was not called at once")
+	}
+	ended := mustSubscribe(t, s, "ready-3")
+	ended.Close()
+	var endedCalls atomic.Int32
+	ended.OnReady(func() { endedCalls.Add(1) })
+	if endedCalls.Load() != 1 {
+		t.Fatal("OnReady on an ended subscription was not called at once")
+	}
+	if _, ok := <-ended.C(); ok {
+		t.Fatal("ended subscription's C delivered a payload")
+	}
+}

@@ -84,7 +84,6 @@ func (sh *shard) register(channel string) (*Subscription, error) {
 	sub := &Subscription{
 		sh:        sh,
 		channel:   channel,
-		c:         make(chan []byte, sh.s.cfg.Buffer),
 		confirmed: make(chan struct{}),
 		done:      make(chan struct{}),
 	}
@@ -130,10 +129,42 @@ func (sh *shard) removeLocked(sub *Subscription, err error) {
 // serialises every send on sub.c with its close.
 func (sub *Subscription) endLocked(err error) {
 	sub.state = stateEnded
-	close(sub.c)
+	if sub.c == nil {
+		sub.c = closedPayloads // it never got a buffer: none is made to close
+	} else {
+		close(sub.c)
+	}
 	if err != nil {
 		sub.err = err
 		close(sub.done)
+	}
+	sub.readyLocked()
+}
+
+// chanLocked returns sub's channel of payloads, made at its first use:
+// a subscription nobody publishes to yet (a job waiting in the queue)
+// costs no buffer. The caller holds sub.sh.mu.
+func (sub *Subscription) chanLocked() chan []byte {
+	if sub.c == nil {
+		sub.c = make(chan []byte, sub.sh.s.cfg.Buffer)
+	}
+	return sub.c
+}
+
+// closedPayloads is the channel of every subscription that ended before
+// it needed a buffer.
+var closedPayloads = func() chan []byte {
+	c := make(chan []byte)
+	close(c)
+	return c
+}()
+
+// readyLocked calls the OnReady function, once. The caller holds
+// sub.sh.mu.
+func (sub *Subscription) readyLocked() {
+	if f := sub.ready; f != nil {
+		sub.ready = nil
+		f()
 	}
 }
 
@@ -385,7 +416,8 @@ func (sh *shard) route(ps *redis.PubSub, channel, payload string) {
 		sh.s.droppedUnknown.Add(1)
 		return
 	}
-	if len(sub.c) == cap(sub.c) {
+	c := sub.chanLocked()
+	if len(c) == cap(c) {
 		// Never wait for one slow reader: the others on this shard would
 		// stall behind it.
 		sh.s.overflows.Add(1)
@@ -396,7 +428,8 @@ func (sh *shard) route(ps *redis.PubSub, channel, payload string) {
 	// takes the payload without blocking; counting first means a reader
 	// that got the payload also sees it counted.
 	sh.s.routed.Add(1)
-	sub.c <- data
+	c <- data
+	sub.readyLocked()
 }
 
 func (sh *shard) confirm(ps *redis.PubSub, channel string) {

@@ -94,6 +94,7 @@ func (m *Memory) PublishResult(ctx context.Context, requestID string, msg []byte
 	}
 	select {
 	case s.c <- append([]byte(nil), msg...):
+		s.readyLocked()
 	default:
 		m.endLocked(s, failover.ErrResultOverflow)
 	}
@@ -214,6 +215,7 @@ func (m *Memory) endLocked(s *memSub, err error) {
 		close(s.done)
 	}
 	close(s.c)
+	s.readyLocked()
 }
 
 // memSub is one Memory subscription.
@@ -222,8 +224,28 @@ type memSub struct {
 	id    string
 	c     chan []byte
 	done  chan struct{}
-	err   error // written before done is closed, under m.mu
-	ended bool  // guarded by m.mu
+	err   error  // written before done is closed, under m.mu
+	ended bool   // guarded by m.mu
+	ready func() // OnReady's function, guarded by m.mu
+}
+
+// OnReady calls f once, when the subscription has a message to read or
+// has ended (at once when it already has), as pubsub.Subscription does;
+// f runs with the Memory locked and must not block.
+func (s *memSub) OnReady(f func()) {
+	s.m.mu.Lock()
+	defer s.m.mu.Unlock()
+	s.ready = f
+	if s.ended || len(s.c) > 0 {
+		s.readyLocked()
+	}
+}
+
+func (s *memSub) readyLocked() {
+	if f := s.ready; f != nil {
+		s.ready = nil
+		f()
+	}
 }
 
 func (s *memSub) C() <-chan []byte      { return s.c }

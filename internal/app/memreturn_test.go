@@ -1,0 +1,58 @@
+package app
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// The returner gives memory back once the goroutine count fell by a
+// burst's worth from its peak, and not before; then not again within
+// minReturnGap. Not parallel: it counts the process's goroutines.
+func TestMemReturnerAfterBurst(t *testing.T) {
+	m := newMemReturner(testutil.DiscardLogger())
+	now := time.Now()
+	if m.check(now) {
+		t.Fatal("returned memory with no burst")
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{}, 2*burstGoroutines)
+	for range 2 * burstGoroutines {
+		go func() {
+			<-stop
+			done <- struct{}{}
+		}()
+	}
+	if m.check(now.Add(time.Second)) {
+		t.Fatal("returned memory while the burst was still on")
+	}
+	// A sample of garbage the burst leaves: it must be freed and returned.
+	junk := make([][]byte, 0, 256)
+	for range 256 {
+		junk = append(junk, make([]byte, 64<<10))
+	}
+	junk = nil
+	_ = junk
+	close(stop)
+	for range 2 * burstGoroutines {
+		<-done
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return runtime.NumGoroutine() < m.peak-burstGoroutines
+	}, "the burst's goroutines did not end")
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if !m.check(now.Add(2 * time.Second)) {
+		t.Fatalf("no return after the burst: peak %d goroutines, now %d", m.peak, runtime.NumGoroutine())
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if after.HeapReleased <= before.HeapReleased {
+		t.Errorf("heap released %d → %d: nothing was returned", before.HeapReleased, after.HeapReleased)
+	}
+	if m.check(now.Add(3 * time.Second)) {
+		t.Error("returned again within minReturnGap")
+	}
+}

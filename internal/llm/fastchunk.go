@@ -1,0 +1,399 @@
+package llm
+
+import (
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// The fast path of the OpenAI client's stream parser (docs/BENCHMARKS.md,
+// "Per chunk: no allocation, no full decode"). Nearly every event of an
+// answer is one shape:
+//
+//	{"id":…,"object":"chat.completion.chunk",…,"choices":[{"index":0,"delta":{"content":"…"},"finish_reason":null}]}
+//
+// and all the client needs of it is the content. fastDelta reads exactly
+// that without encoding/json's reflection and allocations; anything it is
+// not sure to read as encoding/json would (another shape, a field that
+// means something to openAIChunk other than content, a key spelled in
+// another case, a duplicate, an escaped key, deep nesting) it declines, and
+// the caller decodes the event in full. FuzzFastDelta holds it to that:
+// for any input, the same content as the full decoder, or a decline.
+
+// fastMaxDepth bounds the nesting fastDelta skips through; deeper input
+// is declined (the full decoder's own limit is far higher).
+const fastMaxDepth = 32
+
+// fastDelta appends to dst the content of event d, unescaped, when d is a
+// chunk of the common shape: one choice whose delta holds at most a
+// content string (plus fields the client ignores), no finish reason, no
+// usage, no error. ok false means "decode it in full": d may be of
+// another shape, or malformed.
+func fastDelta(d, dst []byte) (content []byte, ok bool) {
+	p := fastParser{d: d}
+	p.ws()
+	if !p.eat('{') {
+		return dst, false
+	}
+	var seenChoices, seenUsage bool
+	content = dst
+	if !p.object(func(key []byte) bool {
+		switch {
+		case string(key) == "choices" && !seenChoices:
+			seenChoices = true
+			content, ok = p.choices(dst)
+			return ok
+		case string(key) == "usage" && !seenUsage:
+			seenUsage = true
+			return p.null()
+		case foldsTo(key, "choices", "usage", "error"):
+			// Another spelling, a duplicate, or an error object: what
+			// encoding/json makes of it is the full decoder's business.
+			return false
+		}
+		return p.skip(0)
+	}) {
+		return dst, false
+	}
+	p.ws()
+	if p.i != len(p.d) {
+		return dst, false
+	}
+	return content, true
+}
+
+// fastParser reads JSON from d at i. Every method reports false for
+// input it declines, malformed input included.
+type fastParser struct {
+	d []byte
+	i int
+}
+
+func (p *fastParser) ws() {
+	for p.i < len(p.d) {
+		switch p.d[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+// eat consumes c after optional whitespace.
+func (p *fastParser) eat(c byte) bool {
+	p.ws()
+	if p.i < len(p.d) && p.d[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// object reads the members of an object whose '{' was consumed, calling
+// member with each key; member reads the value.
+func (p *fastParser) object(member func(key []byte) bool) bool {
+	if p.eat('}') {
+		return true
+	}
+	for {
+		p.ws()
+		key, ok := p.plainKey()
+		if !ok || !p.eat(':') {
+			return false
+		}
+		p.ws()
+		if !member(key) {
+			return false
+		}
+		if p.eat(',') {
+			continue
+		}
+		return p.eat('}')
+	}
+}
+
+// plainKey reads a key of printable ASCII without escapes: the only keys
+// whose meaning to encoding/json (which matches field names without
+// regard to case, Unicode folding included) foldsTo can tell.
+func (p *fastParser) plainKey() ([]byte, bool) {
+	if p.i >= len(p.d) || p.d[p.i] != '"' {
+		return nil, false
+	}
+	start := p.i + 1
+	for j := start; j < len(p.d); j++ {
+		switch c := p.d[j]; {
+		case c == '"':
+			p.i = j + 1
+			return p.d[start:j], true
+		case c == '\\' || c < 0x20 || c >= utf8.RuneSelf:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// foldsTo reports whether ASCII key equals one of names without regard to
+// case.
+func foldsTo(key []byte, names ...string) bool {
+	for _, n := range names {
+		if len(key) != len(n) {
+			continue
+		}
+		same := true
+		for i := range len(n) {
+			c := key[i]
+			if 'A' <= c && c <= 'Z' {
+				c += 'a' - 'A'
+			}
+			if c != n[i] {
+				same = false
+				break
+			}
+		}
+		if same {
+			return true
+		}
+	}
+	return false
+}
+
+// null reads the literal null.
+func (p *fastParser) null() bool {
+	if len(p.d)-p.i >= 4 && string(p.d[p.i:p.i+4]) == "null" {
+		p.i += 4
+		return true
+	}
+	return false
+}
+
+// choices reads `[]` or `[{one choice}]`, appending the choice's content
+// to dst.
+func (p *fastParser) choices(dst []byte) ([]byte, bool) {
+	if !p.eat('[') {
+		return dst, false
+	}
+	if p.eat(']') {
+		return dst, true
+	}
+	if !p.eat('{') {
+		return dst, false
+	}
+	var seenDelta, seenFinish bool
+	content := dst
+	ok := p.object(func(key []byte) bool {
+		switch {
+		case string(key) == "delta" && !seenDelta:
+			seenDelta = true
+			var ok bool
+			content, ok = p.delta(dst)
+			return ok
+		case string(key) == "finish_reason" && !seenFinish:
+			seenFinish = true
+			return p.null()
+		case foldsTo(key, "delta", "finish_reason"):
+			return false
+		}
+		return p.skip(0)
+	})
+	if !ok || !p.eat(']') {
+		return dst, false
+	}
+	return content, true
+}
+
+// delta reads a delta object: its content (a string or null), its role
+// and other fields the client ignores. The reasoning fields are accepted
+// only as null; tool calls not at all.
+func (p *fastParser) delta(dst []byte) ([]byte, bool) {
+	if !p.eat('{') {
+		return dst, false
+	}
+	var seenContent, seenRC, seenR bool
+	content := dst
+	ok := p.object(func(key []byte) bool {
+		switch {
+		case string(key) == "content" && !seenContent:
+			seenContent = true
+			if p.null() {
+				return true
+			}
+			var ok bool
+			content, ok = p.str(dst)
+			return ok
+		case string(key) == "reasoning_content" && !seenRC:
+			seenRC = true
+			return p.null()
+		case string(key) == "reasoning" && !seenR:
+			seenR = true
+			return p.null()
+		case foldsTo(key, "content", "reasoning_content", "reasoning", "tool_calls"):
+			return false
+		}
+		return p.skip(0)
+	})
+	return content, ok
+}
+
+// str reads a string, appending its value to dst as encoding/json
+// decodes it into a Go string.
+func (p *fastParser) str(dst []byte) ([]byte, bool) {
+	out, n, ok := protocol.AppendJSONUnquoted(dst, p.d[p.i:])
+	p.i += n
+	return out, ok
+}
+
+// skip reads any JSON value, checking its syntax as encoding/json would.
+func (p *fastParser) skip(depth int) bool {
+	if depth > fastMaxDepth || p.i >= len(p.d) {
+		return false
+	}
+	switch c := p.d[p.i]; {
+	case c == '{':
+		p.i++
+		return p.object(func([]byte) bool { return p.skip(depth + 1) })
+	case c == '[':
+		p.i++
+		if p.eat(']') {
+			return true
+		}
+		for {
+			p.ws()
+			if !p.skip(depth + 1) {
+				return false
+			}
+			if p.eat(',') {
+				continue
+			}
+			return p.eat(']')
+		}
+	case c == '"':
+		return p.skipStr()
+	case c == 't':
+		return p.lit("true")
+	case c == 'f':
+		return p.lit("false")
+	case c == 'n':
+		return p.null()
+	case c == '-' || ('0' <= c && c <= '9'):
+		return p.number()
+	}
+	return false
+}
+
+// isHex4 reports whether b starts with four hex digits.
+func isHex4(b []byte) bool {
+	if len(b) < 4 {
+		return false
+	}
+	for _, c := range b[:4] {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *fastParser) lit(s string) bool {
+	if len(p.d)-p.i >= len(s) && string(p.d[p.i:p.i+len(s)]) == s {
+		p.i += len(s)
+		return true
+	}
+	return false
+}
+
+// skipStr reads a string without decoding it: any byte from 0x20 on, and
+// valid escapes.
+func (p *fastParser) skipStr() bool {
+	for i := p.i + 1; i < len(p.d); i++ {
+		switch c := p.d[i]; {
+		case c == '"':
+			p.i = i + 1
+			return true
+		case c < 0x20:
+			return false
+		case c == '\\':
+			if i+1 >= len(p.d) {
+				return false
+			}
+			switch p.d[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i++
+			case 'u':
+				if !isHex4(p.d[i+2:]) {
+					return false
+				}
+				i += 5
+			default:
+				return false
+			}
+		}
+	}
+	return false
+}
+
+// number reads a JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+func (p *fastParser) number() bool {
+	d, i := p.d, p.i
+	digits := func() bool {
+		start := i
+		for i < len(d) && '0' <= d[i] && d[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if i < len(d) && d[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(d) && d[i] == '0':
+		i++
+	case !digits():
+		return false
+	}
+	if i < len(d) && d[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return false
+		}
+	}
+	p.i = i
+	return true
+}
+
+// slabString returns b as a string carved from the end of slab, which it
+// grows (a new block, never overwriting the old one) when b does not fit:
+// one allocation per block instead of one per chunk. A block is never
+// written again once a string points into it, so the strings stay
+// immutable; a block lives as long as any of its strings.
+func slabString(slab *[]byte, b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	s := *slab
+	if cap(s)-len(s) < len(b) {
+		size := min(max(2*cap(s), slabMin), slabMax)
+		s = make([]byte, 0, max(size, len(b)))
+	}
+	start := len(s)
+	s = append(s, b...)
+	*slab = s
+	return unsafe.String(&s[start], len(b))
+}
+
+// Block sizes of slabString: small for short answers, doubling to a
+// bound for long ones.
+const (
+	slabMin = 256
+	slabMax = 4 << 10
+)
