@@ -21,6 +21,11 @@
 -- ARGV[8]  "1" when adaptive concurrency is on: the global size is then
 --          lowered to the `limit` field of KEYS[5] (adapt.lua keeps it),
 --          when that exists and is lower. Else "0" and KEYS[5] is not read.
+-- ARGV[9]  reclaim channel (ReclaimChannel): asks every process to give
+--          back the idle leases it keeps (idle.go). Published to when a
+--          new waiter stays in line ("waiting"), when a direct request
+--          finds no free slot ("full") or its user at the limit
+--          ("user:"..user). "" publishes nothing.
 --
 -- Fairness: a waiter is eligible when its user has a free per-user slot;
 -- of several waiters of one user only as many as it has free slots count.
@@ -29,12 +34,13 @@
 -- than `free` eligible waiters come before it in round-robin order between
 -- users (the user with fewest live leases first), FIFO within one user.
 --
--- Returns {code, in_use, enqueued, size}: code 0 granted, 1 pool
+-- Returns {code, in_use, enqueued, size, waiters}: code 0 granted, 1 pool
 -- exhausted (or, for a waiter, free slots belong to older waiters), 2 user
 -- limit, 3 free slots belong to waiters; in_use counts live leases
 -- afterwards; enqueued is the waiter's score (0 for a direct request);
--- size is the global size applied (lowered by the adaptive limit). A
--- refused waiter stays registered (registered now if it was not).
+-- size is the global size applied (lowered by the adaptive limit);
+-- waiters counts the registered waiters afterwards. A refused waiter
+-- stays registered (registered now if it was not).
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -50,6 +56,13 @@ local ttl = tonumber(ARGV[4])
 local user_prefix = ARGV[5]
 local waiter = ARGV[6]
 local keep = 3 * ttl
+local reclaim = ARGV[9] or ''
+
+local function notify(what)
+  if reclaim ~= '' then
+    redis.call('PUBLISH', reclaim, what)
+  end
+end
 
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms)
@@ -92,28 +105,36 @@ local function grant(enqueued)
   redis.call('ZADD', KEYS[2], exp, ARGV[1])
   redis.call('PEXPIRE', KEYS[1], keep)
   redis.call('PEXPIRE', KEYS[2], keep)
-  return {0, in_use + 1, enqueued, size}
+  return {0, in_use + 1, enqueued, size, redis.call('ZCARD', KEYS[3])}
+end
+
+local function refuse(code, enqueued)
+  return {code, in_use, enqueued, size, redis.call('ZCARD', KEYS[3])}
 end
 
 if waiter == '' then
   if free <= 0 then
-    return {1, in_use, 0, size}
+    notify('full')
+    return refuse(1, 0)
   end
   if user_used >= per_user then
-    return {2, in_use, 0, size}
+    notify('user:' .. string.sub(KEYS[2], #user_prefix + 1))
+    return refuse(2, 0)
   end
   if redis.call('ZCARD', KEYS[3]) >= free then
     if eligible(redis.call('ZRANGE', KEYS[3], 0, -1), free) >= free then
-      return {3, in_use, 0, size}
+      return refuse(3, 0)
     end
   end
   return grant(0)
 end
 
 local enqueued = redis.call('ZSCORE', KEYS[3], waiter)
+local registered_now = false
 if enqueued then
   enqueued = tonumber(enqueued)
 else
+  registered_now = true
   enqueued = tonumber(ARGV[7])
   if enqueued == nil or enqueued <= 0 then
     enqueued = now_us
@@ -124,11 +145,20 @@ redis.call('ZADD', KEYS[4], now_ms + ttl, waiter)
 redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
 
+-- A waiter that stays in line tells every process to give back its idle
+-- leases (once, when it registers).
+local function wait(code)
+  if registered_now then
+    notify('waiting')
+  end
+  return refuse(code, enqueued)
+end
+
 if user_used >= per_user then
-  return {2, in_use, enqueued, size}
+  return wait(2)
 end
 if free <= 0 then
-  return {1, in_use, enqueued, size}
+  return wait(1)
 end
 -- Round-robin between users, FIFO within one: a waiter's turn key is its
 -- user's live leases plus the number of that user's waiters older than it,
@@ -155,7 +185,7 @@ for i, k in ipairs(keys) do
   if i ~= mine_pos and k < per_user and (k < mine_k or (k == mine_k and i < mine_pos)) then
     ahead = ahead + 1
     if ahead >= free then
-      return {1, in_use, enqueued, size}
+      return wait(1)
     end
   end
 end

@@ -36,12 +36,20 @@ func (p *Pool) Report(ctx context.Context, name string, r adaptive.Report, param
 	}
 	key := LimitKey(p.cfg.Prefix, name)
 	v, err := adaptScript.Run(ctx, p.rdb, []string{key}, params.Floor, params.Ceiling, params.Interval.Milliseconds(),
-		r.Calls, throttle, p.channel, limitKeep.Milliseconds()).Int()
+		r.Calls, throttle, p.channel, limitKeep.Milliseconds(), p.reclaim).Int()
 	if err != nil {
 		return 0, fmt.Errorf("redispool: adaptive limit %s: %w", key, err)
 	}
 	if key == p.limitKey {
+		p.statsMu.Lock()
+		fell := v < p.limit
+		p.statsMu.Unlock()
 		p.setLimit(v)
+		if fell {
+			// Every process is told on ReclaimChannel; this one gives its
+			// idle leases back without waiting for the message.
+			p.requestFlush("")
+		}
 	}
 	return v, nil
 }

@@ -13,6 +13,8 @@
 -- ARGV[6]  notification channel of the pool: a limit that grew wakes the
 --          waiters of every process
 -- ARGV[7]  TTL of the hash in ms, refreshed by every report
+-- ARGV[8]  reclaim channel of the pool (optional): a limit that fell asks
+--          every process to give back the idle leases it keeps
 --
 -- The interval running when the report arrives is closed first if it has
 -- run its course: +1 when it had calls and no throttle (the report's calls
@@ -31,6 +33,7 @@ if limit == nil or window_start == nil then
   limit, window_start = ceiling, now
 end
 limit = math.min(math.max(limit, floor), ceiling)
+local before = limit
 local calls = (tonumber(h[3]) or 0) + tonumber(ARGV[4])
 local throttled = tonumber(h[4]) or 0
 local last_decrease = tonumber(h[5])
@@ -58,5 +61,8 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[7])
 if grew then
   redis.call('PUBLISH', ARGV[6], 'grown')
+end
+if limit < before and (ARGV[8] or '') ~= '' then
+  redis.call('PUBLISH', ARGV[8], 'shrunk')
 end
 return limit

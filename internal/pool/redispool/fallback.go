@@ -38,11 +38,21 @@ func (p *Pool) setFallback(on bool, cause error) {
 			"error", cause, "fallback_size", p.cfg.FallbackSize, "down_after", p.cfg.DownAfter)
 		p.mu.Lock()
 		p.goLocked(p.probe)
+		// Idle leases are not handed out from a Redis that is gone: they
+		// are released once it is back (idle.go).
+		p.dropIdleLocked()
+		p.busy = true
 		p.mu.Unlock()
 	} else {
 		p.log.Info("redispool: Redis reachable again, back to the distributed pool")
 		// Renew now what was held through the outage, and withdraw the
-		// waiter entries it left behind.
+		// waiter entries it left behind. Messages on ReclaimChannel may
+		// have been missed: the line counts as busy until a reply shows it
+		// empty.
+		p.mu.Lock()
+		p.busy = true
+		p.reclaimGen.Add(1)
+		p.mu.Unlock()
 		p.kickRenew()
 	}
 	if p.onFallback != nil {

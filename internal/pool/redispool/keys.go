@@ -30,6 +30,12 @@ func WaiterExpiryKey(prefix string) string { return prefix + hashTag + ":waiters
 // give up) wake the waiters of every process. "pool:{pool}:notify".
 func NotifyChannel(prefix string) string { return prefix + hashTag + ":notify" }
 
+// ReclaimChannel is the Pub/Sub channel on which the pool asks every
+// process to give back the idle leases it keeps for reuse (idle.go): a
+// waiter joined the line, a direct request found no free slot or its user
+// at the limit, or an adaptive limit fell. "pool:{pool}:reclaim".
+func ReclaimChannel(prefix string) string { return prefix + hashTag + ":reclaim" }
+
 // LimitKey is the HASH of the adaptive limit called name (adapt.lua):
 // limit, and the interval being counted. The pool's own limit is named
 // by Config.AdaptiveLimit. "pool:{pool}:limit:<name>".

@@ -63,6 +63,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -132,6 +133,12 @@ type Config struct {
 	// client pool full of slow calls does not make Redis look dead.
 	// Optional: nil PINGs through the Pool's client.
 	Probe func(context.Context) error
+	// IdleHold is how long a direct lease released by its holder stays a
+	// lease of this process, idle, for the next TryAcquire of the same
+	// user to take without a Redis call (idle.go; docs/OPERATIONS.md,
+	// "Idle leases"). 0 turns the cache off: every release goes to Redis
+	// at once. The app gives DefaultIdleHold.
+	IdleHold time.Duration
 }
 
 // Validate reports whether cfg is usable. It does not change cfg.
@@ -157,6 +164,9 @@ func (cfg Config) Validate() error {
 	}
 	if cfg.FallbackSize < 0 {
 		errs = append(errs, fmt.Errorf("FallbackSize %d is negative (0 means the default)", cfg.FallbackSize))
+	}
+	if cfg.IdleHold < 0 {
+		errs = append(errs, fmt.Errorf("IdleHold %s is negative (0 turns idle leases off)", cfg.IdleHold))
 	}
 	if cfg.DownAfter < 0 || c.DownAfter < minDownAfter {
 		errs = append(errs, fmt.Errorf("DownAfter %s is below %s (0 means the default)", cfg.DownAfter, minDownAfter))
@@ -199,7 +209,13 @@ type Pool struct {
 
 	leasesKey, waitersKey, waiterExpKey, userPrefix, channel string
 	limitKey                                                 string // the adaptive limit's, "" without one
+	reclaim                                                  string // ReclaimChannel
 	ttlMS                                                    int64
+
+	// reclaimGen counts "waiting" messages and new subscriptions to
+	// ReclaimChannel: a reply that shows no waiter ends busy only if none
+	// came since its call started (idle.go).
+	reclaimGen atomic.Uint64
 
 	// Timers; tests change them before first use.
 	recheck    time.Duration
@@ -222,8 +238,19 @@ type Pool struct {
 	slowSince    time.Time         // when the call that started it timed out
 	verdict      chan struct{}     // closed at the watch's first verdict
 	unreleased   map[string]string // lease id → user: releases that timed out or found Redis gone, retried by renewal
+	renewedAt    time.Time         // when the last renewal round that succeeded started
 
-	kick      chan struct{} // cap 1: run a dispatcher pass
+	// Idle leases (idle.go); the leases are in held too.
+	idle       map[string][]idleLease // user → its idle leases, most recent last
+	idleCount  int
+	reclaiming bool                // the reclaimer runs
+	subscribed bool                // its subscription to ReclaimChannel is confirmed
+	busy       bool                // waiters may be in line: keep nothing idle
+	flushAll   bool                // give every idle lease back now
+	flushUsers map[string]struct{} // give these users' idle leases back now
+
+	kick        chan struct{} // cap 1: run a dispatcher pass
+	reclaimKick chan struct{} // cap 1: run the reclaimer's sweep
 	statsKick chan struct{} // cap 1: refresh the cached stats now
 
 	statsMu sync.Mutex
@@ -279,6 +306,7 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 		waiterExpKey: WaiterExpiryKey(cfg.Prefix),
 		userPrefix:   userKeyPrefix(cfg.Prefix),
 		channel:      NotifyChannel(cfg.Prefix),
+		reclaim:      ReclaimChannel(cfg.Prefix),
 		limitKey:     limitKeyOf(cfg),
 		ttlMS:        cfg.LeaseTTL.Milliseconds(),
 		recheck:      recheckEvery,
@@ -286,6 +314,8 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 		closing:      make(chan struct{}),
 		held:         make(map[string]string),
 		kick:         make(chan struct{}, 1),
+		reclaimKick:  make(chan struct{}, 1),
+		busy:         true, // until a reply shows the line empty
 		statsKick:    make(chan struct{}, 1),
 		changed:      make(chan struct{}),
 		limit:        cfg.Size,
@@ -299,8 +329,9 @@ func limitKeyOf(cfg Config) string {
 	return LimitKey(cfg.Prefix, cfg.AdaptiveLimit)
 }
 
-// TryAcquire takes a slot for user without waiting: one script call to
-// Redis (at most 500ms), or the fallback pool. It returns an error
+// TryAcquire takes a slot for user without waiting: an idle lease of
+// user kept by this process (no Redis call, idle.go), else one script
+// call to Redis (at most 500ms), or the fallback pool. It returns an error
 // wrapping pool.ErrPoolExhausted (also when the free slots belong to
 // older waiting jobs, or Redis did not answer in time) or
 // pool.ErrUserLimit, ctx's error, or ErrClosed.
@@ -311,7 +342,12 @@ func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) 
 	if fb, _ := p.mode(); fb {
 		return p.local.TryAcquire(ctx, user)
 	}
-	l, err := p.tryRedis(ctx, user)
+	if p.cfg.IdleHold > 0 {
+		if l := p.takeIdle(user); l != nil {
+			return l, nil
+		}
+	}
+	l, err := p.tryRedis(ctx, user, true)
 	var ue *unavailableError
 	var se *slowError
 	switch {
@@ -422,6 +458,7 @@ func (p *Pool) Close() {
 		held[id] = user
 	}
 	p.held, p.unreleased = make(map[string]string), nil
+	p.idle, p.idleCount = nil, 0
 	var members []string
 	for _, w := range p.waiters {
 		w.gone = true
@@ -440,10 +477,17 @@ func (p *Pool) Close() {
 	defer p.drainCalls()
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
+	ids := make([]string, 0, len(held))
+	users := make([]string, 0, len(held))
 	for id, user := range held {
-		if _, err := p.runRelease(ctx, id, user); err != nil {
+		ids, users = append(ids, id), append(users, user)
+	}
+	for len(ids) > 0 {
+		n := min(len(ids), releaseBatch)
+		if _, err := p.runRelease(ctx, ids[:n], users[:n]); err != nil {
 			return
 		}
+		ids, users = ids[n:], users[n:]
 	}
 	for _, m := range members {
 		if err := p.runLeave(ctx, m); err != nil {
@@ -499,9 +543,11 @@ func (p *Pool) startRenewalLocked() {
 	}
 }
 
-// tryRedis is one direct attempt.
-func (p *Pool) tryRedis(ctx context.Context, user string) (pool.Lease, error) {
+// tryRedis is one direct attempt; direct marks a TryAcquire, whose lease
+// may be kept idle when released.
+func (p *Pool) tryRedis(ctx context.Context, user string, direct bool) (pool.Lease, error) {
 	id := p.newLeaseID()
+	start := time.Now()
 	rep, err := p.runAcquire(ctx, user, id, "", 0)
 	if err != nil {
 		return nil, err
@@ -510,6 +556,7 @@ func (p *Pool) tryRedis(ctx context.Context, user string) (pool.Lease, error) {
 	case codeGranted:
 		p.mu.Lock()
 		l := p.grantLocked(id, user)
+		l.direct, l.granted = direct, start
 		p.mu.Unlock()
 		return l, nil
 	case codeUserLimit:
@@ -556,19 +603,28 @@ func (p *Pool) setLimit(limit int) {
 	p.statsMu.Unlock()
 }
 
-// lease is a slot in Redis.
+// lease is a slot in Redis. A lease taken from the idle cache is a new
+// lease value for the same id, so a late second Release of its previous
+// holder does nothing.
 type lease struct {
 	p        *Pool
 	id, user string
+	direct   bool      // TryAcquire's: may be kept idle when released
+	granted  time.Time // when the acquire that granted the id started
 	once     sync.Once
 }
 
 // Release gives the slot back; only the first call does anything.
-func (l *lease) Release() { l.once.Do(func() { l.p.release(l.id, l.user) }) }
+func (l *lease) Release() { l.once.Do(func() { l.p.release(l) }) }
 
-func (p *Pool) release(id, user string) {
+func (p *Pool) release(l *lease) {
+	id, user := l.id, l.user
 	p.mu.Lock()
 	_, mine := p.held[id]
+	if mine && l.direct && p.putIdleLocked(id, user, l.granted) {
+		p.mu.Unlock()
+		return
+	}
 	delete(p.held, id)
 	p.mu.Unlock()
 	// Not held any more: Close released it, or renewal found it expired.
@@ -581,7 +637,7 @@ func (p *Pool) release(id, user string) {
 		p.releaseLater(id, user)
 		return
 	}
-	p.releaseRedis(id, user)
+	p.releaseRedis([]string{id}, []string{user})
 }
 
 // releaseLater files a release for the next renewal round: a lease held
@@ -601,27 +657,4 @@ func (p *Pool) releaseLaterLocked(id, user string) {
 		p.unreleased = make(map[string]string)
 	}
 	p.unreleased[id] = user
-}
-
-// releaseRedis removes lease id from Redis. A release that timed out is
-// kept for the next renewal round to try again.
-func (p *Pool) releaseRedis(id, user string) {
-	if _, err := p.runRelease(context.Background(), id, user); err != nil {
-		var ue *unavailableError
-		var se *slowError
-		switch {
-		case errors.As(err, &ue):
-			// A primary demoted by a failover, or one that went away: the
-			// release runs once Redis is back.
-			p.releaseLater(id, user)
-			p.setFallback(true, err)
-		case errors.As(err, &se):
-			// The release may not have run: the next renewal round tries
-			// again, so the slot is not held until the lease expires.
-			p.releaseLater(id, user)
-			p.suspect(err)
-		default:
-			p.log.Warn("redispool: release failed; the lease expires by itself", "lease", id, "error", err)
-		}
-	}
 }

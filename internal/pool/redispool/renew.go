@@ -28,6 +28,7 @@ func (p *Pool) renew() {
 	if fb, _ := p.mode(); fb {
 		return // Redis is away; the probe brings us back
 	}
+	start := time.Now()
 	p.mu.Lock()
 	leases := make(map[string]string, len(p.held))
 	for id, user := range p.held {
@@ -65,11 +66,13 @@ func (p *Pool) renew() {
 	}
 
 	p.mu.Lock()
+	p.renewedAt = maxTime(p.renewedAt, start)
 	var lost []string
 	for _, id := range lostLeases {
 		// A lease released since the snapshot is gone on purpose.
-		if _, ok := p.held[id]; ok {
+		if user, ok := p.held[id]; ok {
 			delete(p.held, id)
+			p.removeIdleLocked(id, user)
 			lost = append(lost, id)
 		}
 	}
@@ -104,11 +107,17 @@ func (p *Pool) settleLater(orphans []string, unreleased map[string]string) {
 		}
 		p.leave(m) // keeps it an orphan if Redis fails again
 	}
-	for id, user := range unreleased {
-		if fb, _ := p.mode(); fb || time.Now().After(deadline) {
-			p.releaseLater(id, user) // gone, or out of time: the next round
-			continue
-		}
-		p.releaseRedis(id, user) // files it again if Redis is still slow or gone
+	if len(unreleased) == 0 {
+		return
 	}
+	ids := make([]string, 0, len(unreleased))
+	users := make([]string, 0, len(unreleased))
+	for id, user := range unreleased {
+		ids, users = append(ids, id), append(users, user)
+	}
+	if fb, _ := p.mode(); fb || time.Now().After(deadline) {
+		p.releaseAllLater(ids, users) // gone, or out of time: the next round
+		return
+	}
+	p.releaseRedis(ids, users) // in batches; files them again if Redis is still slow or gone
 }

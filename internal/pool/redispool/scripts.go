@@ -127,22 +127,23 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 		limitKey, adaptive = p.leasesKey, "0"
 	}
 	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey, limitKey}
+	gen := p.reclaimGen.Load()
 	// The script ran after the caller was told it failed (Redis was slow or
 	// paused): a lease it granted has no holder, and a waiter entry it
 	// (re)registered belongs to a waiter that has moved on — a waiter that
 	// waits again registers under a new member. Undo both.
 	late := func(v any) {
-		if n, err := ints(v, 4); err == nil && n[0] == codeGranted {
+		if n, err := ints(v, 5); err == nil && n[0] == codeGranted {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 			defer cancel()
-			_, _ = p.runRelease(ctx, id, user)
+			_, _ = p.runRelease(ctx, []string{id}, []string{user})
 		}
 		if member != "" {
 			p.leave(member)
 		}
 	}
 	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
-		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since, adaptive)
+		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since, adaptive, p.reclaim)
 	if err != nil {
 		if _, slow := errors.AsType[*slowError](err); slow {
 			// The script may have run, or run later, and its late reply is
@@ -154,27 +155,43 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 		}
 		return acquireReply{}, err
 	}
-	n, err := ints(v, 4)
+	n, err := ints(v, 5)
 	if err != nil {
 		return acquireReply{}, fmt.Errorf("redispool: acquire for %s: %w", user, err)
 	}
 	p.setStats(int(n[1]))
 	p.setLimit(int(n[3]))
+	p.noteWaiters(gen, n[4])
 	return acquireReply{code: n[0], inUse: n[1], enqueued: n[2], size: n[3]}, nil
 }
 
-// runRelease runs release.lua; it reports whether a live lease was removed.
-func (p *Pool) runRelease(ctx context.Context, id, user string) (bool, error) {
-	v, err := p.run(ctx, releaseTimeout, releaseScript, "release "+id, nil, []string{p.leasesKey, UserKey(p.cfg.Prefix, user)}, id, p.channel)
-	if err != nil {
-		return false, err
+// runRelease runs release.lua for lease ids[i] of users[i], in one call;
+// it reports how many live leases were removed.
+func (p *Pool) runRelease(ctx context.Context, ids, users []string) (int, error) {
+	keys := make([]string, 0, 2+len(ids))
+	keys = append(keys, p.leasesKey, p.waitersKey)
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, p.channel)
+	for i, id := range ids {
+		keys = append(keys, UserKey(p.cfg.Prefix, users[i]))
+		args = append(args, id)
 	}
-	n, err := ints(v, 2)
+	what := "release " + ids[0]
+	if len(ids) > 1 {
+		what = fmt.Sprintf("release %d leases", len(ids))
+	}
+	gen := p.reclaimGen.Load()
+	v, err := p.run(ctx, releaseTimeout, releaseScript, what, nil, keys, args...)
 	if err != nil {
-		return false, fmt.Errorf("redispool: release %s: %w", id, err)
+		return 0, err
+	}
+	n, err := ints(v, 3)
+	if err != nil {
+		return 0, fmt.Errorf("redispool: %s: %w", what, err)
 	}
 	p.setStats(int(n[1]))
-	return n[0] == 1, nil
+	p.noteWaiters(gen, n[2])
+	return int(n[0]), nil
 }
 
 // runLeave withdraws a registered waiter.

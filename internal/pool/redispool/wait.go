@@ -85,7 +85,7 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, defer
 	p.mu.Unlock()
 	if !queued || deferring {
 		// Like a direct request: granted only when no waiter is deprived.
-		l, err := p.tryRedis(ctx, user)
+		l, err := p.tryRedis(ctx, user, false)
 		var ue *unavailableError
 		var se *slowError
 		switch {
