@@ -251,7 +251,7 @@ type Pool struct {
 
 	kick        chan struct{} // cap 1: run a dispatcher pass
 	reclaimKick chan struct{} // cap 1: run the reclaimer's sweep
-	statsKick chan struct{} // cap 1: refresh the cached stats now
+	statsKick   chan struct{} // cap 1: refresh the cached stats now
 
 	statsMu sync.Mutex
 	inUse   int
