@@ -96,6 +96,7 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
 		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
 		DownAfter: time.Duration(cfg.RedisDownAfterMS) * time.Millisecond,
+		IdleHold:  time.Duration(cfg.PoolIdleHoldMS) * time.Millisecond,
 	}
 	if cfg.AdaptiveConcurrency {
 		c.AdaptiveLimit = PoolLimitName

@@ -131,6 +131,8 @@ type Config struct {
 	PoolLeaseTTLSeconds int `env:"POOL_LEASE_TTL_SECONDS" envDefault:"30"`
 	// PoolLocalFallbackSize is the local limit while Redis is unreachable. Default 10.
 	PoolLocalFallbackSize int `env:"POOL_LOCAL_FALLBACK_SIZE" envDefault:"10"`
+	// PoolIdleHoldMS is how long a direct request's released Redis lease stays with its process for the same identity's next request; 0 releases at once. Default 200.
+	PoolIdleHoldMS int `env:"POOL_IDLE_HOLD_MS" envDefault:"200"`
 	// AdaptiveConcurrency lets the pool's limit toward the provider adapt (AIMD). Default false.
 	AdaptiveConcurrency bool `env:"ADAPTIVE_CONCURRENCY" envDefault:"false"`
 	// AdaptiveConcurrencyFloor is the lowest the adaptive limit goes. Default 1.

@@ -110,6 +110,7 @@ func (c *Config) Validate() error {
 	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
 	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
 	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
+	v.atLeast("POOL_IDLE_HOLD_MS", c.PoolIdleHoldMS, 0)
 	if v.atLeast("ADAPTIVE_CONCURRENCY_FLOOR", c.AdaptiveConcurrencyFloor, 1) && poolOK && c.AdaptiveConcurrencyFloor > c.ConnectionPoolSize {
 		v.fail("ADAPTIVE_CONCURRENCY_FLOOR", "(%d) must be at most CONNECTION_POOL_SIZE (%d)", c.AdaptiveConcurrencyFloor, c.ConnectionPoolSize)
 	}

@@ -10,60 +10,76 @@ import (
 	"github.com/spillway-dev/spillway/internal/redistest"
 )
 
-// BenchmarkTryAcquireRelease measures one TryAcquire plus its Release (two
-// script calls) against a real redis-server, one at a time and with 16
-// goroutines per CPU sharing one Pool, and reports ops/s and the p50/p99
-// latency of the pair.
+// BenchmarkTryAcquireRelease measures one TryAcquire plus its Release
+// against a real redis-server, one at a time and with 16 goroutines per
+// CPU sharing one Pool (each its own user), without idle leases (two
+// script calls a pair) and with them (idle.go: none in the common case),
+// and reports ops/s, the p50/p99 latency of the pair and the Redis
+// commands the Pool's client sent per pair (calls/op).
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	s := redistest.Start(b)
-	cfg := Config{Size: 1 << 20, PerUser: 1 << 20, LeaseTTL: 30 * time.Second}
+	for _, mode := range []struct {
+		name string
+		hold time.Duration
+	}{{"release", 0}, {"idle", DefaultIdleHold}} {
+		cfg := Config{Size: 1 << 20, PerUser: 1 << 20, LeaseTTL: 30 * time.Second, IdleHold: mode.hold}
 
-	b.Run("serial", func(b *testing.B) {
-		cfg := cfg
-		cfg.Prefix = redistest.Prefix(b)
-		p := newTestPool(b, s.Addr, cfg, nil, nil)
-		ctx := context.Background()
-		lat := make([]time.Duration, 0, 1<<16)
-		for b.Loop() {
-			start := time.Now()
-			l, err := p.TryAcquire(ctx, "u")
-			if err != nil {
-				b.Fatal(err)
+		b.Run(mode.name+"/serial", func(b *testing.B) {
+			cfg := cfg
+			cfg.Prefix = redistest.Prefix(b)
+			p, cc := newCountedPool(b, s.Addr, cfg)
+			ctx := context.Background()
+			if mode.hold > 0 {
+				warmIdle(b, p, "u", 1)
 			}
-			l.Release()
-			lat = append(lat, time.Since(start))
-		}
-		reportLatency(b, lat)
-	})
-
-	b.Run("parallel", func(b *testing.B) {
-		cfg := cfg
-		cfg.Prefix = redistest.Prefix(b)
-		p := newTestPool(b, s.Addr, cfg, nil, nil)
-		ctx := context.Background()
-		var mu sync.Mutex
-		var lat []time.Duration
-		b.SetParallelism(16)
-		b.ResetTimer()
-		b.RunParallel(func(pb *testing.PB) {
-			user := newID()
-			mine := make([]time.Duration, 0, 1<<12)
-			for pb.Next() {
+			lat := make([]time.Duration, 0, 1<<16)
+			calls := cc.calls.Load()
+			for b.Loop() {
 				start := time.Now()
-				l, err := p.TryAcquire(ctx, user)
+				l, err := p.TryAcquire(ctx, "u")
 				if err != nil {
-					b.Error(err)
-					return
+					b.Fatal(err)
 				}
 				l.Release()
-				mine = append(mine, time.Since(start))
+				lat = append(lat, time.Since(start))
 			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			mu.Unlock()
+			reportLatency(b, lat)
+			b.ReportMetric(float64(cc.calls.Load()-calls)/float64(len(lat)), "calls/op")
 		})
-		reportLatency(b, lat)
-	})
+
+		b.Run(mode.name+"/parallel", func(b *testing.B) {
+			cfg := cfg
+			cfg.Prefix = redistest.Prefix(b)
+			p, cc := newCountedPool(b, s.Addr, cfg)
+			ctx := context.Background()
+			var mu sync.Mutex
+			var lat []time.Duration
+			b.SetParallelism(16)
+			calls := cc.calls.Load()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				user := newID()
+				mine := make([]time.Duration, 0, 1<<12)
+				for pb.Next() {
+					start := time.Now()
+					l, err := p.TryAcquire(ctx, user)
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					l.Release()
+					mine = append(mine, time.Since(start))
+				}
+				mu.Lock()
+				lat = append(lat, mine...)
+				mu.Unlock()
+			})
+			reportLatency(b, lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(cc.calls.Load()-calls)/float64(len(lat)), "calls/op")
+			}
+		})
+	}
 }
 
 func reportLatency(b *testing.B, lat []time.Duration) {
