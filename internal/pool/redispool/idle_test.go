@@ -86,7 +86,7 @@ func warmIdle(tb testing.TB, p *Pool, user string, n int) {
 }
 
 // liveLeases counts the live leases of the pool and of user in Redis.
-func liveLeases(tb testing.TB, rdb *redis.Client, prefix, user string) (all, mine int64) {
+func liveLeases(tb testing.TB, rdb redis.UniversalClient, prefix, user string) (all, mine int64) {
 	tb.Helper()
 	ctx := context.Background()
 	now := fmt.Sprintf("(%d", time.Now().UnixMilli())
@@ -520,4 +520,41 @@ func TestIdleLeasesDroppedWhenRedisGone(t *testing.T) {
 		}, "dropped idle leases settled after the return")
 	}
 	warmIdle(t, p, "u", 1) // the cache works again
+}
+
+// On a Redis Cluster too, the reclaim channel reaches the api (a script
+// publishes on whichever node holds the {pool} slot).
+func TestIdleLeasesGoToWaiterOnCluster(t *testing.T) {
+	t.Parallel()
+	forTargets(t, func(t *testing.T, tg target) {
+		admin := tg.client(t)
+		cfg := Config{Prefix: redistest.Prefix(t), Size: 3, PerUser: 2, IdleHold: time.Minute}
+		api := newTestPoolOn(t, tg, cfg, nil, nil)
+		wcfg := cfg
+		wcfg.IdleHold = 0
+		worker := newTestPoolOn(t, tg, wcfg, nil, nil)
+		ctx := context.Background()
+		warmIdle(t, api, "a", 2)
+		x, err := worker.TryAcquire(ctx, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer x.Release()
+		if all, _ := liveLeases(t, admin, cfg.Prefix, ""); all != 3 {
+			t.Fatalf("%d leases, want the pool full, two of them idle", all)
+		}
+		// The "full" of its direct try and the "waiting" of its
+		// registration go out from the node of the {pool} slot.
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		l, err := worker.AcquireSince(wctx, "w", start)
+		if err != nil {
+			t.Fatalf("worker waiting for an idle slot: %v", err)
+		}
+		defer l.Release()
+		if d := time.Since(start); d > 2*time.Second {
+			t.Errorf("worker waited %v for a slot kept idle, want at once", d)
+		}
+	})
 }

@@ -36,6 +36,13 @@
 // lost while reconnecting). Acquire with no local waiter first tries like a
 // direct request, which succeeds only when no waiter is deprived.
 //
+// Idle leases (idle.go). With Config.IdleHold a direct lease released by
+// its holder stays a lease of this process for IdleHold, and the same
+// user's next TryAcquire here takes it without a Redis call; it is given
+// back at once when a waiter joins the line, a direct request elsewhere is
+// refused, or the adaptive limit falls (ReclaimChannel). Still a lease in
+// Redis all along, it keeps both limits exact.
+//
 // Fallback. When Redis is gone (a connection refused or reset, or no
 // answer to a health probe for DownAfter; a slow answer is not an outage,
 // see health.go) the Pool serves from a local pool.Local of FallbackSize
@@ -196,7 +203,8 @@ func (cfg Config) withDefaults() Config {
 // Pool is the distributed pool. It is safe for concurrent use. Background
 // goroutines start with the first call that needs them: the renewal loop
 // (leases, waiters, cached Stats), the dispatcher with its Pub/Sub
-// subscription (first Acquire that waits) and the probe (while in
+// subscription (first Acquire that waits), the reclaimer of idle leases
+// with its own (first TryAcquire, with IdleHold) and the probe (while in
 // fallback). Close stops them.
 type Pool struct {
 	cfg        Config
@@ -442,8 +450,9 @@ func (p *Pool) Fallback() bool {
 
 // Close stops the Pool: later calls fail with ErrClosed, waiting Acquire
 // calls return ErrClosed, the background goroutines (dispatcher and its
-// subscription, renewal, probe) end, and the leases and waiter entries
-// still held in Redis are removed, best effort within 2s. It does not
+// subscription, renewal, reclaimer, probe) end, and the leases (idle ones
+// included, in batches of one script call) and waiter entries still held
+// in Redis are removed, best effort within 2s. It does not
 // close the client and is safe to call more than once. Leases released
 // after Close are no-ops.
 func (p *Pool) Close() {
