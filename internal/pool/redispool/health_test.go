@@ -26,11 +26,25 @@ import (
 // slow command does): calls that time out fail alone, as exhausted, and
 // nothing switches to the fallback pool; waiters keep their place and are
 // all served; no lease or waiter is left behind.
+// With idle leases (idle.go) the same holds.
 func TestBusyRedisNoFallback(t *testing.T) {
 	t.Parallel()
+	forIdleHolds(t, testBusyRedisNoFallback)
+}
+
+// forIdleHolds runs fn without idle leases and with them
+// (DefaultIdleHold), one after the other.
+func forIdleHolds(t *testing.T, fn func(*testing.T, time.Duration)) {
+	t.Helper()
+	for _, hold := range []time.Duration{0, DefaultIdleHold} {
+		t.Run(fmt.Sprintf("idle%s", hold), func(t *testing.T) { fn(t, hold) })
+	}
+}
+
+func testBusyRedisNoFallback(t *testing.T, idleHold time.Duration) {
 	s := redistest.Start(t)
 	admin := s.Client(t)
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 8, PerUser: 8, LeaseTTL: 3 * time.Second}
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 8, PerUser: 8, LeaseTTL: 3 * time.Second, IdleHold: idleHold}
 	var fellBack atomic.Int32
 	logs := &logBuffer{}
 	p := newTestPool(t, s.Addr, cfg, slog.New(slog.NewTextHandler(logs, nil)), func(on bool) {
@@ -97,10 +111,16 @@ func TestBusyRedisNoFallback(t *testing.T) {
 
 // A dead Redis is one: stopped, the Pool falls back on the first refused
 // call (no wait for DownAfter), and returns once it is back.
+// With idle leases the first TryAcquire may take an idle one: the
+// renewal or the release of idle leases finds Redis gone as soon.
 func TestStoppedRedisFallsBackAtOnce(t *testing.T) {
 	t.Parallel()
+	forIdleHolds(t, testStoppedRedisFallsBackAtOnce)
+}
+
+func testStoppedRedisFallsBackAtOnce(t *testing.T, idleHold time.Duration) {
 	s := redistest.Start(t)
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 2, LeaseTTL: time.Second, DownAfter: time.Minute}
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 2, PerUser: 2, LeaseTTL: time.Second, DownAfter: time.Minute, IdleHold: idleHold}
 	events := make(chan bool, 10)
 	p := newTestPool(t, s.Addr, cfg, nil, func(on bool) { events <- on })
 	ctx := context.Background()

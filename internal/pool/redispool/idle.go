@@ -60,7 +60,10 @@ func (p *Pool) takeIdle(user string) pool.Lease {
 	defer p.mu.Unlock()
 	p.startReclaimLocked()
 	s := p.idle[user]
-	if len(s) == 0 || !p.cacheOKLocked() {
+	// Handed to its own user an idle lease changes no count: the pool
+	// being full is no reason to refuse it (a refusal elsewhere asks for
+	// it back).
+	if len(s) == 0 || !p.cacheOKLocked(false) {
 		return nil
 	}
 	// The most recent first: the older ones age out.
@@ -75,7 +78,7 @@ func (p *Pool) takeIdle(user string) pool.Lease {
 
 // putIdleLocked keeps lease id of user idle, if the rules allow.
 func (p *Pool) putIdleLocked(id, user string, granted time.Time) bool {
-	if !p.cacheOKLocked() || !p.freshLocked(granted) {
+	if !p.cacheOKLocked(true) || !p.freshLocked(granted) {
 		return false
 	}
 	if p.idle == nil {
@@ -89,13 +92,18 @@ func (p *Pool) putIdleLocked(id, user string, granted time.Time) bool {
 	return true
 }
 
-// cacheOKLocked reports whether leases may be kept idle and handed out.
-func (p *Pool) cacheOKLocked() bool {
+// cacheOKLocked reports whether leases may be kept idle and handed out;
+// with notFull, also whether the pool had a free slot when last seen: the
+// pool's last slot is not parked idle.
+func (p *Pool) cacheOKLocked(notFull bool) bool {
 	if p.cfg.IdleHold <= 0 || p.closed || !p.subscribed || p.busy {
 		return false
 	}
 	if fb, _ := p.mode(); fb {
 		return false
+	}
+	if !notFull {
+		return true
 	}
 	p.statsMu.Lock()
 	full := p.inUse >= p.limit
@@ -326,7 +334,7 @@ func (p *Pool) sweep() time.Duration {
 		return 0
 	}
 	now := time.Now()
-	all := p.flushAll || !p.cacheOKLocked()
+	all := p.flushAll || !p.cacheOKLocked(false)
 	var ids, users []string
 	var next time.Duration
 	for u, s := range p.idle {
