@@ -6,6 +6,7 @@
 -- KEYS[3]  waiters ZSET: member waiter id, score enqueue time (µs)
 -- KEYS[4]  waiter expiry ZSET: member waiter id, score expiry (ms)
 -- KEYS[5]  the adaptive limit's HASH (adapt.lua), read with ARGV[8]
+-- KEYS[6]  optional: the user ZSET of the idle lease ARGV[10]
 -- ARGV[1]  lease id to add when granted
 -- ARGV[2]  global size (CONNECTION_POOL_SIZE)
 -- ARGV[3]  per-user limit (CONNECTION_POOL_PER_USER)
@@ -26,6 +27,10 @@
 --          new waiter stays in line ("waiting"), when a direct request
 --          finds no free slot ("full") or its user at the limit
 --          ("user:"..user). "" publishes nothing.
+-- ARGV[10] optional: an idle lease of another user that this process
+--          gives back in the same call (idle.go, "swap"), before the
+--          request is judged; its slot then counts as free.
+-- ARGV[11] notification channel, told when that idle lease was live
 --
 -- Fairness: a waiter is eligible when its user has a free per-user slot;
 -- of several waiters of one user only as many as it has free slots count.
@@ -61,6 +66,16 @@ local reclaim = ARGV[9] or ''
 local function notify(what)
   if reclaim ~= '' then
     redis.call('PUBLISH', reclaim, what)
+  end
+end
+
+local swap = ARGV[10] or ''
+if swap ~= '' and KEYS[6] ~= nil then
+  local exp = redis.call('ZSCORE', KEYS[1], swap)
+  redis.call('ZREM', KEYS[1], swap)
+  redis.call('ZREM', KEYS[6], swap)
+  if exp and tonumber(exp) > now_ms and (ARGV[11] or '') ~= '' then
+    redis.call('PUBLISH', ARGV[11], 'released')
   end
 end
 

@@ -76,6 +76,37 @@ func (p *Pool) takeIdle(user string) pool.Lease {
 	return &lease{p: p, id: e.id, user: user, direct: true, granted: e.granted}
 }
 
+// swapLease is an idle lease of another user that a direct request's
+// acquire.lua call gives back in the same call: a process serving many
+// users, each seldom, then makes one Redis call per direct request
+// instead of two (its own release goes idle, and the next request takes
+// it back to Redis).
+type swapLease struct{ id, user string }
+
+// takeSwap takes the oldest idle lease of one user other than user out of
+// the cache, or returns the zero swapLease. The caller gives it back to
+// Redis (runAcquire).
+func (p *Pool) takeSwap(user string) swapLease {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.idleCount == 0 || !p.cacheOKLocked(false) {
+		return swapLease{}
+	}
+	for u, s := range p.idle {
+		if u == user || len(s) == 0 {
+			continue
+		}
+		e := s[0]
+		copy(s, s[1:])
+		s[len(s)-1] = idleLease{}
+		p.idle[u] = s[:len(s)-1]
+		p.idleCount--
+		delete(p.held, e.id)
+		return swapLease{id: e.id, user: u}
+	}
+	return swapLease{}
+}
+
 // putIdleLocked keeps lease id of user idle, if the rules allow.
 func (p *Pool) putIdleLocked(id, user string, granted time.Time) bool {
 	if !p.cacheOKLocked(true) || !p.freshLocked(granted) {

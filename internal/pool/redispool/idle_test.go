@@ -446,14 +446,16 @@ func TestCloseReleasesIdleLeases(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
 	admin := s.Client(t)
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 4, PerUser: 4, IdleHold: time.Minute}
+	// One slot more than held: the pool's last slot is not parked idle.
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 5, PerUser: 4, IdleHold: time.Minute}
 	p := newTestPool(t, s.Addr, cfg, nil, nil)
-	warmIdle(t, p, "a", 2)
-	warmIdle(t, p, "b", 1)
+	// The live lease first: taken after, it would take an idle one of a
+	// back to Redis in its call (swap).
 	live, err := p.TryAcquire(context.Background(), "c")
 	if err != nil {
 		t.Fatal(err)
 	}
+	warmIdle(t, p, "a", 3)
 	if all, _ := liveLeases(t, admin, cfg.Prefix, ""); all != 4 {
 		t.Fatalf("%d leases before Close, want 3 idle and 1 live", all)
 	}
@@ -557,4 +559,39 @@ func TestIdleLeasesGoToWaiterOnCluster(t *testing.T) {
 			t.Errorf("worker waited %v for a slot kept idle, want at once", d)
 		}
 	})
+}
+
+// Many users, each once: every direct request gives back an idle lease of
+// another user in its own acquire call, so a pair costs one Redis call,
+// not two, and the process keeps no more than one lease idle.
+func TestIdleLeaseSwappedByAnotherUser(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 4, PerUser: 1, IdleHold: time.Minute}
+	p, cc := newCountedPool(t, s.Addr, cfg)
+	warmIdle(t, p, "u0", 1)
+	ctx := context.Background()
+	before := cc.calls.Load()
+	const users = 200
+	for i := 1; i <= users; i++ {
+		l, err := p.TryAcquire(ctx, fmt.Sprintf("u%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if all, _ := liveLeases(t, admin, cfg.Prefix, ""); all != 1 {
+			t.Fatalf("user %d: %d leases in Redis, want only its own (the idle one given back in its call)", i, all)
+		}
+		if _, prev := liveLeases(t, admin, cfg.Prefix, fmt.Sprintf("u%d", i-1)); prev != 0 {
+			t.Fatalf("user %d: the previous user still has %d leases", i, prev)
+		}
+		l.Release()
+		if n := p.idleLen(); n != 1 {
+			t.Fatalf("user %d: %d leases idle, want its own", i, n)
+		}
+	}
+	// The admin client's calls are not counted: only the pool's.
+	if n := cc.calls.Load() - before; n > users+2 {
+		t.Fatalf("%d pairs of distinct users made %d Redis calls, want one each", users, n)
+	}
 }

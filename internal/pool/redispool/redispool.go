@@ -556,8 +556,12 @@ func (p *Pool) startRenewalLocked() {
 // may be kept idle when released.
 func (p *Pool) tryRedis(ctx context.Context, user string, direct bool) (pool.Lease, error) {
 	id := p.newLeaseID()
+	var swap swapLease
+	if direct && p.cfg.IdleHold > 0 {
+		swap = p.takeSwap(user)
+	}
 	start := time.Now()
-	rep, err := p.runAcquire(ctx, user, id, "", 0)
+	rep, err := p.runAcquire(ctx, user, id, "", 0, swap)
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,8 @@ import (
 // BenchmarkTryAcquireRelease measures one TryAcquire plus its Release
 // against a real redis-server, one at a time and with 16 goroutines per
 // CPU sharing one Pool (each its own user), without idle leases (two
-// script calls a pair) and with them (idle.go: none in the common case),
+// script calls a pair) and with them (idle.go: none in the common case,
+// one when every pair is another user's: "distinct"),
 // and reports ops/s, the p50/p99 latency of the pair and the Redis
 // commands the Pool's client sent per pair (calls/op).
 func BenchmarkTryAcquireRelease(b *testing.B) {
@@ -37,6 +38,35 @@ func BenchmarkTryAcquireRelease(b *testing.B) {
 			for b.Loop() {
 				start := time.Now()
 				l, err := p.TryAcquire(ctx, "u")
+				if err != nil {
+					b.Fatal(err)
+				}
+				l.Release()
+				lat = append(lat, time.Since(start))
+			}
+			reportLatency(b, lat)
+			b.ReportMetric(float64(cc.calls.Load()-calls)/float64(len(lat)), "calls/op")
+		})
+
+		// Every pair by another user: with idle leases the acquire gives
+		// the previous user's idle lease back in its own call (swap).
+		b.Run(mode.name+"/distinct", func(b *testing.B) {
+			cfg := cfg
+			cfg.Prefix = redistest.Prefix(b)
+			p, cc := newCountedPool(b, s.Addr, cfg)
+			ctx := context.Background()
+			if mode.hold > 0 {
+				warmIdle(b, p, "u", 1)
+			}
+			users := make([]string, 1024)
+			for i := range users {
+				users[i] = newID()
+			}
+			lat := make([]time.Duration, 0, 1<<16)
+			calls := cc.calls.Load()
+			for b.Loop() {
+				start := time.Now()
+				l, err := p.TryAcquire(ctx, users[len(lat)%len(users)])
 				if err != nil {
 					b.Fatal(err)
 				}

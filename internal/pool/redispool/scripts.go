@@ -118,8 +118,10 @@ type acquireReply struct {
 
 // runAcquire runs acquire.lua for lease id; member is "" for a direct
 // request, else the waiter's member, whose place in line is since (µs
-// since the epoch; 0 means now).
-func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since int64) (acquireReply, error) {
+// since the epoch; 0 means now). swap, when not zero, is an idle lease
+// given back in the same call (idle.go); it is gone afterwards whatever
+// the answer, or filed for the next renewal round to release.
+func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since int64, swap swapLease) (acquireReply, error) {
 	// Without an adaptive limit the fifth key is never read; the leases
 	// key stands in so that every key stays in the {pool} slot.
 	limitKey, adaptive := p.limitKey, "1"
@@ -127,6 +129,9 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 		limitKey, adaptive = p.leasesKey, "0"
 	}
 	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey, limitKey}
+	if swap.id != "" {
+		keys = append(keys, UserKey(p.cfg.Prefix, swap.user))
+	}
 	gen := p.reclaimGen.Load()
 	// The script ran after the caller was told it failed (Redis was slow or
 	// paused): a lease it granted has no holder, and a waiter entry it
@@ -143,8 +148,15 @@ func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since in
 		}
 	}
 	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
-		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since, adaptive, p.reclaim)
+		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since, adaptive, p.reclaim, swap.id, p.channel)
 	if err != nil {
+		if swap.id != "" {
+			// The script may not have run: release it like any other.
+			p.releaseLater(swap.id, swap.user)
+			p.mu.Lock()
+			p.startRenewalLocked()
+			p.mu.Unlock()
+		}
 		if _, slow := errors.AsType[*slowError](err); slow {
 			// The script may have run, or run later, and its late reply is
 			// never read when the client stops reading at the deadline

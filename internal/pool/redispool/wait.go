@@ -329,7 +329,7 @@ func (p *Pool) pass() {
 		p.mu.Unlock()
 
 		id := p.newLeaseID()
-		rep, err := p.runAcquire(context.Background(), w.user, id, w.member, w.since)
+		rep, err := p.runAcquire(context.Background(), w.user, id, w.member, w.since, swapLease{})
 
 		var res *result
 		var ue *unavailableError
