@@ -479,9 +479,10 @@ func TestUpstreamModelsAndSessionHeader(t *testing.T) {
 }
 
 // With ADAPTIVE_CONCURRENCY and several upstreams each upstream has its
-// own limit: a replica that throttles above 2 calls at once has its limit
-// lowered while the other keeps its full share, the pool keeps
-// CONNECTION_POOL_SIZE, and every request completes.
+// own limit, one for the cluster: a replica that throttles above 2 calls
+// at once has its limit lowered (the same in both apis) while the other
+// keeps its full share, the pool keeps CONNECTION_POOL_SIZE, and every
+// request completes.
 func TestAdaptiveConcurrencyPerUpstream(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts redis-server")
@@ -505,10 +506,15 @@ func TestAdaptiveConcurrencyPerUpstream(t *testing.T) {
 		"SHUTDOWN_GRACE_SECONDS": "1",
 	}
 	_, url, _ := startAPI(t, testConfig(t, env))
+	_, url2, _ := startAPI(t, testConfig(t, env))
 	var wg sync.WaitGroup
 	for i := range 24 {
 		wg.Go(func() {
-			rep := streamOnce(t, url, fmt.Sprint("adaptive per upstream ", i), base, map[string]string{"X-User-ID": fmt.Sprint("u", i)})
+			to := url
+			if i%2 == 1 {
+				to = url2
+			}
+			rep := streamOnce(t, to, fmt.Sprint("adaptive per upstream ", i), base, map[string]string{"X-User-ID": fmt.Sprint("u", i)})
 			if rep.Lost || rep.Terminal != protocol.EventDone {
 				t.Errorf("request %d: lost=%v reason=%s detail=%s terminal=%q", i, rep.Lost, rep.Reason, rep.Detail, rep.Terminal)
 			}
@@ -522,10 +528,15 @@ func TestAdaptiveConcurrencyPerUpstream(t *testing.T) {
 		t.Fatalf("the wide upstream answered %d 429s", wideSim.Throttled())
 	}
 	name := func(u string) string { return strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/v1") }
-	limit := func(u string) float64 {
-		return scrape(t, url+"/metrics", fmt.Sprintf("spillway_upstream_effective_limit{upstream=%q}", name(u)))
+	limitIn := func(api, u string) float64 {
+		return scrape(t, api+"/metrics", fmt.Sprintf("spillway_upstream_effective_limit{upstream=%q}", name(u)))
 	}
-	testutil.Eventually(t, 10*time.Second, func() bool { n := limit(narrowURL); return n >= 1 && n < 8 }, "the narrow upstream's limit lowered")
+	limit := func(u string) float64 { return limitIn(url, u) }
+	// One limit for the cluster: both apis report the same lowered one.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		n := limit(narrowURL)
+		return n >= 1 && n < 8 && limitIn(url2, narrowURL) == n
+	}, "the narrow upstream's limit lowered, the same in both apis")
 	if got := limit(wideURL); got != 8 {
 		t.Errorf("the wide upstream's limit is %v, want its full 8", got)
 	}
