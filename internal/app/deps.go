@@ -41,7 +41,8 @@ type deps struct {
 	// recent is the cluster-wide last minute of provider calls and queue
 	// waits this process adds to (the degradation level's inputs).
 	recent *admission.Recent
-	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off.
+	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off
+	// or when each upstream has its own (newBalancer).
 	adaptive *adaptive.Controller
 	// runs are the background loops every process runs for its whole
 	// life and stops after its last job or stream: recent's flush.
@@ -89,10 +90,12 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 		return nil, err
 	}
 	d.runs = append(d.runs, d.recent.Run)
-	if err := d.newProvider(role, opts.Provider); err != nil {
+	// The pool before the provider: with several upstreams, their
+	// adaptive limits live in the pool's store.
+	if d.pool, err = d.newPool(role, opts.Provider == nil && usesBalancer(cfg)); err != nil {
 		return nil, err
 	}
-	if d.pool, err = d.newPool(role); err != nil {
+	if err := d.newProvider(role, opts.Provider); err != nil {
 		return nil, err
 	}
 	if role == roleConsumer || cfg.QueueFailoverEnabled {
@@ -142,8 +145,10 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 // reported in spillway_pool_fallback. With ADAPTIVE_CONCURRENCY it also
 // builds the controller that moves the pool's limit, kept in the pool's
 // own store: in process for a local pool, in Redis for the shared one
-// (docs/OPERATIONS.md, "Adaptive concurrency").
-func (d *deps) newPool(role string) (pool.Pool, error) {
+// (docs/OPERATIONS.md, "Adaptive concurrency"); unless perUpstream, when
+// the Balancer runs one limit per upstream instead (newBalancer) and the
+// pool keeps CONNECTION_POOL_SIZE.
+func (d *deps) newPool(role string, perUpstream bool) (pool.Pool, error) {
 	cfg := d.cfg
 	log := d.log.With("component", "pool")
 	if cfg.PoolBackend != config.PoolBackendRedis {
@@ -151,7 +156,7 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 		if err != nil {
 			return nil, err
 		}
-		if cfg.AdaptiveConcurrency {
+		if cfg.AdaptiveConcurrency && !perUpstream {
 			if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), adaptive.NewLocalStore(), log, p.SetLimit); err != nil {
 				return nil, err
 			}
@@ -184,7 +189,7 @@ func (d *deps) newPool(role string) (pool.Pool, error) {
 	}
 	// The pool's leases go before the client closes.
 	d.closers = append(d.closers, p.Close)
-	if cfg.AdaptiveConcurrency {
+	if cfg.AdaptiveConcurrency && !perUpstream {
 		if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), p, log, nil); err != nil {
 			return nil, err
 		}

@@ -3,10 +3,13 @@ package app
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 
 	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/upstream"
 )
@@ -44,9 +47,23 @@ func usesBalancer(cfg *config.Config) bool {
 // the upstream (spillway_circuit_state{provider}); the Balancer routes
 // around an open one, and the returned Circuits refuse at the gate only
 // while every one is open.
+//
+// With ADAPTIVE_CONCURRENCY each upstream has its own adaptive limit
+// (named upstream/<name>, in the pool's store: cluster-wide with the Redis
+// pool) between ADAPTIVE_CONCURRENCY_FLOOR and its max_concurrency, or
+// CONNECTION_POOL_SIZE for one without: a throttling replica is slowed
+// down alone, and its cap is the lower of the two.
 func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits, error) {
 	cfg := d.cfg
 	specs := cfg.Upstreams
+	if cfg.AdaptiveConcurrency {
+		specs = slices.Clone(specs)
+		for i := range specs {
+			if specs[i].MaxConcurrency == 0 {
+				specs[i].MaxConcurrency = cfg.ConnectionPoolSize
+			}
+		}
+	}
 	var (
 		caps   upstream.Caps
 		health upstream.Health
@@ -79,6 +96,10 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits
 	if err != nil {
 		return nil, nil, fmt.Errorf("app: upstream metrics: %w", err)
 	}
+	limits, err := d.upstreamLimits(specs, caps.(limitSetter), m, log)
+	if err != nil {
+		return nil, nil, err
+	}
 	breakers := make([]*admission.Breaker, 0, len(specs))
 	b, err := upstream.New(specs, BalancerConfig(cfg), upstream.Deps{
 		NewProvider: func(s upstream.Spec) (llm.Provider, error) {
@@ -91,10 +112,13 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits
 			}
 			om, name := d.obs.m, s.Name
 			om.UpstreamKnown(name)
-			counted := llm.CountResponses(c, func(code string) { om.UpstreamResponded(name, code) })
+			var p llm.Provider = llm.CountResponses(c, func(code string) { om.UpstreamResponded(name, code) })
+			if ctl := limits[name]; ctl != nil {
+				p = llm.Observe(p, ctl.Observe)
+			}
 			bc := BreakerConfig(cfg)
 			bc.Name = name
-			br, err := admission.NewBreaker(bc, counted, om, d.log)
+			br, err := admission.NewBreaker(bc, p, om, d.log)
 			if err != nil {
 				return nil, err
 			}
@@ -120,6 +144,43 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits
 		return nil, nil, fmt.Errorf("app: upstream circuits: %w", err)
 	}
 	return b, circuits, nil
+}
+
+// limitSetter is the caps' side of adaptive concurrency per upstream
+// (upstream.LocalCaps and RedisCaps).
+type limitSetter interface{ SetLimit(i, n int) }
+
+// upstreamLimits returns, with ADAPTIVE_CONCURRENCY on, one adaptive
+// controller per upstream by name, each running for the process's life
+// and setting its upstream's cap in caps and the
+// spillway_upstream_effective_limit gauge after every report; nil when
+// off. Each learns from its upstream's calls only (llm.Observe around the
+// upstream's client, inside its circuit breaker: a refusal by an open
+// circuit is no call).
+func (d *deps) upstreamLimits(specs []upstream.Spec, caps limitSetter, m *upstream.Prometheus, log *slog.Logger) (map[string]*adaptive.Controller, error) {
+	cfg := d.cfg
+	if !cfg.AdaptiveConcurrency {
+		return nil, nil
+	}
+	store, ok := d.pool.(adaptive.Store)
+	if !ok {
+		store = adaptive.NewLocalStore()
+	}
+	ctls := make(map[string]*adaptive.Controller, len(specs))
+	for i, s := range specs {
+		ac := UpstreamAdaptiveConfig(cfg, s)
+		ctl, err := adaptive.New(ac, store, log, func(n int) {
+			caps.SetLimit(i, n)
+			m.Limit(s.Name, n)
+		})
+		if err != nil {
+			return nil, fmt.Errorf("app: adaptive limit of upstream %s: %w", s.Name, err)
+		}
+		m.Limit(s.Name, s.MaxConcurrency)
+		ctls[s.Name] = ctl
+		d.runs = append(d.runs, ctl.Run)
+	}
+	return ctls, nil
 }
 
 // waitingProvider is the workers' view of the provider: a call marks its

@@ -477,3 +477,71 @@ func TestUpstreamModelsAndSessionHeader(t *testing.T) {
 		t.Fatalf("GET /v1/models lists %v, want the union m-a, m-shared, m-b", ids)
 	}
 }
+
+// With ADAPTIVE_CONCURRENCY and several upstreams each upstream has its
+// own limit, one for the cluster: a replica that throttles above 2 calls
+// at once has its limit lowered (the same in both apis) while the other
+// keeps its full share, the pool keeps CONNECTION_POOL_SIZE, and every
+// request completes.
+func TestAdaptiveConcurrencyPerUpstream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts redis-server")
+	}
+	t.Parallel()
+	base := llm.SimConfig{FirstToken: 5 * time.Millisecond, TokenInterval: 20 * time.Millisecond, Tokens: 16, Seed: 13}
+	narrow := base
+	narrow.MaxConcurrency = 2
+	narrowSim, narrowURL := startSimllm(t, narrow)
+	wideSim, wideURL := startSimllm(t, base)
+	r := redistest.Start(t)
+	env := map[string]string{
+		"REDIS_URL": r.URL(), "QUEUE_PREFIX": redistest.Prefix(t),
+		"LLM_PROVIDER": "openai", "LLM_BASE_URL": narrowURL + "," + wideURL,
+		"CONNECTION_POOL_SIZE": "8", "CONNECTION_POOL_PER_USER": "8",
+		"ADAPTIVE_CONCURRENCY": "true", "ADAPTIVE_INTERVAL_MS": "200", "LLM_RETRY_AFTER_MAX_SECONDS": "1",
+		"LLM_UPSTREAM_COOLDOWN_SECONDS": "1", "QUEUE_FAILOVER_MAX_RETRIES": "20",
+		"EMBEDDED_WORKERS": "true", "WORKER_CONCURRENCY": "8",
+		"WORKER_HEARTBEAT_SECONDS": "1", "QUEUE_RECLAIM_IDLE_SECONDS": "2",
+		"QUEUE_FAILOVER_BASE_DELAY_MS": "10", "QUEUE_FAILOVER_MAX_DELAY_MS": "50",
+		"SHUTDOWN_GRACE_SECONDS": "1",
+	}
+	_, url, _ := startAPI(t, testConfig(t, env))
+	_, url2, _ := startAPI(t, testConfig(t, env))
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Go(func() {
+			to := url
+			if i%2 == 1 {
+				to = url2
+			}
+			rep := streamOnce(t, to, fmt.Sprint("adaptive per upstream ", i), base, map[string]string{"X-User-ID": fmt.Sprint("u", i)})
+			if rep.Lost || rep.Terminal != protocol.EventDone {
+				t.Errorf("request %d: lost=%v reason=%s detail=%s terminal=%q", i, rep.Lost, rep.Reason, rep.Detail, rep.Terminal)
+			}
+		})
+	}
+	wg.Wait()
+	if narrowSim.Throttled() == 0 {
+		t.Fatal("the narrow upstream never answered 429: nothing to adapt to")
+	}
+	if wideSim.Throttled() != 0 {
+		t.Fatalf("the wide upstream answered %d 429s", wideSim.Throttled())
+	}
+	name := func(u string) string { return strings.TrimSuffix(strings.TrimPrefix(u, "http://"), "/v1") }
+	limitIn := func(api, u string) float64 {
+		return scrape(t, api+"/metrics", fmt.Sprintf("spillway_upstream_effective_limit{upstream=%q}", name(u)))
+	}
+	limit := func(u string) float64 { return limitIn(url, u) }
+	// One limit for the cluster: both apis report the same lowered one.
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		n := limit(narrowURL)
+		return n >= 1 && n < 8 && limitIn(url2, narrowURL) == n
+	}, "the narrow upstream's limit lowered, the same in both apis")
+	if got := limit(wideURL); got != 8 {
+		t.Errorf("the wide upstream's limit is %v, want its full 8", got)
+	}
+	if got := scrape(t, url+"/metrics", "spillway_pool_effective_limit"); got != 8 {
+		t.Errorf("pool limit %v, want CONNECTION_POOL_SIZE: with several upstreams each adapts alone", got)
+	}
+	t.Logf("narrow limit %v after %d throttles; wide served %d calls", limit(narrowURL), narrowSim.Throttled(), wideSim.Requests())
+}

@@ -120,6 +120,22 @@ func AdaptiveConfig(cfg *config.Config) adaptive.Config {
 	}
 }
 
+// UpstreamLimitPrefix begins the name of an upstream's adaptive limit;
+// the upstream's name follows.
+const UpstreamLimitPrefix = "upstream/"
+
+// UpstreamAdaptiveConfig is the adaptive limit of one of several
+// upstreams, s (whose MaxConcurrency newBalancer has filled in): between
+// ADAPTIVE_CONCURRENCY_FLOOR (at most s's cap) and s's cap, paced and
+// targeted like the pool's.
+func UpstreamAdaptiveConfig(cfg *config.Config, s upstream.Spec) adaptive.Config {
+	ac := AdaptiveConfig(cfg)
+	ac.Name = UpstreamLimitPrefix + s.Name
+	ac.Params.Ceiling = s.MaxConcurrency
+	ac.Params.Floor = min(ac.Params.Floor, s.MaxConcurrency)
+	return ac
+}
+
 // RedisStreamConfig is the Redis Streams queue; member names this process
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {

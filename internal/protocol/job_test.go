@@ -377,3 +377,21 @@ func TestValidUserID(t *testing.T) {
 		})
 	}
 }
+
+// A field this version does not know is ignored, so a consumer keeps
+// taking the jobs of a newer api during a rolling upgrade as long as the
+// version stays (a field an old consumer must not ignore bumps it).
+func TestDecodeJobIgnoresUnknownFields(t *testing.T) {
+	b := []byte(strings.TrimSuffix(sampleJobWire, `}`) + `,"added_later":{"x":[1,2]}}`)
+	j, err := DecodeJob(b)
+	if err != nil {
+		t.Fatalf("DecodeJob with an unknown field: %v", err)
+	}
+	want, err := DecodeJob([]byte(sampleJobWire))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if j.RequestID != want.RequestID || len(j.Payload.Messages) != len(want.Payload.Messages) {
+		t.Fatalf("decoded %+v, want %+v", j, want)
+	}
+}

@@ -388,7 +388,7 @@ func (b *Balancer) reserve(ctx context.Context, req *protocol.ChatRequest, a ask
 			continue
 		}
 		if skip&(1<<i) != 0 || now.UnixNano() < u.quotaUntil.Load() ||
-			(u.caps != nil && u.caps.Load(i) >= u.Spec.MaxConcurrency) {
+			(u.caps != nil && u.caps.Load(i) >= u.caps.Limit(i)) {
 			down = false
 			continue
 		}

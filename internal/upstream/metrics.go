@@ -46,9 +46,11 @@ func (NopMetrics) FirstChunk(string, time.Duration) {}
 
 // Prometheus exports the per-upstream metrics of docs/METRICS.md:
 // spillway_upstream_in_flight{upstream}, spillway_upstream_healthy{upstream},
-// spillway_upstream_requests_total{upstream,outcome} and
-// spillway_upstream_first_chunk_seconds{upstream}.
+// spillway_upstream_requests_total{upstream,outcome},
+// spillway_upstream_first_chunk_seconds{upstream} and, set by whoever runs
+// adaptive concurrency per upstream, spillway_upstream_effective_limit{upstream}.
 type Prometheus struct {
+	limit      *prometheus.GaugeVec
 	inFlight   *prometheus.GaugeVec
 	healthy    *prometheus.GaugeVec
 	requests   *prometheus.CounterVec
@@ -65,6 +67,9 @@ var firstChunkBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30
 // when reg already holds collectors of these names.
 func NewPrometheus(reg prometheus.Registerer) (*Prometheus, error) {
 	p := &Prometheus{
+		limit: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spillway_upstream_effective_limit", Help: "Calls at once each capped upstream allows now: its max_concurrency, lowered by adaptive concurrency (cluster-wide with the Redis pool).",
+		}, []string{"upstream"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "spillway_upstream_in_flight", Help: "Calls in flight on each upstream from this process.",
 		}, []string{"upstream"}),
@@ -79,12 +84,17 @@ func NewPrometheus(reg prometheus.Registerer) (*Prometheus, error) {
 			Buckets: firstChunkBuckets,
 		}, []string{"upstream"}),
 	}
-	for _, c := range []prometheus.Collector{p.inFlight, p.healthy, p.requests, p.firstChunk} {
+	for _, c := range []prometheus.Collector{p.limit, p.inFlight, p.healthy, p.requests, p.firstChunk} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return p, nil
+}
+
+// Limit sets spillway_upstream_effective_limit.
+func (p *Prometheus) Limit(upstream string, n int) {
+	p.limit.WithLabelValues(upstream).Set(float64(n))
 }
 
 // InFlight sets spillway_upstream_in_flight.

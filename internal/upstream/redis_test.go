@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -307,5 +308,72 @@ func TestTwoProcessesThreeUpstreamsOneFailing(t *testing.T) {
 	}, "failed upstream re-admitted in both processes")
 	if mocks[2].calls.Load() <= before || !strings.Contains(logs.String(), "upstream: returned") {
 		t.Fatalf("re-admitted without a trial call (calls %d→%d) or without a log line", before, mocks[2].calls.Load())
+	}
+}
+
+// An adaptive limit lowers a cap in both kinds of caps, never below 1 nor
+// above max_concurrency; an upstream without a cap keeps none; a raised
+// limit wakes waiters.
+func TestCapsSetLimit(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	specs := []Spec{{Name: "gpu", MaxConcurrency: 4}, {Name: "free"}}
+	for _, tc := range []struct {
+		name string
+		caps interface {
+			Caps
+			SetLimit(i, n int)
+		}
+	}{
+		{"local", NewLocalCaps(specs)},
+		{"redis", newRedisCaps(t, srv.Client(t), specs, RedisConfig{Prefix: redistest.Prefix(t)})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.caps
+			c.SetLimit(0, 2)
+			c.SetLimit(1, 2)
+			if c.Limit(0) != 2 || c.Limit(1) != 0 {
+				t.Fatalf("limits %d and %d, want 2 and none", c.Limit(0), c.Limit(1))
+			}
+			s1, err1 := c.TryAcquire(context.Background(), 0)
+			s2, err2 := c.TryAcquire(context.Background(), 0)
+			if err1 != nil || err2 != nil {
+				t.Fatalf("two slots under a limit of 2: %v, %v", err1, err2)
+			}
+			if _, err := c.TryAcquire(context.Background(), 0); !errors.Is(err, ErrFull) {
+				t.Fatalf("third slot under a limit of 2: %v, want ErrFull", err)
+			}
+			for range 5 {
+				s, err := c.TryAcquire(context.Background(), 1)
+				if err != nil {
+					t.Fatalf("uncapped upstream: %v", err)
+				}
+				defer c.Release(s)
+			}
+			woken := c.Changed()
+			c.SetLimit(0, 100)
+			select {
+			case <-woken:
+			case <-time.After(5 * time.Second):
+				t.Fatal("a raised limit did not wake waiters")
+			}
+			if c.Limit(0) != 4 {
+				t.Fatalf("limit %d after asking 100, want max_concurrency 4", c.Limit(0))
+			}
+			s3, err := c.TryAcquire(context.Background(), 0)
+			if err != nil {
+				t.Fatalf("third slot under the raised limit: %v", err)
+			}
+			c.SetLimit(0, 0)
+			if c.Limit(0) != 1 {
+				t.Fatalf("limit %d after asking 0, want the floor of 1", c.Limit(0))
+			}
+			if _, err := c.TryAcquire(context.Background(), 0); !errors.Is(err, ErrFull) {
+				t.Fatalf("slot while 3 are held under a limit of 1: %v, want ErrFull", err)
+			}
+			for _, s := range []Slot{s1, s2, s3} {
+				c.Release(s)
+			}
+		})
 	}
 }

@@ -96,9 +96,10 @@ func (c RedisConfig) Validate() error {
 // Redis is tried again at most once a second, and each switch is logged.
 // The cluster may then exceed a cap by the number of processes.
 type RedisCaps struct {
-	rdb    redis.UniversalClient
-	cfg    RedisConfig
-	specs  []Spec
+	rdb   redis.UniversalClient
+	cfg   RedisConfig
+	specs []Spec
+	limits
 	keys   []string // InFlightKey per upstream
 	byName map[string]int
 	log    *slog.Logger
@@ -134,7 +135,7 @@ func NewRedisCaps(rdb redis.UniversalClient, specs []Spec, cfg RedisConfig, log 
 	var rnd [6]byte
 	_, _ = rand.Read(rnd[:])
 	c := &RedisCaps{
-		rdb: rdb, cfg: cfg, specs: specs, log: log,
+		rdb: rdb, cfg: cfg, specs: specs, log: log, limits: newLimits(specs),
 		keys:     make([]string, len(specs)),
 		byName:   make(map[string]int, len(specs)),
 		idPrefix: cfg.Holder + "/" + hex.EncodeToString(rnd[:]) + ":",
@@ -170,6 +171,10 @@ func (c *RedisCaps) TryAcquire(ctx context.Context, i int) (Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return Slot{}, err
 	}
+	if c.Limit(i) == 0 {
+		// No cap: nothing to share (the Balancer does not ask).
+		return c.local.TryAcquire(ctx, i)
+	}
 	if c.degraded.Load() {
 		next := c.nextProbe.Load()
 		now := time.Now().UnixNano()
@@ -181,7 +186,7 @@ func (c *RedisCaps) TryAcquire(ctx context.Context, i int) (Slot, error) {
 	cctx, cancel := context.WithTimeout(ctx, redisCallTimeout)
 	defer cancel()
 	res, err := capsAcquire.Run(cctx, c.rdb, []string{c.keys[i]},
-		id, c.specs[i].MaxConcurrency, c.cfg.LeaseTTL.Milliseconds()).Int64Slice()
+		id, c.Limit(i), c.cfg.LeaseTTL.Milliseconds()).Int64Slice()
 	if err != nil {
 		if ctx.Err() != nil {
 			return Slot{}, fmt.Errorf("upstream: acquire %s: %w", c.specs[i].Name, ctx.Err())
@@ -245,8 +250,19 @@ func (c *RedisCaps) Load(i int) int {
 	return int(c.loads[i].Load())
 }
 
-// Changed returns a channel closed at the next release anywhere, and at
-// least every second.
+// SetLimit makes upstream i's limit n (adaptive concurrency, whose limit
+// is the same in every process), within 1 and its MaxConcurrency, here
+// and in the local fallback; calls already in flight above it finish. A
+// raised limit wakes waiters.
+func (c *RedisCaps) SetLimit(i, n int) {
+	c.local.SetLimit(i, n)
+	if c.set(i, n) {
+		c.change.notify()
+	}
+}
+
+// Changed returns a channel closed at the next release anywhere or raised
+// limit, and at least every second.
 func (c *RedisCaps) Changed() <-chan struct{} { return c.change.wait() }
 
 func (c *RedisCaps) setDegraded(on bool, err error) {
