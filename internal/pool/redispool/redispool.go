@@ -350,7 +350,7 @@ func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) 
 	if fb, _ := p.mode(); fb {
 		return p.local.TryAcquire(ctx, user)
 	}
-	if p.cfg.IdleHold > 0 {
+	if p.cfg.IdleHold > 0 && ctx.Err() == nil {
 		if l := p.takeIdle(user); l != nil {
 			return l, nil
 		}
