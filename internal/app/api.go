@@ -152,12 +152,15 @@ func (a *API) positions() failover.Positioner {
 // buildStreamLog builds the per-request stream log (docs/API.md, "Resume
 // and stop"), and a canceller for stops when there is no queue.
 func (a *API) buildStreamLog() (*streamlog.Appender, *streamlog.Reader, error) {
-	logw, err := streamlog.NewAppender(StreamLogConfig(a.cfg), a.rdb, a.log.With("component", "streamlog"))
+	lc := StreamLogConfig(a.cfg)
+	lc.OnDrop = a.obs.m.StreamLogDropped.Inc
+	logw, err := streamlog.NewAppender(lc, a.rdb, a.log.With("component", "streamlog"))
 	if err != nil {
 		return nil, nil, err
 	}
 	// Run stops after the HTTP drain, once no stream appends any more.
 	a.background = append(a.background, logw.Run)
+
 	logr, err := streamlog.NewReader(a.cfg.QueuePrefix, a.rdb)
 	if err != nil {
 		return nil, nil, err

@@ -60,6 +60,7 @@ type Metrics struct {
 	SubscriptionsLost *prometheus.CounterVec   // spillway_subscriptions_lost_total{reason}
 	ResultsDropped    *prometheus.CounterVec   // spillway_results_dropped_total{reason}
 	StreamGaps        *prometheus.CounterVec   // spillway_stream_gaps_total{outcome}
+	StreamLogDropped  prometheus.Counter       // spillway_stream_log_dropped_total
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
 	DegradationLevel  prometheus.Gauge         // spillway_degradation_level
 	RedisCommand      *prometheus.HistogramVec // spillway_redis_command_seconds{op}
@@ -142,6 +143,9 @@ func New(reg prometheus.Registerer) *Metrics {
 		StreamGaps: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "spillway_stream_gaps_total", Help: "Gaps in queued answers' sequence, by outcome (healed, broken).",
 		}, []string{"outcome"}),
+		StreamLogDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "spillway_stream_log_dropped_total", Help: "Stream log entries dropped because Redis fell too far behind; a resume of their streams ends at the gap.",
+		}),
 		RedisCommand: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "spillway_redis_command_seconds", Help: "Redis commands as this process saw them (queueing for a connection included), by command (evalsha for scripts, pipeline for pipelines).",
 			Buckets: redisBuckets,
@@ -157,7 +161,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
 		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.ResultsDropped, m.StreamGaps,
-		m.TraceInvalid, m.RedisCommand, m.PoolLimit, m.DegradationLevel)
+		m.TraceInvalid, m.RedisCommand, m.PoolLimit, m.DegradationLevel, m.StreamLogDropped)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)

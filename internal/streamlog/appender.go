@@ -27,8 +27,15 @@ const (
 	// before it is written: short enough that a resume on another process
 	// sees it live, long enough to batch a busy process's chunks.
 	DefaultFlushInterval = 5 * time.Millisecond
-	// DefaultMaxBatch flushes early when this many events wait.
+	// DefaultMaxBatch flushes early when this many events wait. A flush
+	// also takes whatever else waits by then, up to backlogBatches times
+	// as many, so a backlog is written in fewer, larger pipelines.
 	DefaultMaxBatch = 512
+	// backlogBatches bounds one flush at this many MaxBatches.
+	backlogBatches = 8
+	// dropLogEvery is the least time between two log lines about dropped
+	// entries; each says how many were dropped since the last.
+	dropLogEvery = time.Minute
 	// DefaultBuffer is how many events may wait for a flush; when Redis
 	// is slower than that, further events are dropped (and counted)
 	// rather than slowing every stream down.
@@ -49,6 +56,8 @@ type Config struct {
 	FlushInterval time.Duration
 	MaxBatch      int
 	Buffer        int
+	// OnDrop, if not nil, is called for every entry dropped (a metric).
+	OnDrop func()
 }
 
 func (c Config) withDefaults() Config {
@@ -104,6 +113,8 @@ type Appender struct {
 	in      chan item
 	dropped atomic.Int64
 	batches atomic.Int64
+	// droppedLogged is when a drop was last logged (Unix ns; 0: never).
+	droppedLogged atomic.Int64
 }
 
 // NewAppender returns an appender on rdb; Run must run for it to write.
@@ -136,8 +147,14 @@ func (a *Appender) put(it item) bool {
 	case a.in <- it:
 		return true
 	default:
-		if a.dropped.Add(1) == 1 {
-			a.log.Warn("stream log behind, entries dropped", "request_id", it.requestID)
+		n := a.dropped.Add(1)
+		if a.cfg.OnDrop != nil {
+			a.cfg.OnDrop()
+		}
+		now := time.Now().UnixNano()
+		if last := a.droppedLogged.Load(); (last == 0 || now-last >= int64(dropLogEvery)) && a.droppedLogged.CompareAndSwap(last, now) {
+			a.log.Warn("stream log behind Redis, entries dropped: a resume of these streams ends at the gap",
+				"dropped_total", n, "request_id", it.requestID, "buffer", a.cfg.Buffer)
 		}
 		return false
 	}
@@ -170,16 +187,30 @@ func (a *Appender) Run(ctx context.Context) {
 			batch = append(batch, it)
 			if len(batch) >= a.cfg.MaxBatch {
 				tick.Stop()
-				batch = a.flush(ctx, batch)
+				batch = a.flush(ctx, a.drainUpTo(batch, backlogBatches*a.cfg.MaxBatch))
 			}
 		case <-tick.C:
-			batch = a.flush(ctx, batch)
+			batch = a.flush(ctx, a.drainUpTo(batch, backlogBatches*a.cfg.MaxBatch))
 		case <-ctx.Done():
 			tick.Stop()
 			a.flush(context.WithoutCancel(ctx), a.drain(batch))
 			return
 		}
 	}
+}
+
+// drainUpTo appends to batch what is waiting, without waiting, until
+// batch holds max entries.
+func (a *Appender) drainUpTo(batch []item, max int) []item {
+	for len(batch) < max {
+		select {
+		case it := <-a.in:
+			batch = append(batch, it)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // drain appends to batch what is still waiting, without waiting.

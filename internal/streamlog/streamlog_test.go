@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,5 +107,53 @@ func TestReadRefusesMalformedEntry(t *testing.T) {
 		if _, _, err := r.Read(t.Context(), "evil", "", 0); !errors.Is(err, streamlog.ErrMalformed) {
 			t.Errorf("%v: err %v, want ErrMalformed", vals, err)
 		}
+	}
+}
+
+// While Redis stalls, entries wait; a backlog goes out in pipelines of
+// several MaxBatches, and what does not fit the buffer is dropped and
+// counted, never blocking the appending stream.
+func TestBacklogAndDrops(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	const maxBatch, buffer, n = 16, 1024, 1500
+	var onDrop atomic.Int64
+	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute, MaxBatch: maxBatch, Buffer: buffer,
+		OnDrop: func() { onDrop.Add(1) }}, srv)
+	admin := srv.Client(t)
+	// One write goes out, then Redis stalls writes: the appender's next
+	// pipeline waits and the rest pile up behind it.
+	a.Open("req-b", "alice")
+	testutil.Eventually(t, 5*time.Second, func() bool { return a.Batches() == 1 && a.Pending() == 0 }, "the first write out")
+	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "400", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	kept := 0
+	for i := 1; i <= n; i++ {
+		if a.Append("req-b", streamlog.Event{ID: int64(i), Data: []byte(`{}`)}) {
+			kept++
+		}
+	}
+	if took := time.Since(start); took > 300*time.Millisecond {
+		t.Errorf("appending %d entries took %v while Redis stalled: Append must not wait", n, took)
+	}
+	if dropped := a.Dropped(); dropped == 0 || int(dropped)+kept != n || onDrop.Load() != dropped {
+		t.Fatalf("kept %d and dropped %d of %d (OnDrop called %d times): want some dropped, every entry either, each drop reported",
+			kept, dropped, n, onDrop.Load())
+	}
+	key := streamlog.Key(prefix, "req-b")
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		l, err := admin.XLen(t.Context(), key).Result()
+		return err == nil && int(l) == kept+1
+	}, "every kept entry written once Redis answers")
+	// The backlog went out in pipelines of up to 8 MaxBatches, not one per
+	// MaxBatch.
+	if b, naive := a.Batches(), int64(kept/maxBatch); b >= naive/2 {
+		t.Errorf("%d pipelines for a backlog of %d entries; one per MaxBatch would be %d", b, kept, naive)
 	}
 }
