@@ -225,8 +225,10 @@ func (a *Appender) drain(batch []item) []item {
 	}
 }
 
-// flush writes batch in one pipeline: an XADD per entry and one PEXPIRE
-// per log touched. It returns batch emptied for reuse.
+// flush writes batch in one pipeline: per log touched, an XADD for its
+// owner entry if it is in batch, one for each run of its events (a batch
+// entry, or a plain one for a single event) and a PEXPIRE. It returns
+// batch emptied for reuse.
 func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	if len(batch) == 0 {
 		return batch
@@ -235,19 +237,49 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	defer cancel()
 	a.batches.Add(1)
 	pipe := a.rdb.Pipeline()
-	seen := make(map[string]struct{}, 8)
-	for _, it := range batch {
-		key := Key(a.cfg.Prefix, it.requestID)
-		var values []any
-		if it.owner != "" {
-			values = []any{fieldOwner, it.owner}
-		} else {
-			values = []any{fieldID, strconv.FormatInt(it.ev.ID, 10), fieldEvent, it.ev.Name, fieldData, it.ev.Data}
+	// Each log's items in their order, logs in order of first appearance:
+	// a run of events of one log goes out as one batch entry.
+	byLog := make(map[string][]int, 8)
+	var logs []string
+	for i, it := range batch {
+		if _, ok := byLog[it.requestID]; !ok {
+			logs = append(logs, it.requestID)
 		}
-		pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: values})
-		seen[key] = struct{}{}
+		byLog[it.requestID] = append(byLog[it.requestID], i)
 	}
-	for key := range seen {
+	var run []Event
+	for _, id := range logs {
+		key := Key(a.cfg.Prefix, id)
+		idx := byLog[id]
+		for j := 0; j < len(idx); {
+			it := batch[idx[j]]
+			if it.owner != "" {
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{fieldOwner, it.owner}})
+				j++
+				continue
+			}
+			run = run[:0]
+			for ; j < len(idx) && len(run) < maxBatchEvents; j++ {
+				next := batch[idx[j]]
+				if next.owner != "" || !batchable(next.ev) {
+					break
+				}
+				run = append(run, next.ev)
+			}
+			switch len(run) {
+			case 0:
+				// Not batchable: an entry of its own, as ever.
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{
+					fieldID, strconv.FormatInt(it.ev.ID, 10), fieldEvent, it.ev.Name, fieldData, it.ev.Data}})
+				j++
+			case 1:
+				ev := run[0]
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{
+					fieldID, strconv.FormatInt(ev.ID, 10), fieldEvent, ev.Name, fieldData, ev.Data}})
+			default:
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{fieldBatch, appendBatch(nil, run)}})
+			}
+		}
 		pipe.PExpire(ctx, key, a.cfg.TTL)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

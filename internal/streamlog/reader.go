@@ -82,6 +82,14 @@ func (r *Reader) Read(ctx context.Context, requestID string, cur Cursor, block t
 			if _, ok := m.Values[fieldOwner]; ok {
 				continue
 			}
+			if b, ok := m.Values[fieldBatch]; ok {
+				bs, _ := b.(string)
+				var err error
+				if out, err = decodeBatch(bs, out); err != nil {
+					return out, cur, fmt.Errorf("streamlog: %s entry %s: %w", key, m.ID, err)
+				}
+				continue
+			}
 			ev, err := decode(m.Values)
 			if err != nil {
 				return out, cur, fmt.Errorf("streamlog: %s entry %s: %w", key, m.ID, err)

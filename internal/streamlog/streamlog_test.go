@@ -76,6 +76,10 @@ func TestAppendThenRead(t *testing.T) {
 	if b := a.Batches(); b < 1 || b > n/10 {
 		t.Errorf("%d pipelined writes for %d entries: not batched", b, n+2)
 	}
+	// A run of one log's events is one entry, not one per event.
+	if l := srv.Client(t).XLen(t.Context(), streamlog.Key(prefix, "req-1")).Val(); l < 2 || l > n/10 {
+		t.Errorf("%d log entries for %d events: want them batched", l, n+1)
+	}
 	ttl := srv.Client(t).TTL(t.Context(), streamlog.Key(prefix, "req-1")).Val()
 	if ttl <= 0 || ttl > time.Minute {
 		t.Errorf("log TTL %v, want within 1m", ttl)
@@ -101,6 +105,13 @@ func TestReadRefusesMalformedEntry(t *testing.T) {
 		{"i", "x", "e", "", "d", "{}"},
 		{"i", "1", "e", "done\nid: 9", "d", "{}"},
 		{"i", "1", "e", ""},
+		{"b", ""},
+		{"b", "1  {}\n1  {}"},                 // ids must rise
+		{"b", "1  {}\n2 done {}\r\nevent: x"}, // a carriage return
+		{"b", "1  {}\nx  {}"},
+		{"b", "1 {}"},  // no data
+		{"b", "0  {}"}, // id 0
+		{"b", "1  {}\n2  "},
 	} {
 		rdb.Del(t.Context(), key)
 		rdb.XAdd(t.Context(), &redis.XAddArgs{Stream: key, Values: vals})
@@ -146,14 +157,85 @@ func TestBacklogAndDrops(t *testing.T) {
 		t.Fatalf("kept %d and dropped %d of %d (OnDrop called %d times): want some dropped, every entry either, each drop reported",
 			kept, dropped, n, onDrop.Load())
 	}
-	key := streamlog.Key(prefix, "req-b")
+	r, err := streamlog.NewReader(prefix, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []streamlog.Event
+	var cur streamlog.Cursor
 	testutil.Eventually(t, 10*time.Second, func() bool {
-		l, err := admin.XLen(t.Context(), key).Result()
-		return err == nil && int(l) == kept+1
+		evs, next, err := r.Read(t.Context(), "req-b", cur, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, cur = append(got, evs...), next
+		return len(got) == kept
 	}, "every kept entry written once Redis answers")
+	for i := 1; i < len(got); i++ {
+		if got[i].ID <= got[i-1].ID {
+			t.Fatalf("event %d has id %d after %d: out of order", i, got[i].ID, got[i-1].ID)
+		}
+	}
 	// The backlog went out in pipelines of up to 8 MaxBatches, not one per
 	// MaxBatch.
 	if b, naive := a.Batches(), int64(kept/maxBatch); b >= naive/2 {
 		t.Errorf("%d pipelines for a backlog of %d entries; one per MaxBatch would be %d", b, kept, naive)
+	}
+}
+
+// Events of several logs appended interleaved come back per log, in
+// order; an event that cannot go in a batch line (its data holds a line
+// break) is written apart and refused by the reader as ever, after the
+// events before it.
+func TestInterleavedLogsAndUnbatchable(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute}, srv)
+	r, _ := streamlog.NewReader(prefix, srv.Client(t))
+	logs := []string{"il-a", "il-b", "il-c"}
+	for _, id := range logs {
+		a.Open(id, "alice")
+	}
+	const n = 200
+	for i := 1; i <= n; i++ {
+		for _, id := range logs {
+			a.Append(id, streamlog.Event{ID: int64(i), Data: []byte(`{"content":"` + id + " " + strconv.Itoa(i) + `"}`)})
+		}
+	}
+	a.Append("il-c", streamlog.Event{ID: n + 1, Data: []byte("{}\n\nevent: done")})
+	a.Append("il-c", streamlog.Event{ID: n + 2, Name: "done", Data: []byte(`{}`)})
+	for _, id := range logs {
+		var got []streamlog.Event
+		var cur streamlog.Cursor
+		var readErr error
+		testutil.Eventually(t, 5*time.Second, func() bool {
+			evs, next, err := r.Read(t.Context(), id, cur, 0)
+			got, cur, readErr = append(got, evs...), next, err
+			return err != nil || len(got) >= n
+		}, "events of "+id)
+		if len(got) != n {
+			t.Fatalf("%s: read %d events, want %d", id, len(got), n)
+		}
+		for i, ev := range got {
+			if want := `{"content":"` + id + " " + strconv.Itoa(i+1) + `"}`; ev.ID != int64(i+1) || string(ev.Data) != want {
+				t.Fatalf("%s: event %d is %d %q, want %d %q", id, i, ev.ID, ev.Data, i+1, want)
+			}
+		}
+		if id != "il-c" {
+			continue
+		}
+		if readErr == nil {
+			testutil.Eventually(t, 5*time.Second, func() bool {
+				_, _, readErr = r.Read(t.Context(), id, cur, 0)
+				return readErr != nil
+			}, "the unbatchable entry read")
+		}
+		if !errors.Is(readErr, streamlog.ErrMalformed) {
+			t.Fatalf("the entry with a line break: %v, want ErrMalformed", readErr)
+		}
 	}
 }

@@ -1,6 +1,6 @@
 // Package testutil holds small helpers shared by tests, each with one
-// meaning: Eventually waits on a condition with a deadline (never a bare
-// sleep), AdvanceFakeClock moves a testing/synctest bubble's clock, and
+// meaning: Eventually (and Within) wait on a condition with a deadline
+// (never a bare sleep), AdvanceFakeClock moves a testing/synctest bubble's clock, and
 // DiscardLogger is the logger of tests that do not read logs.
 package testutil
 
@@ -15,6 +15,15 @@ import (
 // fails the test if that takes longer than within.
 func Eventually(tb testing.TB, within time.Duration, cond func() bool, what string) {
 	tb.Helper()
+	if !Within(within, cond) {
+		tb.Fatalf("%s: not within %v", what, within)
+	}
+}
+
+// Within waits until cond returns true, checking every millisecond, and
+// reports whether it did within the deadline: for a test that says more
+// than Eventually when the condition never comes.
+func Within(within time.Duration, cond func() bool) bool {
 	deadline := time.NewTimer(within)
 	defer deadline.Stop()
 	tick := time.NewTicker(time.Millisecond)
@@ -22,10 +31,11 @@ func Eventually(tb testing.TB, within time.Duration, cond func() bool, what stri
 	for !cond() {
 		select {
 		case <-deadline.C:
-			tb.Fatalf("%s: not within %v", what, within)
+			return false
 		case <-tick.C:
 		}
 	}
+	return true
 }
 
 // AdvanceFakeClock moves the fake clock of the calling testing/synctest
