@@ -28,6 +28,9 @@ type Publisher struct {
 	prefix  string
 	rdb     redis.UniversalClient
 	sharded bool
+	// results sends every sink's publishes, sharing pipelines between
+	// concurrent callers.
+	results *combiner
 }
 
 var (
@@ -41,12 +44,12 @@ func NewPublisher(prefix string, rdb redis.UniversalClient) (*Publisher, error) 
 		return nil, errors.New("results: publisher needs a prefix and a redis client")
 	}
 	_, sharded := rdb.(*redis.ClusterClient)
-	return &Publisher{prefix: prefix, rdb: rdb, sharded: sharded}, nil
+	return &Publisher{prefix: prefix, rdb: rdb, sharded: sharded, results: &combiner{rdb: rdb, sharded: sharded}}, nil
 }
 
 // ResultsFor returns the sink of requestID's result channel.
 func (p *Publisher) ResultsFor(requestID string) failover.ResultSink {
-	return redisSink{rdb: p.rdb, channel: failover.ResultChannel(p.prefix, requestID), sharded: p.sharded}
+	return redisSink{c: p.results, channel: failover.ResultChannel(p.prefix, requestID)}
 }
 
 // PublishResult publishes msg on requestID's result channel; listened is
@@ -56,22 +59,14 @@ func (p *Publisher) PublishResult(ctx context.Context, requestID string, msg []b
 }
 
 // redisSink publishes on one result channel: SPUBLISH on a Redis Cluster
-// (sharded Pub/Sub: the message goes to the primary owning the channel's
-// slot only, instead of every node), PUBLISH otherwise.
+// (sharded Pub/Sub), PUBLISH otherwise, through its Publisher's combiner.
 type redisSink struct {
-	rdb     redis.UniversalClient
+	c       *combiner
 	channel string
-	sharded bool
 }
 
 func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
-	var cmd *redis.IntCmd
-	if s.sharded {
-		cmd = s.rdb.SPublish(ctx, s.channel, msg)
-	} else {
-		cmd = s.rdb.Publish(ctx, s.channel, msg)
-	}
-	n, err := cmd.Result()
+	n, err := s.c.publish(ctx, s.channel, msg)
 	if err != nil {
 		return false, fmt.Errorf("results: publish %s: %w", s.channel, err)
 	}

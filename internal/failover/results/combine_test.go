@@ -1,0 +1,184 @@
+package results_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/redistest"
+)
+
+// pipeCounter counts what reaches Redis: single commands and pipelines.
+type pipeCounter struct{ single, pipes, piped atomic.Int64 }
+
+func (h *pipeCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *pipeCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.single.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.pipes.Add(1)
+		h.piped.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
+// Concurrent publishes share pipelines, each caller gets its own answer
+// (heard on a channel with a subscriber, unheard without), every message
+// arrives once and in each channel's order; a lone publish is a plain
+// call.
+func TestConcurrentPublishesSharePipelines(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	rdb := srv.Client(t)
+	hook := &pipeCounter{}
+	rdb.AddHook(hook)
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 32, 50
+	sub := srv.Client(t).Subscribe(t.Context())
+	t.Cleanup(func() { _ = sub.Close() })
+	var channels []string
+	for w := 0; w < workers; w += 2 { // odd workers publish to nobody
+		channels = append(channels, failover.ResultChannel(prefix, fmt.Sprint("job-", w)))
+	}
+	if err := sub.Subscribe(t.Context(), channels...); err != nil {
+		t.Fatal(err)
+	}
+	for range channels { // every subscription confirmed before anyone publishes
+		if m, err := sub.Receive(t.Context()); err != nil {
+			t.Fatal(err)
+		} else if _, ok := m.(*redis.Subscription); !ok {
+			t.Fatalf("got %T before the confirmations", m)
+		}
+	}
+	got := make(map[string][]string)
+	var mu sync.Mutex
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		for n := 0; n < workers/2*each; {
+			msg, err := sub.ReceiveMessage(context.Background())
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			got[msg.Channel] = append(got[msg.Channel], msg.Payload)
+			mu.Unlock()
+			n++
+		}
+	}()
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			<-start
+			id := fmt.Sprint("job-", w)
+			for i := range each {
+				heard, err := pub.PublishResult(context.Background(), id, fmt.Appendf(nil, "%d", i))
+				if err != nil {
+					t.Errorf("worker %d publish %d: %v", w, i, err)
+					return
+				}
+				if heard != (w%2 == 0) {
+					t.Errorf("worker %d publish %d: heard %v", w, i, heard)
+					return
+				}
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	select {
+	case <-recvDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not every message arrived within 10s")
+	}
+	for w := 0; w < workers; w += 2 {
+		ch := failover.ResultChannel(prefix, fmt.Sprint("job-", w))
+		if len(got[ch]) != each {
+			t.Fatalf("%s: %d messages, want %d", ch, len(got[ch]), each)
+		}
+		for i, p := range got[ch] {
+			if p != fmt.Sprint(i) {
+				t.Fatalf("%s: message %d is %q: out of order", ch, i, p)
+			}
+		}
+	}
+	total := int64(workers * each)
+	if hook.piped.Load() == 0 || hook.single.Load()+hook.pipes.Load() >= total {
+		t.Errorf("%d publishes went out as %d plain calls and %d pipelines (%d in them): none shared",
+			total, hook.single.Load(), hook.pipes.Load(), hook.piped.Load())
+	}
+	t.Logf("%d publishes: %d plain calls, %d pipelines carrying %d", total, hook.single.Load(), hook.pipes.Load(), hook.piped.Load())
+
+	// Alone, a publish is one plain call.
+	before := hook.single.Load()
+	if _, err := pub.PublishResult(context.Background(), "job-alone", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if hook.single.Load() != before+1 {
+		t.Errorf("a lone publish made %d plain calls, want 1", hook.single.Load()-before)
+	}
+}
+
+// A pipeline whose leader's deadline passes fails for everyone in it, and
+// every caller returns: nobody waits for a leader that gave up.
+func TestPublishersReturnWhenALeaderTimesOut(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "500", "WRITE").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var failed atomic.Int64
+	for i := range 20 {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			defer cancel()
+			if _, err := pub.PublishResult(ctx, fmt.Sprint("slow-", i), []byte("x")); err != nil {
+				failed.Add(1)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("publishers still waiting 10s after Redis stalled for 0.5s")
+	}
+	if failed.Load() == 0 {
+		t.Error("no publish failed although Redis stalled past every deadline")
+	}
+	if _, err := pub.PublishResult(context.Background(), "after", []byte("x")); err != nil {
+		t.Fatalf("publish after the stall: %v", err)
+	}
+}
