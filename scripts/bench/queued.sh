@@ -42,7 +42,9 @@ CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID)
 start_api api-direct CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000
 DIRECT="http://127.0.0.1:$API_PORT/v1/stream"
 CPU_PID[api_direct]=$API_PID
-start_api api-queued DIRECT_PATH_ENABLED=false QUEUE_PREFIX=qb5:
+# The load tool is one identity: at 200 concurrent it would pass the
+# per-identity queue cap (QUEUE_MAX_PER_IDENTITY, 100) and be refused.
+start_api api-queued DIRECT_PATH_ENABLED=false QUEUE_MAX_PER_IDENTITY=1000 QUEUE_PREFIX=qb5:
 QUEUED="http://127.0.0.1:$API_PORT/v1/stream"
 QUEUED_PPROF=$PPROF_ADDR
 CPU_PID[api_queued]=$API_PID
@@ -50,7 +52,7 @@ for i in 1 2; do
 	start_consumer "consumer-b5-$i" QUEUE_PREFIX=qb5: "${worker_env[@]}"
 	CPU_PID[consumer_b5_$i]=$CONSUMER_PID
 done
-start_api api-queued-b1 DIRECT_PATH_ENABLED=false QUEUE_PREFIX=qb1:
+start_api api-queued-b1 DIRECT_PATH_ENABLED=false QUEUE_MAX_PER_IDENTITY=1000 QUEUE_PREFIX=qb1:
 QUEUED_B1="http://127.0.0.1:$API_PORT/v1/stream"
 CPU_PID[api_queued_b1]=$API_PID
 for i in 1 2; do
@@ -87,7 +89,7 @@ start_simllm simllm-fast 0 0 "$TPUT_TOKENS"
 start_api api-direct-fast CONNECTION_POOL_SIZE=1000 CONNECTION_POOL_PER_USER=1000
 DIRECT="http://127.0.0.1:$API_PORT/v1/stream"
 CPU_PID=([redis]=$REDIS_PID [simllm]=$SIM_PID [api_direct]=$API_PID)
-start_api api-queued-fast DIRECT_PATH_ENABLED=false
+start_api api-queued-fast DIRECT_PATH_ENABLED=false QUEUE_MAX_PER_IDENTITY=1000
 QUEUED="http://127.0.0.1:$API_PORT/v1/stream"
 CPU_PID[api_queued]=$API_PID
 start_consumer consumer-fast-1 "${worker_env[@]}"
@@ -95,7 +97,7 @@ CPU_PID[consumer_1]=$CONSUMER_PID
 start_consumer consumer-fast-2 "${worker_env[@]}"
 CPU_PID[consumer_2]=$CONSUMER_PID
 # The same with larger batches (TPUT_BATCH chunks a message).
-start_api api-queued-big DIRECT_PATH_ENABLED=false QUEUE_PREFIX=qbig:
+start_api api-queued-big DIRECT_PATH_ENABLED=false QUEUE_MAX_PER_IDENTITY=1000 QUEUE_PREFIX=qbig:
 QUEUED_BIG="http://127.0.0.1:$API_PORT/v1/stream"
 CPU_PID[api_queued_big]=$API_PID
 for i in 1 2; do

@@ -19,6 +19,9 @@ func deadLetterN(tb testing.TB, q *Queue, n int) {
 	tb.Helper()
 	enqueueN(tb, q, n)
 	c := newConsumer(tb, q, "dl")
+	// It leaves the group when done, so a consumer the test starts later
+	// joins without a rebalance that waits for an idle member.
+	defer func() { _ = c.Close() }()
 	for _, d := range fetchAll(tb, c, n) {
 		if err := c.DeadLetter(ctxT(tb, 5*time.Second), d, "provider kept failing"); err != nil {
 			tb.Fatalf("DeadLetter %s: %v", d.ID, err)
