@@ -320,12 +320,10 @@ var goroutineTotalRe = regexp.MustCompile(`goroutine profile: total (\d+)`)
 // goroutines reads the process's goroutine count from its pprof endpoint.
 func (p *apiProc) goroutines() int {
 	p.tb.Helper()
-	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/goroutine?debug=1")
+	b, err := p.goroutineProfile(1 << 10)
 	if err != nil {
 		p.tb.Fatalf("pprof: %v", err)
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<10))
 	m := goroutineTotalRe.FindSubmatch(b)
 	if m == nil {
 		p.tb.Fatalf("no goroutine total in %q", b)
@@ -334,15 +332,25 @@ func (p *apiProc) goroutines() int {
 	return n
 }
 
-// goroutineDump returns the process's goroutines grouped by stack, the
-// most numerous first (at most 8 KiB), for a failure message.
-func (p *apiProc) goroutineDump() string {
+// goroutineProfile reads the first limit bytes of the process's goroutine
+// profile: the total, then the goroutines grouped by stack, the most
+// numerous first.
+func (p *apiProc) goroutineProfile(limit int64) ([]byte, error) {
 	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/goroutine?debug=1")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	return io.ReadAll(io.LimitReader(resp.Body, limit))
+}
+
+// goroutineDump is the goroutine profile's first 8 KiB, for a failure
+// message.
+func (p *apiProc) goroutineDump() string {
+	b, err := p.goroutineProfile(8 << 10)
 	if err != nil {
 		return err.Error()
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<10))
 	return string(b)
 }
 

@@ -148,12 +148,15 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits
 
 // limitSetter is the caps' side of adaptive concurrency per upstream
 // (upstream.LocalCaps and RedisCaps).
-type limitSetter interface{ SetLimit(i, n int) }
+type limitSetter interface {
+	upstream.Caps
+	SetLimit(i, n int)
+}
 
 // upstreamLimits returns, with ADAPTIVE_CONCURRENCY on, one adaptive
 // controller per upstream by name, each running for the process's life
-// and setting its upstream's cap in caps and the
-// spillway_upstream_effective_limit gauge after every report; nil when
+// and setting its upstream's cap in caps after every report, with the
+// spillway_upstream_effective_limit gauge read back from caps; nil when
 // off. Each learns from its upstream's calls only (llm.Observe around the
 // upstream's client, inside its circuit breaker: a refusal by an open
 // circuit is no call).
@@ -171,12 +174,13 @@ func (d *deps) upstreamLimits(specs []upstream.Spec, caps limitSetter, m *upstre
 		ac := UpstreamAdaptiveConfig(cfg, s)
 		ctl, err := adaptive.New(ac, store, log, func(n int) {
 			caps.SetLimit(i, n)
-			m.Limit(s.Name, n)
+			// The gauge shows the cap in force, as the caps clamp it.
+			m.Limit(s.Name, caps.Limit(i))
 		})
 		if err != nil {
 			return nil, fmt.Errorf("app: adaptive limit of upstream %s: %w", s.Name, err)
 		}
-		m.Limit(s.Name, s.MaxConcurrency)
+		m.Limit(s.Name, caps.Limit(i))
 		ctls[s.Name] = ctl
 		d.runs = append(d.runs, ctl.Run)
 	}
