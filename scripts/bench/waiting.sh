@@ -18,6 +18,12 @@
 # it raises the soft limit to 65536 or to the hard limit, whichever is
 # lower, and stops if that is not enough.
 #
+# It saves the api's /metrics (the runtime's memory classes among them)
+# when idle, at the plateau and AFTER_SECONDS after the load; with
+# BENCH_PROFILE=1 also its heap profile at the same three points (at the
+# plateau with the goroutine profile, after the load with the goroutines
+# as text): what a waiting stream holds, and what stays live after.
+#
 # Writes $RESULTS/waiting/{waiting.json,samples.tsv} and $RESULTS/waiting.json.
 source "$(dirname "$0")/lib.sh"
 SCENARIO=waiting
@@ -46,6 +52,8 @@ METRICS="http://127.0.0.1:$API_PORT/metrics"
 sleep 2 # let start-up allocation settle
 IDLE_RSS=$(rss_kib "$API_PID")
 log "api idle RSS ${IDLE_RSS} KiB"
+curl -fsS -m 5 -o "$dir/api.idle.metrics.txt" "$METRICS" || true
+if [[ -n $API_PPROF ]]; then curl -fsS -m 30 -o "$dir/api.idle.heap.pprof" "http://$API_PPROF/debug/pprof/heap?gc=1" || true; fi
 
 load_start waiting $((QUEUE_TIMEOUT + 120)) -url "http://127.0.0.1:$API_PORT/v1/stream" \
 	-c "$WAIT_N" -n "$WAIT_N" -ramp "$WAIT_RAMP" -prompts 100 -timeout $((QUEUE_TIMEOUT + 60))s
@@ -53,21 +61,23 @@ LT=$REPLY
 
 # Sample once a second while the load runs: time, api RSS, open queued
 # streams, goroutines, Go heap in use, Redis clients.
-echo -e "t_s\trss_kib\tactive_queued\tgoroutines\theap_inuse_bytes\tredis_clients" >"$dir/samples.tsv"
+echo -e "t_s\trss_kib\tactive_queued\tgoroutines\theap_inuse_bytes\tredis_clients\tstack_inuse_bytes" >"$dir/samples.tsv"
 start=$SECONDS plateau_at= plateau=() peak=0
 while kill -0 "$LT" 2>/dev/null; do
 	m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
 	active=$(awk '$1 == "spillway_active_streams{path=\"queued\"}" {print $2 + 0}' <<<"$m")
 	gor=$(awk '$1 == "go_goroutines" {print $2 + 0}' <<<"$m")
 	heap=$(awk '$1 == "go_memstats_heap_inuse_bytes" {printf "%d", $2}' <<<"$m")
+	stack=$(awk '$1 == "go_memstats_stack_inuse_bytes" {printf "%d", $2}' <<<"$m")
 	rss=$(rss_kib "$API_PID")
 	clients=$(redis-cli -p "$REDIS_PORT" info clients 2>/dev/null | awk -F: '/^connected_clients/ {print $2 + 0}')
 	((rss > peak)) && peak=$rss
-	echo -e "$((SECONDS - start))\t$rss\t${active:-}\t${gor:-}\t${heap:-}\t${clients:-}" >>"$dir/samples.tsv"
+	echo -e "$((SECONDS - start))\t$rss\t${active:-}\t${gor:-}\t${heap:-}\t${clients:-}\t${stack:-}" >>"$dir/samples.tsv"
 	if [[ -n ${active:-} && ${active%.*} -ge $WAIT_N && ${#plateau[@]} -lt $PLATEAU_SAMPLES ]]; then
 		[[ -z $plateau_at ]] && plateau_at=$((SECONDS - start)) && log "all $WAIT_N streams waiting after ${plateau_at}s"
 		plateau+=("$rss")
-		PLATEAU_GOR=$gor PLATEAU_HEAP=$heap PLATEAU_CLIENTS=$clients
+		PLATEAU_GOR=$gor PLATEAU_HEAP=$heap PLATEAU_CLIENTS=$clients PLATEAU_STACK=${stack:-0}
+		[[ ${#plateau[@]} -eq 1 ]] && printf '%s\n' "$m" >"$dir/api.plateau.metrics.txt"
 		if [[ ${#plateau[@]} -eq 1 && -n $API_PPROF ]]; then
 			curl -fsS -m 30 -o "$dir/api.plateau.heap.pprof" "http://$API_PPROF/debug/pprof/heap" || true
 			curl -fsS -m 30 -o "$dir/api.plateau.goroutine.pprof" "http://$API_PPROF/debug/pprof/goroutine" || true
@@ -89,6 +99,11 @@ for ((t = 1; t <= AFTER_SECONDS; t++)); do
 	echo -e "$t\t$(rss_kib "$API_PID")\t${gor:-}\t${heap:-}" >>"$dir/after.tsv"
 done
 LATER_RSS=$(rss_kib "$API_PID")
+curl -fsS -m 5 -o "$dir/api.after.metrics.txt" "$METRICS" || true
+if [[ -n $API_PPROF ]]; then
+	curl -fsS -m 30 -o "$dir/api.after.heap.pprof" "http://$API_PPROF/debug/pprof/heap?gc=1" || true
+	curl -fsS -m 30 -o "$dir/api.after.goroutine.txt" "http://$API_PPROF/debug/pprof/goroutine?debug=1" || true
+fi
 LATER_GOR=$(awk 'END {print $3 + 0}' "$dir/after.tsv")
 [[ -n $plateau_at ]] || die "waiting: the api never held $WAIT_N queued streams at once (see $dir/samples.tsv)"
 
@@ -96,7 +111,7 @@ plateau_json=$(printf '%s\n' "${plateau[@]}" | jq -s .)
 jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "$IDLE_RSS" \
 	--argjson plateau "$plateau_json" --argjson peak "$peak" --argjson after "$AFTER_RSS" \
 	--argjson later "$LATER_RSS" --argjson later_s "$AFTER_SECONDS" --argjson later_gor "$LATER_GOR" \
-	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" \
+	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" --argjson stack "${PLATEAU_STACK:-0}" \
 	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
 	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" "$JQ_DEFS"'
 	$run[0] as $r | ($plateau | median) as $pm | {
@@ -109,7 +124,8 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	kib_per_stream_peak: (($peak - $idle) / $n | r3),
 	plateau_reached_after_s: $at,
 	at_plateau: {goroutines: $gor, goroutines_per_stream: ($gor / $n | r3), heap_inuse_bytes: $heap,
-		heap_bytes_per_stream: ($heap / $n | round), redis_clients: $clients},
+		heap_bytes_per_stream: ($heap / $n | round), stack_inuse_bytes: $stack, stack_bytes_per_stream: ($stack / $n | round),
+		redis_clients: $clients},
 	outcome: {requests: $r.result.requests, errors: $r.result.errors, errors_by_type: $r.result.errors_by_type,
 		refused: $r.result.refused, lost: $r.result.lost, lost_by_reason: $r.result.lost_by_reason, exit_code: $r.exit_code},
 	pings: $r.result.pings, pings_per_stream: ($r.result.pings / ([$r.result.requests, 1] | max) | r3),
