@@ -166,9 +166,32 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve(w,
 
 // serve runs one request of dialect d through the steps every endpoint
 // shares: identity, admission, path choice.
+//
+// A queued stream may wait minutes in the queue with this goroutine
+// parked under serve, and a goroutine's stack only shrinks at a collection
+// when less than a quarter of it is in use: every byte of the frames
+// below the wait counts, 10,000 times over (docs/BENCHMARKS.md, "Waiting
+// streams"). So serve and queued keep small frames: the steps with many
+// temporaries (parsing, admission, the direct path, the hand-over to the
+// queue) run in functions of their own that have returned before a stream
+// waits, and the session's loop runs right under serve.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	h.wg.Add(1)
 	defer h.wg.Done()
+	x := h.admitted(w, r, d)
+	if x == nil || h.tryDirect(x) {
+		return
+	}
+	if s := h.queued(x); s != nil {
+		s.serve(r.Context())
+	}
+}
+
+// admitted reads the request and runs admission; it returns nil when the
+// request was refused (and answered).
+//
+//go:noinline
+func (h *Handler) admitted(w http.ResponseWriter, r *http.Request, d dialect) *exchange {
 	x := &exchange{w: w, r: r, d: d, requestID: uuid.NewString(), start: time.Now()}
 	setRequestID(w.Header(), x.requestID)
 	// The server span (otelgin) names the request.
@@ -189,23 +212,33 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	}
 	if prob != nil {
 		h.refuse(x, prob, "")
-		return
+		return nil
 	}
 	// Under degradation a request may get fewer tokens than it asked
 	// for, on either path (docs/OPERATIONS.md, "Degradation levels").
 	if c := h.gate.MaxTokens(x.prio); c > 0 && (x.req.MaxTokens == 0 || x.req.MaxTokens > c) {
 		x.req.MaxTokens = c
 	}
+	return x
+}
 
+// tryDirect serves x on the direct path when it is on, no job waits and
+// a slot is free, and refuses it when it cannot go to a queue either; it
+// reports whether x was answered. Otherwise the request goes to the
+// queue, marked so on its span.
+//
+//go:noinline
+func (h *Handler) tryDirect(x *exchange) bool {
+	span := trace.SpanFromContext(x.r.Context())
 	if h.cfg.DirectPathEnabled && !h.behindBacklog() {
-		lease, err := h.tryAcquire(r.Context(), x.user)
+		lease, err := h.tryAcquire(x.r.Context(), x.user)
 		limit := "global"
 		if err == nil {
 			res, ok := h.reserveUpstream(x)
 			if ok {
-				telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathDirect)
+				telemetry.SetPath(span, protocol.PathDirect)
 				h.direct(x, lease, res)
-				return
+				return true
 			}
 			lease.Release()
 			limit = "upstream"
@@ -218,10 +251,10 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	// a slot that fits both; without a queue it is refused.
 	if h.spill == nil {
 		h.refuse(x, protocol.PoolExhausted(h.retryAfter()), protocol.PathDirect)
-		return
+		return true
 	}
-	telemetry.SetPath(trace.SpanFromContext(r.Context()), protocol.PathQueued)
-	h.queued(x)
+	telemetry.SetPath(span, protocol.PathQueued)
+	return false
 }
 
 // behindBacklog reports whether jobs wait in the queue, so a new request

@@ -6,13 +6,19 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// queued hands the request to the queue and relays what the workers
-// publish (docs/ARCHITECTURE.md, "Queued path"). The relay is subscribed
-// before the job is enqueued.
-func (h *Handler) queued(x *exchange) {
+// queued hands the request to the queue (docs/ARCHITECTURE.md, "Queued
+// path") and returns the session that relays what the workers publish,
+// or nil when the request was refused (and answered). The relay is
+// subscribed before the job is enqueued; the session closes it when the
+// stream ends, and a job whose client left is then skipped or cancelled
+// by the workers. The caller serves the session: its frames, not this
+// one's, are under the stream while it waits (see Handler.serve).
+//
+//go:noinline
+func (h *Handler) queued(x *exchange) *session {
 	if p := h.gate.MayQueue(x.prio); p != nil {
 		h.refuse(x, p, protocol.PathQueued)
-		return
+		return nil
 	}
 	relay, err := h.spill.Spill(x.r.Context(), protocol.Job{
 		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, SessionID: x.session,
@@ -25,14 +31,11 @@ func (h *Handler) queued(x *exchange) {
 			p = protocol.QueueUnavailable(h.retryAfter())
 		}
 		h.refuse(x, p, protocol.PathQueued)
-		return
+		return nil
 	}
-	finished := false
-	// Close runs on every exit: a job whose client left is skipped or
-	// cancelled by the workers.
-	defer func() { relay.Close(finished) }()
 	s := h.sessionOf(x, protocol.PathQueued)
+	s.relay = relay
 	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
 	s.position = h.newPosition()
-	_, finished = s.serve(x.r.Context())
+	return s
 }

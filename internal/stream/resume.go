@@ -36,19 +36,24 @@ const (
 )
 
 // register records a stream of this process so a stop can reach it; stop
-// closes when it should stop. unregister must be called when it ends.
-func (h *Handler) register(requestID string) (stop <-chan struct{}, unregister func()) {
+// closes when it should stop. unregister(requestID, stop) must be called
+// when it ends.
+func (h *Handler) register(requestID string) (stop <-chan struct{}) {
 	c := make(chan struct{})
 	h.liveMu.Lock()
 	h.live[requestID] = c
 	h.liveMu.Unlock()
-	return c, func() {
-		h.liveMu.Lock()
-		if h.live[requestID] == c {
-			delete(h.live, requestID)
-		}
-		h.liveMu.Unlock()
+	return c
+}
+
+// unregister forgets the stream register recorded, unless another took its
+// place.
+func (h *Handler) unregister(requestID string, stop <-chan struct{}) {
+	h.liveMu.Lock()
+	if c, ok := h.live[requestID]; ok && c == stop {
+		delete(h.live, requestID)
 	}
+	h.liveMu.Unlock()
 }
 
 // StopLocal stops requestID's stream when this process runs it and

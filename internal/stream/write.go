@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
@@ -41,6 +42,10 @@ type session struct {
 	// relayProblem then says why.
 	relayDone    <-chan struct{}
 	relayProblem func() *protocol.Problem
+	// relay, on the queued path, is closed when the stream ended;
+	// finished says whether the source finished (sent done or error).
+	relay    failover.Relay
+	finished bool
 	// stop closes when the owner asked to stop the stream (DELETE).
 	stop <-chan struct{}
 	// position, on the queued path, follows the job until a worker speaks.
@@ -52,6 +57,13 @@ type session struct {
 	firstChunk bool
 	slab       []byte      // chunk data handed to the log (chunkData)
 	window     *time.Timer // runs while detached
+
+	// The loop's state, set by begin and open.
+	closed     func()
+	clientGone <-chan struct{} // the request's Done; nil once seen
+	heartbeat  *time.Timer
+	ticker     *time.Ticker     // queued positions; nil without
+	positions  <-chan time.Time // ticker's channel until a worker speaks
 	// ctx is the request's, holding its server span; problemType is the
 	// type of the problem the stream ended with, for the span's outcome.
 	ctx         context.Context
@@ -82,17 +94,103 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 // owner stops it, the client leaves (and does not come back within the
 // resume window), the relay gives up or the server drains. It returns the
 // outcome, and whether the source itself finished (sent done or error).
+//
+// serve is the write loop, and a queued stream waits in it with every
+// frame below it on its goroutine's stack: a stack shrinks at a collection
+// only when less than a quarter of it is in use, so the frames under the
+// wait decide whether a waiting stream's goroutine keeps 8 or 16 KiB
+// (docs/BENCHMARKS.md, "Waiting streams"). So serve's frame holds little
+// more than the select: what comes before the loop runs in begin, each
+// wake is handled in woke, and the end in ended, whose frames are gone
+// again while the stream waits.
 func (s *session) serve(ctx context.Context) (string, bool) {
+	defer s.release()
+	outcome, finished, end := OutcomeCancelled, false, !s.begin(ctx)
+	for !end {
+		var res protocol.Result
+		var ok bool
+		var k wake
+		var window <-chan time.Time
+		if s.window != nil {
+			window = s.window.C
+		}
+		select {
+		case res, ok = <-s.frames:
+			k = wakeFrame
+		case <-s.positions:
+			k = wakePosition
+		case <-s.heartbeat.C:
+			k = wakeHeartbeat
+		case <-s.relayDone:
+			k = wakeRelayDone
+		case <-s.clientGone:
+			k = wakeClientGone
+		case <-window:
+			k = wakeWindow
+		case <-s.stop:
+			k = wakeStop
+		case <-s.h.draining:
+			k = wakeDrain
+		}
+		outcome, finished, end = s.woke(k, &res, ok)
+	}
+	s.finished = finished
+	s.ended(outcome)
+	return outcome, finished
+}
+
+// wake says which of serve's cases fired.
+type wake uint8
+
+const (
+	wakeFrame wake = iota
+	wakePosition
+	wakeHeartbeat
+	wakeRelayDone
+	wakeClientGone
+	wakeWindow
+	wakeStop
+	wakeDrain
+)
+
+// begin registers the stream (metrics, the stop channel, the log), then
+// opens it; false when the stream ends before it began.
+//
+//go:noinline
+func (s *session) begin(ctx context.Context) bool {
 	s.ctx = ctx
-	closed := s.h.m.StreamOpened(s.path)
-	defer closed()
-	stop, unregister := s.h.register(s.requestID)
-	defer unregister()
-	s.stop = stop
+	s.closed = s.h.m.StreamOpened(s.path)
+	s.stop = s.h.register(s.requestID)
 	if s.h.logw != nil && s.resumable {
 		s.h.logw.Open(s.requestID, s.owner)
 	}
-	outcome, finished := s.pump(ctx)
+	return s.open(ctx)
+}
+
+// release stops the loop's timers, undoes begin's registrations (the
+// stop channel first) and closes the relay of a queued stream last.
+func (s *session) release() {
+	if s.heartbeat != nil {
+		s.heartbeat.Stop()
+	}
+	if s.ticker != nil {
+		s.ticker.Stop()
+	}
+	if s.stop != nil {
+		s.h.unregister(s.requestID, s.stop)
+	}
+	if s.closed != nil {
+		s.closed()
+	}
+	if s.relay != nil {
+		s.relay.Close(s.finished)
+	}
+}
+
+// ended closes the stream once the loop returned with outcome.
+//
+//go:noinline
+func (s *session) ended(outcome string) {
 	if !s.terminated {
 		// The client left with no window to come back in: the log still
 		// gets an end, so a late resume does not wait for one.
@@ -104,97 +202,100 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 	}
 	s.h.m.StreamEnded(s.path, outcome)
 	s.traceEnd(outcome)
-	return outcome, finished
 }
 
-func (s *session) pump(ctx context.Context) (outcome string, finished bool) {
+// open starts the response and the loop's timers; false when the stream
+// ends before it began (no client and no resume window).
+func (s *session) open(ctx context.Context) bool {
 	h := s.h
 	s.attached = s.sink.Start(s.requestID, s.path) == nil
-	clientGone := ctx.Done()
+	s.clientGone = ctx.Done()
 	if !s.attached && !s.detach() {
-		return OutcomeCancelled, false
+		return false
 	}
-	heartbeat := time.NewTimer(h.cfg.Heartbeat)
-	defer heartbeat.Stop()
+	s.heartbeat = time.NewTimer(h.cfg.Heartbeat)
 	s.firstChunk = true
-	var window <-chan time.Time
-	var positions <-chan time.Time
 	if s.position != nil {
 		if _, err := s.sendPosition(); err != nil && !s.lose() {
-			return OutcomeCancelled, false
+			return false
 		}
-		t := time.NewTicker(positionEvery)
-		defer t.Stop()
-		positions = t.C
+		s.ticker = time.NewTicker(positionEvery)
+		s.positions = s.ticker.C
 	}
-	for {
-		var err error
-		if s.window != nil {
-			window = s.window.C
+	return true
+}
+
+// woke handles what woke serve's loop: k, with the frame res (ok false: the
+// source closed) for wakeFrame. end reports that the loop is over, with
+// its outcome and whether the source finished.
+//
+//go:noinline
+func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, finished, end bool) {
+	h := s.h
+	var err error
+	switch k {
+	case wakeFrame:
+		if !ok {
+			h.log.Error("stream source ended without a terminal event", "request_id", s.requestID, "path", s.path)
+			return s.end(protocol.StreamFailed()), false, true
 		}
-		select {
-		case res, ok := <-s.frames:
-			if !ok {
-				h.log.Error("stream source ended without a terminal event", "request_id", s.requestID, "path", s.path)
-				return s.end(protocol.StreamFailed()), false
-			}
-			// A worker has the job: no more positions.
-			positions = nil
-			if res.Kind == protocol.KindHeartbeat {
-				continue // worker liveness only; the relay tracks it
-			}
-			var end bool
-			if outcome, end, err = s.writeReady(res); end {
-				return outcome, true
-			}
-		case <-positions:
-			var sent bool
-			if sent, err = s.sendPosition(); !sent {
-				continue // nothing written: the heartbeat timer runs on
-			}
-		case <-heartbeat.C:
-			if s.attached {
-				err = s.sink.Ping()
-			}
-		case <-s.relayDone:
-			return s.end(s.relayProblem()), false
-		case <-clientGone:
-			clientGone = nil
-			if s.attached {
-				s.attached = false
-				if !s.detach() {
-					return OutcomeCancelled, false
-				}
-			}
-		case <-window:
-			if s.wanted() {
-				s.window.Reset(h.cfg.ResumeWindow)
-				continue
-			}
-			h.log.Info("nobody resumed within the window, stream cancelled", "request_id", s.requestID, "path", s.path)
-			s.end(protocol.Stopped("Nobody came back for the answer within the resume window."))
-			return OutcomeCancelled, false
-		case <-s.stop:
-			s.end(protocol.Stopped("The stream was stopped at its owner's request."))
-			return OutcomeCancelled, false
-		case <-h.draining:
-			return s.end(protocol.ShuttingDown(shuttingDownRetryAfter)), false
+		// A worker has the job: no more positions.
+		s.positions = nil
+		if res.Kind == protocol.KindHeartbeat {
+			return "", false, false // worker liveness only; the relay tracks it
 		}
-		if errors.Is(err, errAnswerEnded) {
-			return OutcomeError, false
+		var last bool
+		if outcome, last, err = s.writeReady(*res); last {
+			return outcome, true, true
 		}
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				h.log.Warn("client too slow, stream cut", "request_id", s.requestID, "path", s.path)
-			}
-			if !s.lose() {
-				return OutcomeCancelled, false
+	case wakePosition:
+		var sent bool
+		if sent, err = s.sendPosition(); !sent {
+			return "", false, false // nothing written: the heartbeat timer runs on
+		}
+	case wakeHeartbeat:
+		if s.attached {
+			err = s.sink.Ping()
+		}
+	case wakeRelayDone:
+		return s.end(s.relayProblem()), false, true
+	case wakeClientGone:
+		s.clientGone = nil
+		if s.attached {
+			s.attached = false
+			if !s.detach() {
+				return OutcomeCancelled, false, true
 			}
 		}
-		// Heartbeat on a timer reset after each write.
-		heartbeat.Reset(h.cfg.Heartbeat)
+	case wakeWindow:
+		if s.wanted() {
+			s.window.Reset(h.cfg.ResumeWindow)
+			return "", false, false
+		}
+		h.log.Info("nobody resumed within the window, stream cancelled", "request_id", s.requestID, "path", s.path)
+		s.end(protocol.Stopped("Nobody came back for the answer within the resume window."))
+		return OutcomeCancelled, false, true
+	case wakeStop:
+		s.end(protocol.Stopped("The stream was stopped at its owner's request."))
+		return OutcomeCancelled, false, true
+	case wakeDrain:
+		return s.end(protocol.ShuttingDown(shuttingDownRetryAfter)), false, true
 	}
+	if errors.Is(err, errAnswerEnded) {
+		return OutcomeError, false, true
+	}
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			h.log.Warn("client too slow, stream cut", "request_id", s.requestID, "path", s.path)
+		}
+		if !s.lose() {
+			return OutcomeCancelled, false, true
+		}
+	}
+	// Heartbeat on a timer reset after each write.
+	s.heartbeat.Reset(h.cfg.Heartbeat)
+	return "", false, false
 }
 
 // maxCoalesce bounds how many frames one write gathers, so a producer
