@@ -21,6 +21,18 @@ import (
 // enqueues, cancels and pool scripts need a few under load.
 const minRedisPoolSize = 64
 
+// maxIdleShare is the share of REDIS_POOL_SIZE a node's pool keeps open
+// while idle (1/maxIdleShare, and never fewer than REDIS_MIN_IDLE_CONNS).
+// go-redis keeps every connection a burst opened until it has been idle
+// for 30 minutes, and only notices that when it takes it again, which in a
+// pool that hands out the most recent first never comes: after a burst
+// the api kept 64 connections of 64 KiB of buffers each
+// (docs/OPERATIONS.md, "Memory after a burst"). A connection given back
+// when this many are idle is closed instead; one that is busy stays, so
+// the pool still grows to REDIS_POOL_SIZE under load, and only a swing
+// of more than this many connections between two moments costs dials.
+const maxIdleShare = 4
+
 // NewRedisClient returns the Redis client cfg asks for: one Redis
 // (REDIS_URL), a Redis Cluster (REDIS_CLUSTER_ADDRS) or the primary that
 // Sentinels name (REDIS_SENTINEL_ADDRS), every one as a
@@ -30,7 +42,9 @@ const minRedisPoolSize = 64
 //
 // The connection pool and its timeouts come from REDIS_POOL_SIZE,
 // REDIS_MIN_IDLE_CONNS, REDIS_DIAL_TIMEOUT_MS, REDIS_TIMEOUT_MS and
-// REDIS_POOL_TIMEOUT_MS (docs/OPERATIONS.md, "Redis busy or down").
+// REDIS_POOL_TIMEOUT_MS (docs/OPERATIONS.md, "Redis busy or down"); a
+// quarter of the pool, or REDIS_MIN_IDLE_CONNS if more, stays open while
+// idle (maxIdleShare).
 // Context deadlines bound every command too (ContextTimeoutEnabled), so a
 // hung Redis cannot hang a request. Cluster clients follow MOVED and ASK
 // redirections and refresh the slot map on a failover; Sentinel clients
@@ -43,7 +57,13 @@ func NewRedisClient(cfg *config.Config) (redis.UniversalClient, error) {
 	if poolSize == 0 {
 		poolSize = max(minRedisPoolSize, 2*cfg.WorkerConcurrency+8)
 	}
-	return newRedisClient(cfg, poolSize, cfg.RedisMinIdleConns, false)
+	return newRedisClient(cfg, poolSize, cfg.RedisMinIdleConns, maxIdleConns(poolSize, cfg.RedisMinIdleConns), false)
+}
+
+// maxIdleConns is how many connections a node's pool of poolSize keeps
+// idle (see maxIdleShare).
+func maxIdleConns(poolSize, minIdle int) int {
+	return max(1, poolSize/maxIdleShare, minIdle)
 }
 
 // NewRedisProbeClient returns a client like NewRedisClient's with one
@@ -55,10 +75,10 @@ func NewRedisProbeClient(cfg *config.Config) (redis.UniversalClient, error) {
 	if cfg == nil {
 		return nil, errors.New("app: redis client: nil config")
 	}
-	return newRedisClient(cfg, 1, 0, true)
+	return newRedisClient(cfg, 1, 0, 1, true)
 }
 
-func newRedisClient(cfg *config.Config, poolSize, minIdle int, probe bool) (redis.UniversalClient, error) {
+func newRedisClient(cfg *config.Config, poolSize, minIdle, maxIdle int, probe bool) (redis.UniversalClient, error) {
 	retries := 0 // go-redis's default
 	if probe {
 		retries = -1
@@ -76,7 +96,7 @@ func newRedisClient(cfg *config.Config, poolSize, minIdle int, probe bool) (redi
 			}
 			return nil, fmt.Errorf("app: redis client: REDIS_URL: %w", err)
 		}
-		opts.PoolSize, opts.MinIdleConns = poolSize, minIdle
+		opts.PoolSize, opts.MinIdleConns, opts.MaxIdleConns = poolSize, minIdle, maxIdle
 		opts.DialTimeout, opts.ReadTimeout, opts.WriteTimeout, opts.PoolTimeout = dial, rw, rw, wait
 		opts.ContextTimeoutEnabled = true
 		opts.MaxRetries = retries
@@ -87,6 +107,7 @@ func newRedisClient(cfg *config.Config, poolSize, minIdle int, probe bool) (redi
 			Password:     cfg.RedisPassword,
 			PoolSize:     poolSize,
 			MinIdleConns: minIdle,
+			MaxIdleConns: maxIdle,
 			DialTimeout:  dial, ReadTimeout: rw, WriteTimeout: rw, PoolTimeout: wait,
 			MaxRetries:            retries,
 			ContextTimeoutEnabled: true,
@@ -102,6 +123,7 @@ func newRedisClient(cfg *config.Config, poolSize, minIdle int, probe bool) (redi
 			Password:         cfg.RedisPassword,
 			PoolSize:         poolSize,
 			MinIdleConns:     minIdle,
+			MaxIdleConns:     maxIdle,
 			DialTimeout:      dial, ReadTimeout: rw, WriteTimeout: rw, PoolTimeout: wait,
 			MaxRetries:            retries,
 			ContextTimeoutEnabled: true,

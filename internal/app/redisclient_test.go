@@ -2,7 +2,9 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -134,5 +136,54 @@ func TestRedisClientSettings(t *testing.T) {
 		if rediserr.Classify(err) != rediserr.Gone {
 			t.Errorf("PING on a stopped Redis: %v, classified %v, want gone", err, rediserr.Classify(err))
 		}
+	}
+}
+
+// TestRedisClientTrimsIdleAfterBurst: a burst of concurrent commands
+// opens as many connections as it needs, and when it is over the pool
+// keeps only a quarter of REDIS_POOL_SIZE open (docs/OPERATIONS.md,
+// "Memory after a burst"); go-redis alone would keep all of them.
+func TestRedisClientTrimsIdleAfterBurst(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	cfg, err := config.Load("", map[string]string{"REDIS_URL": s.URL(), "REDIS_POOL_SIZE": "64"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewRedisClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const burst = 40
+	keep := maxIdleConns(64, 0)
+	if keep != 16 {
+		t.Fatalf("maxIdleConns(64, 0) = %d, want 16", keep)
+	}
+	// Each command holds its connection for 300 ms in Redis: all of them
+	// are open at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, burst)
+	for i := range burst {
+		wg.Go(func() {
+			errs <- c.BLPop(t.Context(), 300*time.Millisecond, fmt.Sprintf("empty-%d", i)).Err()
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil && err != redis.Nil {
+			t.Fatalf("BLPOP: %v", err)
+		}
+	}
+	st := c.(*redis.Client).PoolStats()
+	if st.Misses < burst/2 {
+		t.Fatalf("the burst opened %d connections, want about %d: it did not make the pool grow", st.Misses, burst)
+	}
+	if st.IdleConns > uint32(keep) || st.TotalConns > uint32(keep) {
+		t.Fatalf("after the burst the pool keeps %d connections (%d idle), want at most %d", st.TotalConns, st.IdleConns, keep)
+	}
+	if keep := maxIdleConns(64, 20); keep != 20 {
+		t.Errorf("maxIdleConns(64, 20) = %d, want REDIS_MIN_IDLE_CONNS (20)", keep)
 	}
 }
