@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/shrinkmap"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
@@ -89,7 +90,9 @@ type Handler struct {
 	tel       *telemetry.Provider
 
 	liveMu sync.Mutex
-	live   map[string]chan struct{} // streams of this process, by request id: closed to stop
+	// live holds the streams of this process by request id, each with a
+	// channel closed to stop it; it gives its room back after a burst.
+	live shrinkmap.Map[string, chan struct{}]
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -131,7 +134,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
 		m: deps.Metrics, log: deps.Log, ids: ids, models: models, served: served, tel: deps.Tracing, draining: make(chan struct{}),
-		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, live: make(map[string]chan struct{}),
+		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller,
 		progress: newProgress(deps.Positions)}, nil
 }
 

@@ -41,7 +41,7 @@ const (
 func (h *Handler) register(requestID string) (stop <-chan struct{}) {
 	c := make(chan struct{})
 	h.liveMu.Lock()
-	h.live[requestID] = c
+	h.live.Set(requestID, c)
 	h.liveMu.Unlock()
 	return c
 }
@@ -50,8 +50,8 @@ func (h *Handler) register(requestID string) (stop <-chan struct{}) {
 // place.
 func (h *Handler) unregister(requestID string, stop <-chan struct{}) {
 	h.liveMu.Lock()
-	if c, ok := h.live[requestID]; ok && c == stop {
-		delete(h.live, requestID)
+	if c, ok := h.live.Get(requestID); ok && c == stop {
+		h.live.Delete(requestID)
 	}
 	h.liveMu.Unlock()
 }
@@ -61,9 +61,9 @@ func (h *Handler) unregister(requestID string, stop <-chan struct{}) {
 func (h *Handler) StopLocal(requestID string) bool {
 	h.liveMu.Lock()
 	defer h.liveMu.Unlock()
-	c, ok := h.live[requestID]
+	c, ok := h.live.Get(requestID)
 	if ok {
-		delete(h.live, requestID)
+		h.live.Delete(requestID)
 		close(c)
 	}
 	return ok

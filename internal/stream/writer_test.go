@@ -135,7 +135,6 @@ func newTestHandler(tb testing.TB, heartbeat time.Duration) *Handler {
 		m:        metrics.New(prometheus.NewRegistry()),
 		log:      testutil.DiscardLogger(),
 		draining: make(chan struct{}),
-		live:     make(map[string]chan struct{}),
 	}
 	return h
 }
