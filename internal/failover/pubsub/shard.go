@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/shrinkmap"
 )
 
 // maxChannelsPerCommand caps one batched SUBSCRIBE or UNSUBSCRIBE, so a
@@ -58,25 +60,31 @@ type shard struct {
 	ps     *redis.PubSub
 	live   bool // the writer has used ps successfully, so the reader may Receive
 	closed bool
-	subs   map[string]*Subscription
+	// subs and unsubPending have an entry per open request at most: they
+	// give their room back after a burst (shrinkmap).
+	subs shrinkmap.Map[string, *Subscription]
 	// unsubPending counts UNSUBSCRIBE replies still due per channel on ps.
-	unsubPending map[string]int
+	unsubPending shrinkmap.Map[string, int]
 	ops          []op
 }
 
 func newShard(s *Subscriber, idx int, client redis.UniversalClient, node string, sharded bool) *shard {
 	return &shard{
-		s:            s,
-		idx:          idx,
-		client:       client,
-		node:         node,
-		sharded:      sharded,
-		writeWake:    make(chan struct{}, 1),
-		readWake:     make(chan struct{}, 1),
-		ps:           client.Subscribe(context.Background()), // no channels: no I/O
-		subs:         make(map[string]*Subscription),
-		unsubPending: make(map[string]int),
+		s:         s,
+		idx:       idx,
+		client:    client,
+		node:      node,
+		sharded:   sharded,
+		writeWake: make(chan struct{}, 1),
+		readWake:  make(chan struct{}, 1),
+		ps:        client.Subscribe(context.Background()), // no channels: no I/O
 	}
+}
+
+// sub returns channel's subscription, or nil.
+func (sh *shard) sub(channel string) *Subscription {
+	sub, _ := sh.subs.Get(channel)
+	return sub
 }
 
 // register adds a pending subscription and queues its SUBSCRIBE.
@@ -92,11 +100,11 @@ func (sh *shard) register(channel string) (*Subscription, error) {
 	if sh.closed {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrClosed)
 	}
-	if _, ok := sh.subs[channel]; ok {
+	if _, ok := sh.subs.Get(channel); ok {
 		return nil, ErrDuplicate
 	}
-	sub.waitUnsub = sh.unsubPending[channel]
-	sh.subs[channel] = sub
+	sub.waitUnsub, _ = sh.unsubPending.Get(channel)
+	sh.subs.Set(channel, sub)
 	sh.s.active.Add(1)
 	sh.enqueueLocked(op{kind: opSubscribe, channel: channel})
 	return sub, nil
@@ -114,14 +122,15 @@ func (sh *shard) enqueueLocked(o op) {
 // UNSUBSCRIBE. sub must not have ended yet.
 func (sh *shard) removeLocked(sub *Subscription, err error) {
 	sub.endLocked(err)
-	if sh.subs[sub.channel] == sub {
-		delete(sh.subs, sub.channel)
+	if sh.sub(sub.channel) == sub {
+		sh.subs.Delete(sub.channel)
 	}
 	sh.s.active.Add(-1)
 	if sh.closed {
 		return
 	}
-	sh.unsubPending[sub.channel]++
+	n, _ := sh.unsubPending.Get(sub.channel)
+	sh.unsubPending.Set(sub.channel, n+1)
 	sh.enqueueLocked(op{kind: opUnsubscribe, channel: sub.channel})
 }
 
@@ -174,11 +183,11 @@ func (sh *shard) close() *redis.PubSub {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.closed = true
-	for _, sub := range sh.subs {
+	for _, sub := range sh.subs.All() {
 		sub.endLocked(ErrClosed)
 		sh.s.active.Add(-1)
 	}
-	clear(sh.subs)
+	sh.subs.Reset()
 	sh.ops = nil
 	return sh.ps
 }
@@ -199,13 +208,13 @@ func (sh *shard) lost(ps *redis.PubSub, cause error) {
 		sh.s.connectionLosses.Add(1)
 	}
 	err := fmt.Errorf("%w: %w", ErrConnectionLost, cause)
-	n := len(sh.subs)
-	for _, sub := range sh.subs {
+	n := sh.subs.Len()
+	for _, sub := range sh.subs.All() {
 		sub.endLocked(err)
 	}
 	sh.s.active.Add(-int64(n))
-	clear(sh.subs)
-	clear(sh.unsubPending)
+	sh.subs.Reset()
+	sh.unsubPending.Reset()
 	// Queued ops belong to the ended subscriptions or the old connection.
 	clear(sh.ops)
 	sh.ops = sh.ops[:0]
@@ -411,7 +420,7 @@ func (sh *shard) route(ps *redis.PubSub, channel, payload string) {
 	data := []byte(payload)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sub := sh.subs[channel]
+	sub := sh.sub(channel)
 	if sh.ps != ps || sub == nil || sub.waitUnsub > 0 {
 		sh.s.droppedUnknown.Add(1)
 		return
@@ -435,7 +444,7 @@ func (sh *shard) route(ps *redis.PubSub, channel, payload string) {
 func (sh *shard) confirm(ps *redis.PubSub, channel string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sub := sh.subs[channel]
+	sub := sh.sub(channel)
 	if sh.ps != ps || sub == nil || sub.state != statePending || sub.waitUnsub > 0 {
 		return
 	}
@@ -449,22 +458,22 @@ func (sh *shard) unsubscribed(ps *redis.PubSub, channel string) {
 	if sh.ps != ps {
 		return
 	}
-	switch n := sh.unsubPending[channel]; {
+	switch n, _ := sh.unsubPending.Get(channel); {
 	case n > 1:
-		sh.unsubPending[channel] = n - 1
+		sh.unsubPending.Set(channel, n-1)
 	case n == 1:
-		delete(sh.unsubPending, channel)
+		sh.unsubPending.Delete(channel)
 	case n == 0:
 		// Nobody asked: Redis dropped a sharded subscription because its
 		// slot left this node. Messages may be lost, so the subscription
 		// ends with an error rather than waiting on a silent channel.
-		if sub := sh.subs[channel]; sub != nil && sub.state != stateEnded {
+		if sub := sh.sub(channel); sub != nil && sub.state != stateEnded {
 			sh.dropLocked(sub, ErrMoved)
 			sh.s.log.Warn("pubsub: sharded subscription dropped by redis", "node", sh.node, "channel", channel)
 		}
 		return
 	}
-	if sub := sh.subs[channel]; sub != nil && sub.waitUnsub > 0 {
+	if sub := sh.sub(channel); sub != nil && sub.waitUnsub > 0 {
 		sub.waitUnsub--
 	}
 }
@@ -473,8 +482,8 @@ func (sh *shard) unsubscribed(ps *redis.PubSub, channel string) {
 // longer has it (slot moved, or SSUBSCRIBE refused with MOVED).
 func (sh *shard) dropLocked(sub *Subscription, err error) {
 	sub.endLocked(err)
-	if sh.subs[sub.channel] == sub {
-		delete(sh.subs, sub.channel)
+	if sh.sub(sub.channel) == sub {
+		sh.subs.Delete(sub.channel)
 	}
 	sh.s.active.Add(-1)
 }
@@ -486,7 +495,7 @@ func (sh *shard) dropLocked(sub *Subscription, err error) {
 func (sh *shard) moved(ps *redis.PubSub, slot int) {
 	sh.mu.Lock()
 	if sh.ps == ps {
-		for _, sub := range sh.subs {
+		for _, sub := range sh.subs.All() {
 			if sub.state == statePending && sub.waitUnsub == 0 && keySlot(sub.channel) == slot {
 				sh.dropLocked(sub, ErrMoved)
 			}
