@@ -11,8 +11,9 @@
 # VmRSS is sampled before the load and, once spillway_active_streams
 # {path="queued"} reaches WAIT_N, every second for PLATEAU_SAMPLES
 # seconds: (plateau − idle) / WAIT_N is the memory per waiting stream.
-# After the load it samples RSS for AFTER_SECONDS (60) more seconds: is
-# the memory given back to the system?
+# After the load it samples RSS for AFTER_SECONDS (60) more seconds, and
+# /metrics every AFTER_SCRAPE_EVERY (10): is the memory given back to the
+# system?
 #
 # Needs WAIT_N + a margin of open files in both the api and the load tool:
 # it raises the soft limit to 65536 or to the hard limit, whichever is
@@ -89,13 +90,22 @@ load_finish waiting
 AFTER_RSS=$(rss_kib "$API_PID")
 # After the load: does the api give the memory back? RSS once a second
 # for AFTER_SECONDS (the goal: within 2x of idle 60 s after the end).
+# The RSS comes from /proc every second; /metrics only every
+# AFTER_SCRAPE_EVERY seconds (10) and at the end: one scrape allocates
+# about 200 KiB, so scraping every second, 15 to 60 times as often as a
+# Prometheus does, fills the quiet process with garbage the idle figure
+# never had (up to 13 MB a minute, until the next collection).
+AFTER_SCRAPE_EVERY=${AFTER_SCRAPE_EVERY:-10}
 log "sampling RSS for ${AFTER_SECONDS}s after the load"
 echo -e "t_s\trss_kib\tgoroutines\theap_inuse_bytes" >"$dir/after.tsv"
 for ((t = 1; t <= AFTER_SECONDS; t++)); do
 	sleep 1
-	m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
-	gor=$(awk '$1 == "go_goroutines" {print $2 + 0}' <<<"$m")
-	heap=$(awk '$1 == "go_memstats_heap_inuse_bytes" {printf "%d", $2}' <<<"$m")
+	gor= heap=
+	if ((t % AFTER_SCRAPE_EVERY == 0 || t == AFTER_SECONDS)); then
+		m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
+		gor=$(awk '$1 == "go_goroutines" {print $2 + 0}' <<<"$m")
+		heap=$(awk '$1 == "go_memstats_heap_inuse_bytes" {printf "%d", $2}' <<<"$m")
+	fi
 	echo -e "$t\t$(rss_kib "$API_PID")\t${gor:-}\t${heap:-}" >>"$dir/after.tsv"
 done
 LATER_RSS=$(rss_kib "$API_PID")
@@ -113,10 +123,10 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	--argjson later "$LATER_RSS" --argjson later_s "$AFTER_SECONDS" --argjson later_gor "$LATER_GOR" \
 	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" --argjson stack "${PLATEAU_STACK:-0}" \
 	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
-	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" "$JQ_DEFS"'
+	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" --argjson scrape "$AFTER_SCRAPE_EVERY" "$JQ_DEFS"'
 	$run[0] as $r | ($plateau | median) as $pm | {
 	scenario: "waiting",
-	settings: {streams: $n, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile},
+	settings: {streams: $n, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile, after_scrape_every_s: $scrape},
 	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau, peak: $peak, after_streams_ended: $after,
 		after_seconds: $later_s, after_later: $later},
 	rss_after_over_idle: ($later / $idle | r3), goroutines_after_later: $later_gor,
