@@ -10,29 +10,44 @@ import (
 )
 
 // memReturner gives memory back to the system once a burst of streams is
-// over (docs/OPERATIONS.md, "Memory after a burst"). The Go runtime
-// collects only when the heap grows: a process that falls quiet after
-// 10,000 streams keeps their garbage, and the pages under it, until its
-// two-minute forced collection, and its scavenger returns free pages a
-// little at a time. Every stream holds at least one goroutine, so the
-// goroutine count follows the open streams: when it has fallen by at
-// least burstGoroutines from its peak since the last return, memReturner
-// collects twice (the second frees what sync.Pools, such as net/http's
-// connection buffers, held through the first) and returns every free
-// page (debug.FreeOSMemory). The heap left after a burst is small, so
-// this costs little, and it runs at most once per minReturnGap.
+// over, and once one has settled (docs/OPERATIONS.md, "Memory after a
+// burst"). The Go runtime collects only when the heap grows: a process
+// that falls quiet after 10,000 streams keeps their garbage, and the pages
+// under it, until its two-minute forced collection, and its scavenger
+// returns free pages a little at a time. Every stream holds at least one
+// goroutine, so the goroutine count follows the open streams: when it has
+// fallen by at least burstGoroutines from its peak since the last return,
+// memReturner collects twice (the second frees what sync.Pools, such as
+// net/http's connection buffers, held through the first) and returns
+// every free page (debug.FreeOSMemory). The heap left after a burst is
+// small, so this costs little, and it runs at most once per minReturnGap.
+//
+// A burst that rose by burstGoroutines and then held steady for one
+// interval (moved by less than a tenth of that) gets the same, once: a
+// stream's goroutine needs a 16 KiB stack while it is admitted and handed
+// to the queue, and only 8 KiB once it waits, so by the time a collection
+// has shrunk them the 10,000 streams of a burst leave some 80 MB of free
+// pages that the scavenger would keep (its goal follows the heap goal, twice
+// the live heap). Returning them costs one collection of the plateau's
+// heap, once per burst.
 type memReturner struct {
 	log      *slog.Logger
 	interval time.Duration
 	peak     int // goroutines, since the last return
+	low      int // goroutines, since the last return
+	prev     int // goroutines at the last check; -1 before the first
 	last     time.Time
 	sample   []metrics.Sample
 }
 
 const (
 	// burstGoroutines is how far the goroutine count must fall from its
-	// peak: about 500 streams (two goroutines each while they wait).
+	// peak, or rise from its low: about 500 streams (two goroutines each
+	// while they wait).
 	burstGoroutines = 1000
+	// settledGoroutines is how little the count may move in one interval
+	// for a risen burst to count as settled.
+	settledGoroutines = burstGoroutines / 10
 	// minReturnGap bounds how often memory is returned.
 	minReturnGap = 30 * time.Second
 	// memReturnInterval is how often the goroutine count is read.
@@ -40,7 +55,7 @@ const (
 )
 
 func newMemReturner(log *slog.Logger) *memReturner {
-	return &memReturner{log: log, interval: memReturnInterval,
+	return &memReturner{log: log, interval: memReturnInterval, low: -1, prev: -1,
 		sample: []metrics.Sample{{Name: "/sched/goroutines:goroutines"}}}
 }
 
@@ -58,13 +73,20 @@ func (m *memReturner) Run(ctx context.Context) {
 	}
 }
 
-// check reads the goroutine count and returns memory when a burst ended;
-// it reports whether it did.
+// check reads the goroutine count and returns memory when a burst ended
+// or settled; it reports whether it did.
 func (m *memReturner) check(now time.Time) bool {
 	metrics.Read(m.sample)
 	n := int(m.sample[0].Value.Uint64())
+	prev := m.prev
+	m.prev = n
 	m.peak = max(m.peak, n)
-	if m.peak-n < burstGoroutines || now.Sub(m.last) < minReturnGap {
+	if m.low < 0 || n < m.low {
+		m.low = n
+	}
+	ended := m.peak-n >= burstGoroutines
+	settled := n-m.low >= burstGoroutines && prev >= 0 && abs(n-prev) < settledGoroutines
+	if !ended && !settled || now.Sub(m.last) < minReturnGap {
 		return false
 	}
 	var before runtime.MemStats
@@ -73,9 +95,19 @@ func (m *memReturner) check(now time.Time) bool {
 	debug.FreeOSMemory()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
-	m.log.Info("a burst of streams ended: memory returned to the system",
-		"goroutines_peak", m.peak, "goroutines", n,
+	msg := "a burst of streams ended: memory returned to the system"
+	if !ended {
+		msg = "a burst of streams settled: memory returned to the system"
+	}
+	m.log.Info(msg, "goroutines_peak", m.peak, "goroutines_low", m.low, "goroutines", n,
 		"heap_retained_before", before.HeapSys-before.HeapReleased, "heap_retained_after", after.HeapSys-after.HeapReleased)
-	m.peak, m.last = n, now
+	m.peak, m.low, m.last = n, n, now
 	return true
+}
+
+func abs(n int) int {
+	if n < 0 {
+		return -n
+	}
+	return n
 }

@@ -56,3 +56,51 @@ func TestMemReturnerAfterBurst(t *testing.T) {
 		t.Error("returned again within minReturnGap")
 	}
 }
+
+// A burst that rose and then held steady gets its free pages returned
+// once, not while it still rises; then not again within minReturnGap.
+// Not parallel: it counts the process's goroutines.
+func TestMemReturnerAfterSettledBurst(t *testing.T) {
+	m := newMemReturner(testutil.DiscardLogger())
+	now := time.Now()
+	if m.check(now) {
+		t.Fatal("returned memory with no burst")
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{}, 2*burstGoroutines)
+	defer func() {
+		close(stop)
+		for range 2 * burstGoroutines {
+			<-done
+		}
+	}()
+	for range 2 * burstGoroutines {
+		go func() {
+			<-stop
+			done <- struct{}{}
+		}()
+	}
+	if m.check(now.Add(time.Second)) {
+		t.Fatal("returned memory while the burst was still rising")
+	}
+	// Garbage the burst left, and its pages: returned once it settled.
+	junk := make([][]byte, 0, 256)
+	for range 256 {
+		junk = append(junk, make([]byte, 64<<10))
+	}
+	junk = nil
+	_ = junk
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if !m.check(now.Add(2 * time.Second)) {
+		t.Fatalf("no return once the burst settled: low %d, now %d goroutines", m.low, runtime.NumGoroutine())
+	}
+	var after runtime.MemStats
+	runtime.ReadMemStats(&after)
+	if after.HeapReleased <= before.HeapReleased {
+		t.Errorf("heap released %d → %d: nothing was returned", before.HeapReleased, after.HeapReleased)
+	}
+	if m.check(now.Add(3 * time.Second)) {
+		t.Error("returned again within minReturnGap")
+	}
+}
