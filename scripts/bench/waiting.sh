@@ -10,7 +10,9 @@
 # (ramped over WAIT_RAMP) and records every ping's interval. The api's
 # VmRSS is sampled before the load and, once spillway_active_streams
 # {path="queued"} reaches WAIT_N, every second for PLATEAU_SAMPLES
-# seconds: (plateau − idle) / WAIT_N is the memory per waiting stream.
+# seconds: (plateau − idle) / WAIT_N is the memory per waiting stream;
+# the same from the samples PLATEAU_SETTLE (20) seconds into the plateau
+# on is kib_per_stream_settled.
 # After the load it samples RSS for AFTER_SECONDS (60) more seconds, and
 # /metrics every AFTER_SCRAPE_EVERY (10): is the memory given back to the
 # system?
@@ -28,6 +30,12 @@
 # Writes $RESULTS/waiting/{waiting.json,samples.tsv} and $RESULTS/waiting.json.
 source "$(dirname "$0")/lib.sh"
 SCENARIO=waiting
+
+# anon_kib PID prints the anonymous part of PID's RSS in KiB: the RSS
+# less the pages of files it maps, its own binary's text above all, which
+# vary by 10 MB between runs of the same code with the page cache's state
+# (a binary run often gets its text in 2 MB pages).
+anon_kib() { awk '/^RssAnon:/ {print $2}' "/proc/$1/status"; }
 require_tools jq curl redis-server redis-cli ss
 
 WAIT_N=${WAIT_N:-10000}
@@ -35,6 +43,7 @@ WAIT_RAMP=${WAIT_RAMP:-10s}
 QUEUE_TIMEOUT=${QUEUE_TIMEOUT:-60}
 HEARTBEAT=${HEARTBEAT:-2}
 PLATEAU_SAMPLES=${PLATEAU_SAMPLES:-10}
+PLATEAU_SETTLE=${PLATEAU_SETTLE:-20}
 AFTER_SECONDS=${AFTER_SECONDS:-60}
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -52,7 +61,8 @@ API_PPROF=$PPROF_ADDR
 METRICS="http://127.0.0.1:$API_PORT/metrics"
 sleep 2 # let start-up allocation settle
 IDLE_RSS=$(rss_kib "$API_PID")
-log "api idle RSS ${IDLE_RSS} KiB"
+IDLE_ANON=$(anon_kib "$API_PID")
+log "api idle RSS ${IDLE_RSS} KiB (anonymous ${IDLE_ANON} KiB)"
 curl -fsS -m 5 -o "$dir/api.idle.metrics.txt" "$METRICS" || true
 if [[ -n $API_PPROF ]]; then curl -fsS -m 30 -o "$dir/api.idle.heap.pprof" "http://$API_PPROF/debug/pprof/heap?gc=1" || true; fi
 
@@ -63,7 +73,7 @@ LT=$REPLY
 # Sample once a second while the load runs: time, api RSS, open queued
 # streams, goroutines, Go heap in use, Redis clients.
 echo -e "t_s\trss_kib\tactive_queued\tgoroutines\theap_inuse_bytes\tredis_clients\tstack_inuse_bytes" >"$dir/samples.tsv"
-start=$SECONDS plateau_at= plateau=() peak=0
+start=$SECONDS plateau_at= plateau=() settled=() peak=0
 while kill -0 "$LT" 2>/dev/null; do
 	m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
 	active=$(awk '$1 == "spillway_active_streams{path=\"queued\"}" {print $2 + 0}' <<<"$m")
@@ -74,6 +84,12 @@ while kill -0 "$LT" 2>/dev/null; do
 	clients=$(redis-cli -p "$REDIS_PORT" info clients 2>/dev/null | awk -F: '/^connected_clients/ {print $2 + 0}')
 	((rss > peak)) && peak=$rss
 	echo -e "$((SECONDS - start))\t$rss\t${active:-}\t${gor:-}\t${heap:-}\t${clients:-}\t${stack:-}" >>"$dir/samples.tsv"
+	# Later in the plateau, once the burst's admission is PLATEAU_SETTLE
+	# seconds behind it: what the waiting streams hold, the ramp's free
+	# pages given back (docs/OPERATIONS.md, "Memory after a burst").
+	if [[ -n $plateau_at && -n ${active:-} && ${active%.*} -ge $WAIT_N ]] && ((SECONDS - start >= plateau_at + PLATEAU_SETTLE)); then
+		settled+=("$rss")
+	fi
 	if [[ -n ${active:-} && ${active%.*} -ge $WAIT_N && ${#plateau[@]} -lt $PLATEAU_SAMPLES ]]; then
 		[[ -z $plateau_at ]] && plateau_at=$((SECONDS - start)) && log "all $WAIT_N streams waiting after ${plateau_at}s"
 		plateau+=("$rss")
@@ -109,6 +125,7 @@ for ((t = 1; t <= AFTER_SECONDS; t++)); do
 	echo -e "$t\t$(rss_kib "$API_PID")\t${gor:-}\t${heap:-}" >>"$dir/after.tsv"
 done
 LATER_RSS=$(rss_kib "$API_PID")
+LATER_ANON=$(anon_kib "$API_PID")
 curl -fsS -m 5 -o "$dir/api.after.metrics.txt" "$METRICS" || true
 if [[ -n $API_PPROF ]]; then
 	curl -fsS -m 30 -o "$dir/api.after.heap.pprof" "http://$API_PPROF/debug/pprof/heap?gc=1" || true
@@ -118,20 +135,26 @@ LATER_GOR=$(awk 'END {print $3 + 0}' "$dir/after.tsv")
 [[ -n $plateau_at ]] || die "waiting: the api never held $WAIT_N queued streams at once (see $dir/samples.tsv)"
 
 plateau_json=$(printf '%s\n' "${plateau[@]}" | jq -s .)
+settled_json=$( ((${#settled[@]})) && printf '%s\n' "${settled[@]}" | jq -s . || echo '[]')
 jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "$IDLE_RSS" \
-	--argjson plateau "$plateau_json" --argjson peak "$peak" --argjson after "$AFTER_RSS" \
+	--argjson plateau "$plateau_json" --argjson settled "$settled_json" --argjson peak "$peak" --argjson after "$AFTER_RSS" \
 	--argjson later "$LATER_RSS" --argjson later_s "$AFTER_SECONDS" --argjson later_gor "$LATER_GOR" \
+	--argjson idle_anon "$IDLE_ANON" --argjson later_anon "$LATER_ANON" \
 	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" --argjson stack "${PLATEAU_STACK:-0}" \
 	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
 	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" --argjson scrape "$AFTER_SCRAPE_EVERY" "$JQ_DEFS"'
 	$run[0] as $r | ($plateau | median) as $pm | {
 	scenario: "waiting",
 	settings: {streams: $n, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile, after_scrape_every_s: $scrape},
-	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau, peak: $peak, after_streams_ended: $after,
+	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau,
+		settled_median: (if ($settled | length) > 0 then ($settled | median) else null end), settled_samples: ($settled | length),
+		peak: $peak, after_streams_ended: $after,
 		after_seconds: $later_s, after_later: $later},
 	rss_after_over_idle: ($later / $idle | r3), goroutines_after_later: $later_gor,
+	anon_kib: {idle: $idle_anon, after_later: $later_anon}, anon_after_over_idle: ($later_anon / $idle_anon | r3),
 	kib_per_stream: (($pm - $idle) / $n | r3),
 	kib_per_stream_peak: (($peak - $idle) / $n | r3),
+	kib_per_stream_settled: (if ($settled | length) > 0 then ((($settled | median) - $idle) / $n | r3) else null end),
 	plateau_reached_after_s: $at,
 	at_plateau: {goroutines: $gor, goroutines_per_stream: ($gor / $n | r3), heap_inuse_bytes: $heap,
 		heap_bytes_per_stream: ($heap / $n | round), stack_inuse_bytes: $stack, stack_bytes_per_stream: ($stack / $n | round),
