@@ -144,19 +144,6 @@ if waiter == '' then
   return grant(0)
 end
 
--- Nobody in line (so neither this waiter), a free slot and the user under
--- its limit: granted at once, as the path below would grant it (it would
--- register the waiter, find nobody ahead of it and withdraw it again),
--- without touching the line: the common case of a queued job whose worker
--- finds the pool with room.
-if free > 0 and user_used < per_user and redis.call('ZCARD', KEYS[3]) == 0 then
-  local since = tonumber(ARGV[7])
-  if since == nil or since <= 0 then
-    since = now_us
-  end
-  return grant(since)
-end
-
 local enqueued = redis.call('ZSCORE', KEYS[3], waiter)
 local registered_now = false
 if enqueued then

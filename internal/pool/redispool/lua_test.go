@@ -206,64 +206,6 @@ func TestLuaWaitersEligibility(t *testing.T) {
 	}
 }
 
-// A waiter that finds nobody in line, a free slot and its user under the
-// limit is granted at once with its place in line as given (Redis time for
-// 0), and leaves nothing in the line; with someone in line it takes the
-// full path, and a waiter at its user's limit still registers.
-func TestLuaWaiterGrantedAtOnce(t *testing.T) {
-	t.Parallel()
-	p, m := newMiniPool(t, Config{Prefix: "t:g:", Size: 3, PerUser: 1, LeaseTTL: 10 * time.Second})
-	ctx := context.Background()
-	acquire := func(user, member string, since int64) acquireReply {
-		t.Helper()
-		rep, err := p.runAcquire(ctx, user, newID(), member, since, swapLease{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return rep
-	}
-	if rep := acquire("a", newID()+":a", 12345); rep.code != codeGranted || rep.enqueued != 12345 || rep.inUse != 1 {
-		t.Fatalf("a: %+v, want granted at place 12345 with 1 in use", rep)
-	}
-	if rep := acquire("b", newID()+":b", 0); rep.code != codeGranted || rep.enqueued != miniEpoch.UnixMicro() {
-		t.Fatalf("b: %+v, want granted at Redis time %d", rep, miniEpoch.UnixMicro())
-	}
-	for _, k := range []string{"t:g:{pool}:waiters", "t:g:{pool}:waiters:expiry"} {
-		if m.Exists(k) {
-			t.Fatalf("%s exists after waiters granted at once", k)
-		}
-	}
-	wa := newID() + ":a"
-	if rep := acquire("a", wa, 1); rep.code != codeUserLimit {
-		t.Fatalf("a at its limit: %+v, want user limit", rep)
-	}
-	if n, _ := m.ZMembers("t:g:{pool}:waiters"); !slices.Equal(n, []string{wa}) {
-		t.Fatalf("waiters %v, want [%s] registered", n, wa)
-	}
-	// c finds wa in line (ineligible): the full path grants it and leaves wa.
-	if rep := acquire("c", newID()+":c", 2); rep.code != codeGranted {
-		t.Fatalf("c behind an ineligible waiter: %+v, want granted", rep)
-	}
-	if n, _ := m.ZMembers("t:g:{pool}:waiters"); !slices.Equal(n, []string{wa}) {
-		t.Fatalf("waiters %v, want [%s]", n, wa)
-	}
-	// Full (a, b, c): d waits in line; once a slot frees, a newer waiter
-	// e finds the slot free but d eligible before it, and waits.
-	wd := newID() + ":d"
-	if rep := acquire("d", wd, 3); rep.code != codeExhausted {
-		t.Fatalf("d on a full pool: %+v, want exhausted", rep)
-	}
-	if _, err := m.ZRem("t:g:{pool}:leases", firstNot(t, m, "t:g:{pool}:leases", "t:g:{pool}:user:a", "t:g:{pool}:user:b")); err != nil {
-		t.Fatal(err)
-	}
-	if rep := acquire("e", newID()+":e", 4); rep.code != codeExhausted {
-		t.Fatalf("e with d before it: %+v, want exhausted (the free slot is d's)", rep)
-	}
-	if rep := acquire("d", wd, 3); rep.code != codeGranted {
-		t.Fatalf("d: %+v, want granted", rep)
-	}
-}
-
 func TestLuaRenewReportsLost(t *testing.T) {
 	t.Parallel()
 	p, m := newMiniPool(t, Config{Prefix: "t:r:", Size: 5, PerUser: 5, LeaseTTL: 10 * time.Second})
