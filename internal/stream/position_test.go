@@ -2,11 +2,18 @@ package stream
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 func TestChangedEnough(t *testing.T) {
@@ -149,4 +156,56 @@ func TestProgressSharesQueries(t *testing.T) {
 			t.Errorf("cached read = %d, %v after %d queries; want 2 from the cache", h, ok, g.calls.Load())
 		}
 	})
+}
+
+// A queued stream's headers go out with its first position, in one flush;
+// when there is no position to tell, the headers still go out at once.
+func TestQueuedHeadersGoWithTheFirstPosition(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		queue   failover.Positioner
+		flushes int
+		writes  int
+	}{
+		{"position", &fakeQueue{handed: 5, waiting: 3}, 1, 1},
+		{"no position", failingQueue{}, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newTestHandler(t, time.Hour)
+			h.progress = newProgress(tc.queue)
+			w := &writeCounter{h: http.Header{}}
+			frames := make(chan protocol.Result)
+			s := h.newSession(w, "r", "u", protocol.PathQueued, time.Now())
+			s.frames = frames
+			s.position = &position{p: h.progress, sent: -1, ahead0: 2}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() { defer close(done); s.serve(ctx) }()
+			// The frames channel is unbuffered: once the pump took this
+			// heartbeat, the start of the stream was written, and nothing
+			// else until the next frame (the heartbeat timer waits an hour).
+			frames <- protocol.Result{Kind: protocol.KindHeartbeat}
+			flushes, writes, path := w.flushes, slices.Clone(w.writes), w.h.Get("X-Stream-Path")
+			cancel()
+			<-done
+			if flushes != tc.flushes || len(writes) != tc.writes {
+				t.Fatalf("%d flushes, %d writes %q; want the start in %d flush and %d write", flushes, len(writes), writes, tc.flushes, tc.writes)
+			}
+			if tc.writes > 0 && !strings.Contains(writes[0], "event: queued") {
+				t.Fatalf("first write %q, want the queued event", writes[0])
+			}
+			if path != protocol.PathQueued {
+				t.Fatalf("X-Stream-Path %q", path)
+			}
+		})
+	}
+}
+
+// failingQueue is a Positioner that cannot tell.
+type failingQueue struct{}
+
+func (failingQueue) Progress(context.Context) (int64, int64, error) {
+	return 0, 0, errors.New("no progress")
 }
