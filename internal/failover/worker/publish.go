@@ -98,6 +98,24 @@ func (p *publisher) expired() bool {
 func (p *publisher) send(ctx context.Context, r protocol.Result) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.sendLocked(ctx, r)
+}
+
+// sendAsync starts publishing r and returns at once, with a func that
+// waits until it went out (or failed). The publisher stays locked until
+// then, so every later send follows it: the order of results holds.
+func (p *publisher) sendAsync(ctx context.Context, r protocol.Result) (wait func()) {
+	p.mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer p.mu.Unlock()
+		_ = p.sendLocked(ctx, r)
+	}()
+	return func() { <-done }
+}
+
+func (p *publisher) sendLocked(ctx context.Context, r protocol.Result) error {
 	if p.fenced || p.expired() {
 		if !p.fenced {
 			p.fenced = true
