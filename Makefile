@@ -71,7 +71,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $(FUZZTIME) ./internal/streamlog/
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendJSONString$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzBatchCodec$$' -fuzztime $(FUZZTIME) ./internal/protocol/
-	$(GO) test -run '^$$' -fuzz '^FuzzFastDelta$$' -fuzztime $(FUZZTIME) ./internal/llm/
+	$(GO) test -run '^$$' -fuzz '^FuzzFastChunk$$' -fuzztime $(FUZZTIME) ./internal/llm/
 
 run:
 	$(GO) run ./cmd/api

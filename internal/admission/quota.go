@@ -117,7 +117,28 @@ func (q *Quota) Reserve(ctx context.Context, identity, requestID string, bytes i
 
 // Release uncounts the job; releasing twice changes nothing.
 func (q *Quota) Release(ctx context.Context, identity, requestID string) error {
-	if err := quotaRelease.Run(ctx, q.rdb, q.keys(identity), requestID).Err(); err != nil {
+	return q.ReleaseMany(ctx, []string{identity}, []string{requestID})
+}
+
+// ReleaseMany uncounts the jobs requestIDs[i] of identities[i] in one
+// call (one script run), as Release does each. The slices have the same
+// length.
+func (q *Quota) ReleaseMany(ctx context.Context, identities, requestIDs []string) error {
+	if len(identities) != len(requestIDs) {
+		return fmt.Errorf("admission: release queue quota: %d identities for %d jobs", len(identities), len(requestIDs))
+	}
+	if len(requestIDs) == 0 {
+		return nil
+	}
+	p := q.cfg.Prefix + "{quota}:"
+	keys := make([]string, 3, 3+len(requestIDs))
+	keys[0], keys[1], keys[2] = p+"jobs", p+"bytes", p+"total"
+	args := make([]any, len(requestIDs))
+	for i, id := range requestIDs {
+		keys = append(keys, p+"id:"+identities[i])
+		args[i] = id
+	}
+	if err := quotaRelease.Run(ctx, q.rdb, keys, args...).Err(); err != nil {
 		return fmt.Errorf("admission: release queue quota: %w", err)
 	}
 	return nil

@@ -93,6 +93,47 @@ func TestQuotaBytes(t *testing.T) {
 	})
 }
 
+// ReleaseMany uncounts jobs of several identities in one call, each
+// once however often it is named, places and bytes alike.
+func TestQuotaReleaseMany(t *testing.T) {
+	t.Parallel()
+	quotaBackends(t, func(t *testing.T, rdb redis.UniversalClient, prefix string) {
+		q, err := NewQuota(QuotaConfig{Prefix: prefix, MaxPerIdentity: 2, MaxBytes: 100}, rdb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for _, e := range []struct{ who, id string }{{"a", "r1"}, {"a", "r2"}, {"b", "r3"}} {
+			if p, err := q.Reserve(ctx, e.who, e.id, 30, time.Minute); p != nil || err != nil {
+				t.Fatalf("reserve %s: %v %v", e.id, p, err)
+			}
+		}
+		if err := q.ReleaseMany(ctx, []string{"a", "b", "a"}, []string{"r1", "r3", "r1"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.ReleaseMany(ctx, nil, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.ReleaseMany(ctx, []string{"a"}, nil); err == nil {
+			t.Fatal("slices of different lengths accepted")
+		}
+		// a holds one place (r2), so one more fits and then none; 30 bytes
+		// are counted, so 70 more fit and then none.
+		if p, err := q.Reserve(ctx, "a", "r4", 40, time.Minute); p != nil || err != nil {
+			t.Fatalf("a after release: %v %v", p, err)
+		}
+		if p, _ := q.Reserve(ctx, "a", "r5", 1, time.Minute); p == nil || p.Status != http.StatusTooManyRequests {
+			t.Fatalf("a's third place: %+v, want too-many-queued (a double release freed two)", p)
+		}
+		if p, err := q.Reserve(ctx, "b", "r6", 30, time.Minute); p != nil || err != nil {
+			t.Fatalf("b at the byte bound: %v %v", p, err)
+		}
+		if p, _ := q.Reserve(ctx, "b", "r7", 1, time.Minute); p == nil || p.Status != http.StatusServiceUnavailable {
+			t.Fatalf("over the bytes: %+v, want queue-overflow", p)
+		}
+	})
+}
+
 // An entry never released (its api died) stops counting at its deadline,
 // for the identity and for the bytes.
 func TestQuotaEntriesExpire(t *testing.T) {

@@ -203,6 +203,8 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	// Quota releases still in flight finish before the Redis client closes.
+	a.own = append(a.own, gw.Wait)
 	overflow, err := admission.NewOverflow(OverflowConfig(cfg), q.Queue, m, log)
 	if err != nil {
 		return nil, nil, err

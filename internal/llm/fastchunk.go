@@ -9,44 +9,67 @@ import (
 
 // The fast path of the OpenAI client's stream parser (docs/BENCHMARKS.md,
 // "Per chunk: no allocation, no full decode"). Nearly every event of an
-// answer is one shape:
+// answer is one of three shapes:
 //
 //	{"id":…,"object":"chat.completion.chunk",…,"choices":[{"index":0,"delta":{"content":"…"},"finish_reason":null}]}
+//	{"id":…,…,"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}
+//	{"id":…,…,"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":12,"total_tokens":21}}
 //
-// and all the client needs of it is the content. fastDelta reads exactly
-// that without encoding/json's reflection and allocations; anything it is
-// not sure to read as encoding/json would (another shape, a field that
-// means something to openAIChunk other than content, a key spelled in
-// another case, a duplicate, an escaped key, deep nesting) it declines, and
-// the caller decodes the event in full. FuzzFastDelta holds it to that:
-// for any input, the same content as the full decoder, or a decline.
+// and all the client needs of them is the content, the finish reason and
+// the usage. fastChunk reads exactly that without encoding/json's
+// reflection and allocations; anything it is not sure to read as
+// encoding/json would (another shape, a field that means something to
+// openAIChunk besides these, a key spelled in another case, a duplicate,
+// an escaped key, deep nesting, a count that is not a plain integer) it
+// declines, and the caller decodes the event in full. FuzzFastChunk holds
+// it to that: for any input, what the full decoder reads, or a decline.
 
-// fastMaxDepth bounds the nesting fastDelta skips through; deeper input
+// fastMaxDepth bounds the nesting fastChunk skips through; deeper input
 // is declined (the full decoder's own limit is far higher).
 const fastMaxDepth = 32
 
-// fastDelta appends to dst the content of event d, unescaped, when d is a
-// chunk of the common shape: one choice whose delta holds at most a
-// content string (plus fields the client ignores), no finish reason, no
-// usage, no error. ok false means "decode it in full": d may be of
-// another shape, or malformed.
-func fastDelta(d, dst []byte) (content []byte, ok bool) {
+// fastEvent is what fastChunk reads of one event. Its buffers are reused
+// from one event to the next.
+type fastEvent struct {
+	// content is choices[0].delta.content, unescaped (empty when absent
+	// or null).
+	content []byte
+	// finish is choices[0].finish_reason when hasFinish (a string, maybe
+	// empty); hasFinish is false when it is absent or null.
+	finish    []byte
+	hasFinish bool
+	// usage is the event's usage object when hasUsage (absent or null:
+	// false).
+	usage    protocol.Usage
+	hasUsage bool
+}
+
+// fastChunk reads event d into ev when d is a chunk of the common shapes:
+// at most one choice whose delta holds at most a content string (plus
+// fields the client ignores) and whose finish reason is a string or
+// null; a usage object of plain integer counts or null; no error. false
+// means "decode it in full": d may be of another shape, or malformed.
+func fastChunk(d []byte, ev *fastEvent) bool {
+	ev.content, ev.finish = ev.content[:0], ev.finish[:0]
+	ev.hasFinish, ev.usage, ev.hasUsage = false, protocol.Usage{}, false
 	p := fastParser{d: d}
 	p.ws()
 	if !p.eat('{') {
-		return dst, false
+		return false
 	}
 	var seenChoices, seenUsage bool
-	content = dst
 	if !p.object(func(key []byte) bool {
 		switch {
 		case string(key) == "choices" && !seenChoices:
 			seenChoices = true
-			content, ok = p.choices(dst)
-			return ok
+			return p.choices(ev)
 		case string(key) == "usage" && !seenUsage:
 			seenUsage = true
-			return p.null()
+			if p.null() {
+				return true
+			}
+			ev.hasUsage = true
+			return p.usage(&ev.usage)
 		case foldsTo(key, "choices", "usage", "error"):
 			// Another spelling, a duplicate, or an error object: what
 			// encoding/json makes of it is the full decoder's business.
@@ -54,13 +77,10 @@ func fastDelta(d, dst []byte) (content []byte, ok bool) {
 		}
 		return p.skip(0)
 	}) {
-		return dst, false
+		return false
 	}
 	p.ws()
-	if p.i != len(p.d) {
-		return dst, false
-	}
-	return content, true
+	return p.i == len(p.d)
 }
 
 // fastParser reads JSON from d at i. Every method reports false for
@@ -168,39 +188,94 @@ func (p *fastParser) null() bool {
 	return false
 }
 
-// choices reads `[]` or `[{one choice}]`, appending the choice's content
-// to dst.
-func (p *fastParser) choices(dst []byte) ([]byte, bool) {
+// choices reads `[]` or `[{one choice}]` into ev.
+func (p *fastParser) choices(ev *fastEvent) bool {
 	if !p.eat('[') {
-		return dst, false
+		return false
 	}
 	if p.eat(']') {
-		return dst, true
+		return true
 	}
 	if !p.eat('{') {
-		return dst, false
+		return false
 	}
 	var seenDelta, seenFinish bool
-	content := dst
 	ok := p.object(func(key []byte) bool {
 		switch {
 		case string(key) == "delta" && !seenDelta:
 			seenDelta = true
 			var ok bool
-			content, ok = p.delta(dst)
+			ev.content, ok = p.delta(ev.content)
 			return ok
 		case string(key) == "finish_reason" && !seenFinish:
 			seenFinish = true
-			return p.null()
+			if p.null() {
+				return true
+			}
+			var ok bool
+			ev.finish, ok = p.str(ev.finish)
+			ev.hasFinish = ok
+			return ok
 		case foldsTo(key, "delta", "finish_reason"):
 			return false
 		}
 		return p.skip(0)
 	})
-	if !ok || !p.eat(']') {
-		return dst, false
+	return ok && p.eat(']')
+}
+
+// usage reads a usage object whose counts are plain integers; other
+// members are skipped.
+func (p *fastParser) usage(u *protocol.Usage) bool {
+	if !p.eat('{') {
+		return false
 	}
-	return content, true
+	var seenP, seenC, seenT bool
+	return p.object(func(key []byte) bool {
+		switch {
+		case string(key) == "prompt_tokens" && !seenP:
+			seenP = true
+			return p.integer(&u.PromptTokens)
+		case string(key) == "completion_tokens" && !seenC:
+			seenC = true
+			return p.integer(&u.CompletionTokens)
+		case string(key) == "total_tokens" && !seenT:
+			seenT = true
+			return p.integer(&u.TotalTokens)
+		case foldsTo(key, "prompt_tokens", "completion_tokens", "total_tokens"):
+			return false
+		}
+		return p.skip(0)
+	})
+}
+
+// integer reads -?(0|[1-9][0-9]*) of at most 18 digits (so it fits an
+// int whatever its sign) into n; a fraction, an exponent, null or a
+// longer number is declined.
+func (p *fastParser) integer(n *int) bool {
+	d, i := p.d, p.i
+	neg := i < len(d) && d[i] == '-'
+	if neg {
+		i++
+	}
+	start := i
+	v := 0
+	for i < len(d) && '0' <= d[i] && d[i] <= '9' {
+		v = v*10 + int(d[i]-'0')
+		i++
+	}
+	digits := i - start
+	switch {
+	case digits == 0 || digits > 18,
+		digits > 1 && d[start] == '0',
+		i < len(d) && (d[i] == '.' || d[i] == 'e' || d[i] == 'E'):
+		return false
+	}
+	if neg {
+		v = -v
+	}
+	*n, p.i = v, i
+	return true
 }
 
 // delta reads a delta object: its content (a string or null), its role

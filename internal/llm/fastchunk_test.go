@@ -12,24 +12,38 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/openaiwire"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// fullDelta is what the full decoder makes of event d, as dispatch uses
-// it: the content emitted, and whether anything else in d (a finish
-// reason, usage, reasoning, tool calls, an error) matters to the client.
-func fullDelta(d []byte) (content string, other bool, err error) {
+// fullChunk is what the full decoder makes of event d, as dispatch uses
+// it: the content emitted, the finish reason and usage, and whether
+// anything else in d (reasoning, tool calls, an error) matters to the
+// client.
+func fullChunk(d []byte) (ev fastEvent, other bool, err error) {
 	var ch openAIChunk
 	if err := json.Unmarshal(d, &ch); err != nil {
-		return "", false, err
+		return ev, false, err
 	}
-	other = ch.Error != nil || ch.Usage != nil
+	other = ch.Error != nil
+	if ch.Usage != nil {
+		ev.usage, ev.hasUsage = *ch.Usage, true
+	}
 	if len(ch.Choices) > 0 {
 		cc := ch.Choices[0]
-		content = cc.Delta.Content
+		ev.content = []byte(cc.Delta.Content)
+		if cc.FinishReason != nil {
+			ev.finish, ev.hasFinish = []byte(*cc.FinishReason), true
+		}
 		other = other || cc.Delta.ReasoningContent != "" || cc.Delta.Reasoning != "" ||
-			len(cc.Delta.ToolCalls) > 0 || cc.FinishReason != nil
+			len(cc.Delta.ToolCalls) > 0
 	}
-	return content, other, nil
+	return ev, other, nil
+}
+
+// sameEvent reports whether the fast and the full reading agree.
+func sameEvent(a, b fastEvent) bool {
+	return string(a.content) == string(b.content) && a.hasFinish == b.hasFinish &&
+		string(a.finish) == string(b.finish) && a.hasUsage == b.hasUsage && a.usage == b.usage
 }
 
 // wireSamples are chunks as servers send them: our own encoder (what
@@ -74,67 +88,95 @@ func wireSamples() []string {
 		`{"choices":[null]}`,
 		`{"choices":[{"delta":null}]}`,
 		`{"choices":[{"delta":{"content":5}}]}`,
+		`{"choices":[{"delta":{},"finish_reason":""}]}`,
+		`{"choices":[{"delta":{},"finish_reason":"tool_calls"}]}`,
+		`{"choices":[{"delta":{},"finish_reason":"st\u006fp"}]}`,
+		`{"choices":[{"delta":{},"finish_reason":5}]}`,
+		`{"choices":[{"delta":{},"finish_reason":"stop","finish_reason":null}]}`,
+		`{"choices":[{"delta":{},"Finish_Reason":"stop"}]}`,
+		`{"choices":[],"usage":{}}`,
+		`{"choices":[],"usage":{"prompt_tokens":-0,"completion_tokens":-7,"total_tokens":999999999999999999}}`,
+		`{"choices":[],"usage":{"prompt_tokens":9223372036854775808}}`,
+		`{"choices":[],"usage":{"prompt_tokens":1.0}}`,
+		`{"choices":[],"usage":{"prompt_tokens":1e2}}`,
+		`{"choices":[],"usage":{"prompt_tokens":01}}`,
+		`{"choices":[],"usage":{"prompt_tokens":null}}`,
+		`{"choices":[],"usage":{"prompt_tokens":"5"}}`,
+		`{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens":2}}`,
+		`{"choices":[],"usage":{"Prompt_Tokens":1}}`,
+		`{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`,
+		`{"choices":[],"usage":[]}`,
+		`{"choices":[],"usage":{"total_tokens":3},"usage":null}`,
 		`[]`,
 		``,
 	}
 }
 
-func TestFastDeltaCommonShapes(t *testing.T) {
+func TestFastChunkCommonShapes(t *testing.T) {
 	t.Parallel()
 	enc := openaiwire.NewChunkEncoder("req-1", "sim-1", 1700000000)
+	trim := func(b []byte) []byte {
+		return bytes.TrimSuffix(bytes.TrimPrefix(b, []byte("data: ")), []byte("\n\n"))
+	}
+	var ev fastEvent
 	for _, content := range []string{"Hello", " world", "", "a\nb \"q\" \\ <&> \u2028 é 🎉"} {
-		ev := bytes.TrimSuffix(bytes.TrimPrefix(enc.AppendContent(nil, content, content == "Hello"), []byte("data: ")), []byte("\n\n"))
-		got, ok := fastDelta(ev, nil)
-		if !ok || string(got) != content {
-			t.Errorf("fastDelta(%s) = %q, %v; want %q, true", ev, got, ok, content)
+		d := trim(enc.AppendContent(nil, content, content == "Hello"))
+		if !fastChunk(d, &ev) || string(ev.content) != content || ev.hasFinish || ev.hasUsage {
+			t.Errorf("fastChunk(%s) = %+v; want content %q only", d, ev, content)
 		}
 	}
-	// OpenAI's own first and middle chunks take the fast path too.
-	for _, s := range wireSamples()[4:6] {
-		if _, ok := fastDelta([]byte(s), nil); !ok {
-			t.Errorf("fastDelta declined OpenAI's chunk %s", s)
+	if d := trim(enc.AppendFinish(nil, "length")); !fastChunk(d, &ev) || string(ev.finish) != "length" || !ev.hasFinish || len(ev.content) != 0 {
+		t.Errorf("fastChunk(%s) = %+v; want finish reason length", d, ev)
+	}
+	// OpenAI's own first, middle and usage chunks take the fast path too.
+	for _, s := range wireSamples()[4:7] {
+		if !fastChunk([]byte(s), &ev) {
+			t.Errorf("fastChunk declined OpenAI's chunk %s", s)
 		}
 	}
-	// Declined: what means more than content, and what encoding/json
-	// might read otherwise.
+	if want := (protocol.Usage{PromptTokens: 9, CompletionTokens: 12, TotalTokens: 21}); !ev.hasUsage || ev.usage != want {
+		t.Errorf("usage chunk read as %+v; want %+v", ev, want)
+	}
+	// Declined: what means more than content, finish and usage, and what
+	// encoding/json might read otherwise.
 	for _, s := range []string{
-		`{"choices":[{"delta":{},"finish_reason":"stop"}]}`,
-		`{"choices":[],"usage":{"prompt_tokens":1}}`,
 		`{"choices":[{"delta":{"reasoning_content":"hmm"}}]}`,
 		`{"choices":[{"delta":{"tool_calls":[]}}]}`,
+		`{"choices":[],"usage":{"prompt_tokens":1.0}}`,
+		`{"choices":[],"usage":{"Prompt_Tokens":1}}`,
 		`{"error":{"message":"x"}}`,
 		`{"Choices":[{"delta":{"content":"case"}}]}`,
 		`{"choices":[{"delta":{"content":"a","content":"b"}}]}`,
 		`{"\u0063hoices":[]}`,
 		`{"choices":[{"delta":{"content":"a"}}]}x`,
 	} {
-		if got, ok := fastDelta([]byte(s), nil); ok {
-			t.Errorf("fastDelta(%s) = %q, accepted; want declined", s, got)
+		if fastChunk([]byte(s), &ev) {
+			t.Errorf("fastChunk(%s) = %+v, accepted; want declined", s, ev)
 		}
 	}
 }
 
-// FuzzFastDelta checks the fast path against the full decoder: for any
-// event, the same content with nothing else in it that matters, or a
-// decline.
-func FuzzFastDelta(f *testing.F) {
+// FuzzFastChunk checks the fast path against the full decoder: for any
+// event, the same content, finish reason and usage with nothing else in
+// it that matters, or a decline.
+func FuzzFastChunk(f *testing.F) {
 	for _, s := range wireSamples() {
 		f.Add([]byte(s))
 	}
+	var got fastEvent // reused, as the client does
 	f.Fuzz(func(t *testing.T, d []byte) {
-		got, ok := fastDelta(d, nil)
-		if !ok {
+		if !fastChunk(d, &got) {
 			return
 		}
-		want, other, err := fullDelta(d)
+		want, other, err := fullChunk(d)
 		if err != nil {
 			t.Fatalf("fast path accepted %q, which the full decoder refuses: %v", d, err)
 		}
 		if other {
-			t.Fatalf("fast path accepted %q, which carries more than content", d)
+			t.Fatalf("fast path accepted %q, which carries more than content, finish and usage", d)
 		}
-		if string(got) != want {
-			t.Fatalf("fast path read %q from %q; the full decoder %q", got, d, want)
+		if !sameEvent(got, want) {
+			t.Fatalf("fast path read %+v from %q; the full decoder %+v", got, d, want)
 		}
 	})
 }

@@ -354,10 +354,11 @@ type openAICall struct {
 	started bool
 	emitted int // chunks passed to emit
 	status  int // HTTP status of the response, once it arrived
-	// delta is the fast path's buffer of one chunk's content; slab is
-	// where the strings passed to emit are carved from (slabString).
-	delta []byte
-	slab  []byte
+	// fast is the fast path's reading of one event, its buffers reused;
+	// slab is where the strings passed to emit are carved from
+	// (slabString).
+	fast fastEvent
+	slab []byte
 }
 
 // start ends the first-token phase. The timer stays stopped until the
@@ -462,11 +463,20 @@ func logText(b []byte) string {
 	return strconv.Quote(s)
 }
 
+// streamReaders are the read buffers of answers being read (32 KiB each,
+// reused: one per call would be a large allocation per stream).
+var streamReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 32<<10) }}
+
 // read parses server-sent events from body (WHATWG rules: data lines
 // joined by LF, an event dispatched at a blank line, comments and other
 // fields ignored) and handles each as a chat.completion.chunk.
 func (c *openAICall) read(body io.Reader) (Result, error) {
-	br := bufio.NewReaderSize(body, 32<<10)
+	br := streamReaders.Get().(*bufio.Reader)
+	br.Reset(body)
+	defer func() {
+		br.Reset(nil)
+		streamReaders.Put(br)
+	}()
 	var (
 		line, data   []byte
 		hasData      bool
@@ -494,16 +504,31 @@ func (c *openAICall) read(body io.Reader) (Result, error) {
 		if string(d) == "[DONE]" {
 			return true, nil
 		}
-		// The common shape is read without a full decode
-		// (fastchunk.go); the rest is decoded in full below.
-		if content, ok := fastDelta(d, c.delta[:0]); ok {
-			c.delta = content
-			if len(content) > 0 {
+		// The common shapes are read without a full decode
+		// (fastchunk.go), to the same effect as the full decode below;
+		// the rest is decoded in full.
+		if ev := &c.fast; fastChunk(d, ev) {
+			if len(ev.content) > 0 || ev.hasFinish || ev.hasUsage {
 				c.start()
-				if err := c.emit(slabString(&c.slab, content)); err != nil {
+			}
+			if len(ev.content) > 0 {
+				if err := c.emit(slabString(&c.slab, ev.content)); err != nil {
 					return false, fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)
 				}
 				c.emitted++
+			}
+			switch string(ev.finish) {
+			case "":
+			case "stop": // the usual ones, without a string each
+				finish = "stop"
+			case "length":
+				finish = "length"
+			default:
+				finish = string(ev.finish)
+			}
+			if ev.hasUsage {
+				u := ev.usage
+				usage = &u
 			}
 			return false, nil
 		}

@@ -27,9 +27,18 @@ const (
 )
 
 // progress shares the queue's progress counters among every waiting
-// request of the process: at most one query per positionEvery/2 whatever
-// the number of waiting requests, and an EWMA of the rate at which jobs
-// are handed to workers, for the ETA. Safe for concurrent use.
+// request of the process: queries are shared, never made one per request,
+// and an EWMA of the rate at which jobs are handed to workers gives the
+// ETA. Safe for concurrent use.
+//
+// A fresh read (right after an enqueue) needs a query that started after
+// the call, so that it counts the job just enqueued; every fresh read
+// arriving while one query runs shares the single query that starts when
+// that one ends. A read that need not be fresh takes counters at most half
+// a positionEvery old, or joins the query in flight. So at most one query
+// runs and one waits, whatever the number of requests: under a burst the
+// queue is asked once a round trip, not once a request (docs/BENCHMARKS.md,
+// "The queued path's CPU"), and no request waits behind others' queries.
 type progress struct {
 	q failover.Positioner
 
@@ -38,21 +47,67 @@ type progress struct {
 	handed  int64
 	waiting int64
 	rate    float64 // jobs handed per second; 0 until observed
+	// cur is the query in flight, next the one that starts when cur
+	// ended, for the fresh reads that arrived meanwhile.
+	cur, next *progressQuery
 }
 
-// read returns the counters, fresh when fresh is set (right after an
-// enqueue), else at most half a positionEvery old.
+// progressQuery is one shared Progress query: done closes once its
+// result is set.
+type progressQuery struct {
+	done            chan struct{}
+	handed, waiting int64
+	ok              bool
+}
+
+// read returns the counters, from a query that started after the call
+// when fresh is set (right after an enqueue), else at most half a
+// positionEvery old.
 func (p *progress) read(fresh bool) (handed, waiting int64, ok bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	if !fresh && !p.at.IsZero() && time.Since(p.at) < positionEvery/2 {
+		defer p.mu.Unlock()
+		return p.handed, p.waiting, true
+	}
+	var q *progressQuery
+	switch {
+	case !fresh && p.cur != nil:
+		q = p.cur
+	case p.next != nil:
+		q = p.next // not started yet: fresh for this caller too
+	case p.cur != nil:
+		// The query in flight may have started before the caller's
+		// enqueue: the caller leads the next one, once it ended.
+		q = &progressQuery{done: make(chan struct{})}
+		p.next = q
+		prev := p.cur
+		p.mu.Unlock()
+		<-prev.done
+		p.mu.Lock()
+		p.cur, p.next = q, nil
+		p.mu.Unlock()
+		p.query(q)
+		return q.handed, q.waiting, q.ok
+	default:
+		q = &progressQuery{done: make(chan struct{})}
+		p.cur = q
+		p.mu.Unlock()
+		p.query(q)
+		return q.handed, q.waiting, q.ok
+	}
+	p.mu.Unlock()
+	<-q.done
+	return q.handed, q.waiting, q.ok
+}
+
+// query runs q, which the caller made p.cur, and publishes its result.
+func (p *progress) query(q *progressQuery) {
+	ctx, cancel := context.WithTimeout(context.Background(), progressTimeout)
+	h, w, err := p.q.Progress(ctx)
+	cancel()
 	now := time.Now()
-	if fresh || p.at.IsZero() || now.Sub(p.at) >= positionEvery/2 {
-		ctx, cancel := context.WithTimeout(context.Background(), progressTimeout)
-		h, w, err := p.q.Progress(ctx)
-		cancel()
-		if err != nil {
-			return 0, 0, false
-		}
+	p.mu.Lock()
+	if err == nil {
 		if !p.at.IsZero() && h >= p.handed {
 			if dt := now.Sub(p.at).Seconds(); dt > 0.1 {
 				sample := float64(h-p.handed) / dt
@@ -64,8 +119,11 @@ func (p *progress) read(fresh bool) (handed, waiting int64, ok bool) {
 			}
 		}
 		p.at, p.handed, p.waiting = now, h, w
+		q.handed, q.waiting, q.ok = h, w, true
 	}
-	return p.handed, p.waiting, true
+	p.cur = nil
+	p.mu.Unlock()
+	close(q.done)
 }
 
 // eta is the expected wait, in whole seconds, for a job with ahead jobs

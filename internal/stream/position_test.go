@@ -2,9 +2,18 @@ package stream
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 func TestChangedEnough(t *testing.T) {
@@ -69,4 +78,134 @@ func TestPositionEvents(t *testing.T) {
 	if !ok || ev.Position != 84 || ev.EtaSeconds == nil || *ev.EtaSeconds < 1 {
 		t.Fatalf("after 15 handed: %+v %v, want position 84 with an ETA", ev, ok)
 	}
+}
+
+// gatedQueue is a Positioner whose every query blocks until the test lets
+// it answer; the n-th query answers handed = n.
+type gatedQueue struct {
+	calls atomic.Int64
+	gate  chan struct{}
+}
+
+func (g *gatedQueue) Progress(ctx context.Context) (int64, int64, error) {
+	n := g.calls.Add(1)
+	<-g.gate
+	return n, 10, nil
+}
+
+// Reads arriving while a query runs share queries: the non-fresh ones the
+// query in flight, the fresh ones (right after an enqueue) one query that
+// starts once it ended, so each of them counts its own job; two queries
+// for forty-one readers.
+func TestProgressSharesQueries(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		g := &gatedQueue{gate: make(chan struct{})}
+		p := newProgress(g)
+		results := make(chan [2]int64, 41) // {fresh, handed}
+		read := func(fresh bool) {
+			h, _, ok := p.read(fresh)
+			if !ok {
+				t.Errorf("read(%v) failed", fresh)
+			}
+			f := int64(0)
+			if fresh {
+				f = 1
+			}
+			results <- [2]int64{f, h}
+		}
+		go read(true) // leads the first query
+		synctest.Wait()
+		if n := g.calls.Load(); n != 1 {
+			t.Fatalf("%d queries after the first read, want 1", n)
+		}
+		for range 20 {
+			go read(true)
+			go read(false)
+		}
+		synctest.Wait()
+		if n := g.calls.Load(); n != 1 {
+			t.Fatalf("%d queries while the first ran, want 1", n)
+		}
+		g.gate <- struct{}{} // the first query answers
+		synctest.Wait()
+		if n := g.calls.Load(); n != 2 {
+			t.Fatalf("%d queries after the first answered, want 2 (the fresh reads' own)", n)
+		}
+		g.gate <- struct{}{}
+		var fresh1, fresh2, stale1 int
+		for range 41 {
+			r := <-results
+			switch {
+			case r[0] == 1 && r[1] == 1:
+				fresh1++
+			case r[0] == 1 && r[1] == 2:
+				fresh2++
+			case r[0] == 0 && r[1] == 1:
+				stale1++
+			default:
+				t.Errorf("read fresh=%d got the answer of query %d", r[0], r[1])
+			}
+		}
+		if fresh1 != 1 || fresh2 != 20 || stale1 != 20 {
+			t.Errorf("first query answered %d fresh and %d other reads, the second %d fresh; want 1, 20, 20", fresh1, stale1, fresh2)
+		}
+		// Within half a positionEvery a read that need not be fresh is
+		// answered from the last counters, with no query.
+		if h, _, ok := p.read(false); !ok || h != 2 || g.calls.Load() != 2 {
+			t.Errorf("cached read = %d, %v after %d queries; want 2 from the cache", h, ok, g.calls.Load())
+		}
+	})
+}
+
+// A queued stream's headers go out with its first position, in one flush;
+// when there is no position to tell, the headers still go out at once.
+func TestQueuedHeadersGoWithTheFirstPosition(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		queue   failover.Positioner
+		flushes int
+		writes  int
+	}{
+		{"position", &fakeQueue{handed: 5, waiting: 3}, 1, 1},
+		{"no position", failingQueue{}, 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newTestHandler(t, time.Hour)
+			h.progress = newProgress(tc.queue)
+			w := &writeCounter{h: http.Header{}}
+			frames := make(chan protocol.Result)
+			s := h.newSession(w, "r", "u", protocol.PathQueued, time.Now())
+			s.frames = frames
+			s.position = &position{p: h.progress, sent: -1, ahead0: 2}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan struct{})
+			go func() { defer close(done); s.serve(ctx) }()
+			// The frames channel is unbuffered: once the pump took this
+			// heartbeat, the start of the stream was written, and nothing
+			// else until the next frame (the heartbeat timer waits an hour).
+			frames <- protocol.Result{Kind: protocol.KindHeartbeat}
+			flushes, writes, path := w.flushes, slices.Clone(w.writes), w.h.Get("X-Stream-Path")
+			cancel()
+			<-done
+			if flushes != tc.flushes || len(writes) != tc.writes {
+				t.Fatalf("%d flushes, %d writes %q; want the start in %d flush and %d write", flushes, len(writes), writes, tc.flushes, tc.writes)
+			}
+			if tc.writes > 0 && !strings.Contains(writes[0], "event: queued") {
+				t.Fatalf("first write %q, want the queued event", writes[0])
+			}
+			if path != protocol.PathQueued {
+				t.Fatalf("X-Stream-Path %q", path)
+			}
+		})
+	}
+}
+
+// failingQueue is a Positioner that cannot tell.
+type failingQueue struct{}
+
+func (failingQueue) Progress(context.Context) (int64, int64, error) {
+	return 0, 0, errors.New("no progress")
 }

@@ -208,6 +208,15 @@ func (s *session) ended(outcome string) {
 // ends before it began (no client and no resume window).
 func (s *session) open(ctx context.Context) bool {
 	h := s.h
+	// A queued stream's headers and its first position go out in one
+	// write (Writer.Start under Hold): one system call fewer a stream.
+	gather, _ := s.sink.(*Writer)
+	if s.position == nil {
+		gather = nil
+	}
+	if gather != nil {
+		gather.Hold()
+	}
 	s.attached = s.sink.Start(s.requestID, s.path) == nil
 	s.clientGone = ctx.Done()
 	if !s.attached && !s.detach() {
@@ -218,6 +227,11 @@ func (s *session) open(ctx context.Context) bool {
 	if s.position != nil {
 		if _, err := s.sendPosition(); err != nil && !s.lose() {
 			return false
+		}
+		if gather != nil && s.attached {
+			if err := gather.Flush(); err != nil && !s.lose() {
+				return false
+			}
 		}
 		s.ticker = time.NewTicker(positionEvery)
 		s.positions = s.ticker.C

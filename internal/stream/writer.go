@@ -34,8 +34,11 @@ type Writer struct {
 	writeTimeout time.Duration
 	buf          []byte // what is gathered and not yet written
 	holding      bool
-	terminal     bool
-	flushes      int
+	// headerPending: Start ran under Hold, so the status and headers wait
+	// to go out with the first events, in one write.
+	headerPending bool
+	terminal      bool
+	flushes       int
 }
 
 // ErrTerminated is returned for writes after the terminal event.
@@ -74,7 +77,8 @@ func innerErrFlusher(w http.ResponseWriter) interface{ FlushError() error } {
 }
 
 // Start writes the 200 status and the SSE headers, with the request id and
-// the path taken, and flushes them so the client sees the stream open.
+// the path taken, and flushes them so the client sees the stream open;
+// under Hold, they go out with the events gathered, at Flush.
 func (sw *Writer) Start(requestID, path string) error {
 	h := sw.w.Header()
 	h.Set("Content-Type", "text/event-stream")
@@ -86,6 +90,10 @@ func (sw *Writer) Start(requestID, path string) error {
 		h.Set("X-Stream-Path", path)
 	}
 	sw.w.WriteHeader(http.StatusOK)
+	if sw.holding {
+		sw.headerPending = true
+		return nil
+	}
 	return sw.flush()
 }
 
@@ -186,8 +194,13 @@ func (sw *Writer) commit(terminal bool) error {
 
 func (sw *Writer) out() error {
 	if len(sw.buf) == 0 {
+		if sw.headerPending {
+			sw.headerPending = false
+			return sw.flush()
+		}
 		return nil
 	}
+	sw.headerPending = false
 	if sw.writeTimeout > 0 {
 		// Not every ResponseWriter supports deadlines (httptest's does
 		// not); the stream still works, only without the slow-client cut.

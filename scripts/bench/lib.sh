@@ -234,6 +234,8 @@ start_api() {
 
 # start_consumer NAME [VAR=value...]: a consumer as start_api does. Sets
 # CONSUMER_PID, CONSUMER_PORT (its /metrics) and, when profiling, PPROF_ADDR.
+# CONSUMER_BIN, when set, is the consumer binary to run instead of
+# $BIN/consumer (a baseline build).
 start_consumer() {
 	local name=$1 port
 	shift
@@ -244,7 +246,7 @@ start_consumer() {
 	redis_env
 	start_proc "$name" env CONSUMER_HTTP_ADDR="127.0.0.1:$port" "${REDIS_ENV[@]}" \
 		LLM_PROVIDER=openai LLM_BASE_URL="http://127.0.0.1:${SIM_PORT:-1}/v1" \
-		LOG_LEVEL=warn "$@" "$BIN/consumer" "${PPROF_FLAGS[@]}"
+		LOG_LEVEL=warn "$@" "${CONSUMER_BIN:-$BIN/consumer}" "${PPROF_FLAGS[@]}"
 	CONSUMER_PID=$REPLY
 	wait_http "http://127.0.0.1:$port/healthz" "$CONSUMER_PID"
 }

@@ -153,9 +153,10 @@ type Deps struct {
 
 // Gateway is the api's queued path. Safe for concurrent use.
 type Gateway struct {
-	cfg  Config
-	deps Deps
-	now  func() time.Time
+	cfg      Config
+	deps     Deps
+	now      func() time.Time
+	releases *releaser // nil without a Quota
 }
 
 var _ failover.Spiller = (*Gateway)(nil)
@@ -171,7 +172,11 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	if deps.Metrics == nil {
 		deps.Metrics = nopMetrics{}
 	}
-	return &Gateway{cfg: cfg.withDefaults(), deps: deps, now: time.Now}, nil
+	g := &Gateway{cfg: cfg.withDefaults(), deps: deps, now: time.Now}
+	if deps.Quota != nil {
+		g.releases = newReleaser(deps.Quota, deps.Log)
+	}
+	return g, nil
 }
 
 func (g *Gateway) retryAfter() int { return max(1, int(g.cfg.RetryAfter/time.Second)) }
@@ -263,9 +268,8 @@ func (g *Gateway) reserve(ctx context.Context, job protocol.Job, bytes int) (*pr
 	return p, err
 }
 
-// release uncounts the job: it started, expired, was cancelled or never
-// made it into the queue. It runs after the request may have ended, on a
-// context of its own.
+// release uncounts a job that never made it into the queue, before Spill
+// returns. It runs on a context of its own.
 func (g *Gateway) release(job protocol.Job) {
 	if g.deps.Quota == nil {
 		return
@@ -275,5 +279,22 @@ func (g *Gateway) release(job protocol.Job) {
 	if err := g.deps.Quota.Release(ctx, job.UserID, job.RequestID); err != nil {
 		// The entry expires at the job's deadline anyway.
 		g.deps.Log.Warn("queue quota release failed", "request_id", job.RequestID, "err", err)
+	}
+}
+
+// releaseLater uncounts a job that left the queue (it started, expired or
+// its client left) without waiting for it: see releaser.
+func (g *Gateway) releaseLater(job waitingJob) {
+	if g.releases != nil {
+		g.releases.release(job.UserID, job.RequestID)
+	}
+}
+
+// Wait returns once every job that left the queue so far is uncounted
+// from the quota (or its release failed and was logged). For tests and a
+// clean stop; the quota's entries expire at their jobs' deadlines anyway.
+func (g *Gateway) Wait() {
+	if g.releases != nil {
+		g.releases.wait()
 	}
 }

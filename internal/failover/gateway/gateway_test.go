@@ -678,3 +678,94 @@ func TestWaitingRelaysHaveNoGoroutine(t *testing.T) {
 		t.Fatalf("after one worker spoke: %d goroutines added, want the one relay's", added)
 	}
 }
+
+// gatedQuota is a gateway.Quota and QuotaBatch whose releases block until
+// the test lets each call answer; it records the jobs of every call.
+type gatedQuota struct {
+	gate  chan struct{}
+	mu    sync.Mutex
+	calls [][]string // request ids per release call
+}
+
+func (q *gatedQuota) Reserve(context.Context, string, string, int, time.Duration) (*protocol.Problem, error) {
+	return nil, nil
+}
+
+func (q *gatedQuota) Release(ctx context.Context, identity, requestID string) error {
+	return q.ReleaseMany(ctx, []string{identity}, []string{requestID})
+}
+
+func (q *gatedQuota) ReleaseMany(_ context.Context, _, requestIDs []string) error {
+	q.mu.Lock()
+	q.calls = append(q.calls, slices.Clone(requestIDs))
+	q.mu.Unlock()
+	<-q.gate
+	return nil
+}
+
+func (q *gatedQuota) released() [][]string {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return slices.Clone(q.calls)
+}
+
+// A job that left the queue is uncounted off the relay's path: the
+// worker's first message reaches the client while the quota's release is
+// still waiting for Redis, and the jobs that left meanwhile share the next
+// release call.
+func TestGatewayReleasesQuotaOffTheRelaysPath(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		quota := &gatedQuota{gate: make(chan struct{})}
+		defer close(quota.gate) // a failed test leaves no release blocked
+		g, err := gateway.New(gatewayConfig(), gateway.Deps{
+			Producer: e.q, Results: e.res, Canceller: e.res, Quota: quota, Metrics: e.m, Log: testutil.DiscardLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids := []string{"rel-1", "rel-2", "rel-3", "rel-4"}
+		relays := make([]failover.Relay, len(ids))
+		for i, id := range ids {
+			relays[i] = spill(t, g, id)
+		}
+		e.publish("rel-1", "SIGNAL:HEARTBEAT:1")
+		e.publish("rel-1", `BATCH:1:[{"seq":1,"content":"a"}]`)
+		// The release of rel-1 blocks; its messages go out all the same.
+		for _, want := range []protocol.ResultKind{protocol.KindHeartbeat, protocol.KindBatch} {
+			if res := nextResult(t, relays[0], time.Second); res.Kind != want {
+				t.Fatalf("rel-1 relayed %+v, want a %v while the release waits", res, want)
+			}
+		}
+		synctest.Wait()
+		if got := quota.released(); len(got) != 1 || !slices.Equal(got[0], []string{"rel-1"}) {
+			t.Fatalf("release calls %v, want [[rel-1]] in flight", got)
+		}
+		for i, id := range ids[1:] {
+			e.publish(id, "SIGNAL:HEARTBEAT:1")
+			e.publish(id, `BATCH:1:[{"seq":1,"content":"a"}]`)
+			for _, want := range []protocol.ResultKind{protocol.KindHeartbeat, protocol.KindBatch} {
+				if res := nextResult(t, relays[i+1], time.Second); res.Kind != want {
+					t.Fatalf("%s relayed %+v, want a %v", id, res, want)
+				}
+			}
+		}
+		quota.gate <- struct{}{} // rel-1's call answers; the three others go in one
+		synctest.Wait()
+		quota.gate <- struct{}{}
+		g.Wait()
+		got := quota.released()
+		if len(got) != 2 || !slices.Equal(got[1], []string{"rel-2", "rel-3", "rel-4"}) {
+			t.Fatalf("release calls %v, want [[rel-1] [rel-2 rel-3 rel-4]]", got)
+		}
+		// Each job is released once: a relay's Close does not release again.
+		for _, r := range relays {
+			r.Close(true)
+		}
+		g.Wait()
+		if n := len(quota.released()); n != 2 {
+			t.Fatalf("%d release calls after Close, want still 2", n)
+		}
+	})
+}

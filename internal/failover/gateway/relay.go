@@ -76,10 +76,10 @@ func (r *relay) giveUp(p *protocol.Problem) {
 	close(r.done)
 }
 
-// leftQueue releases the job's quota once: it started, expired or its
-// client left.
+// leftQueue releases the job's quota once, without waiting for Redis: it
+// started, expired or its client left.
 func (r *relay) leftQueue() {
-	r.left.Do(func() { r.g.release(protocol.Job{RequestID: r.job.RequestID, UserID: r.job.UserID}) })
+	r.left.Do(func() { r.g.releaseLater(r.job) })
 }
 
 // silence is how long a started job's worker may stay quiet before the

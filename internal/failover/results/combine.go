@@ -7,7 +7,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// combiner sends the publishes of concurrent callers in shared pipelines:
+// combiner sends the publishes (and cancel-key checks) of concurrent
+// callers in shared pipelines:
 // the first caller to find none in flight writes every publish waiting by
 // then in one pipeline; callers arriving meanwhile wait, and when it is
 // done the first of them leads the next pipeline with whatever waits by
@@ -29,11 +30,13 @@ type combiner struct {
 	leading bool // a caller is writing a pipeline
 }
 
-// publishCall is one caller's publish: done closes when n and err are set;
-// lead closes when this caller is to write the next pipeline.
+// publishCall is one caller's publish, or with exists its EXISTS of the
+// key channel: done closes when n and err are set; lead closes when this
+// caller is to write the next pipeline.
 type publishCall struct {
 	channel string
 	msg     []byte
+	exists  bool
 	n       int64
 	err     error
 	done    chan struct{}
@@ -43,7 +46,17 @@ type publishCall struct {
 // publish sends msg on channel, in a pipeline shared with other callers,
 // and returns the number of subscribers that received it.
 func (c *combiner) publish(ctx context.Context, channel string, msg []byte) (int64, error) {
-	call := &publishCall{channel: channel, msg: msg, done: make(chan struct{}), lead: make(chan struct{})}
+	return c.do(ctx, &publishCall{channel: channel, msg: msg, done: make(chan struct{}), lead: make(chan struct{})})
+}
+
+// exists reports, as EXISTS does, whether key exists, in a pipeline shared
+// with other callers: a worker checks its job's cancel key as it starts
+// it, alongside the other jobs' publishes.
+func (c *combiner) exists(ctx context.Context, key string) (int64, error) {
+	return c.do(ctx, &publishCall{channel: key, exists: true, done: make(chan struct{}), lead: make(chan struct{})})
+}
+
+func (c *combiner) do(ctx context.Context, call *publishCall) (int64, error) {
 	c.mu.Lock()
 	c.queue = append(c.queue, call)
 	if c.leading {
@@ -97,6 +110,9 @@ func (c *combiner) write(ctx context.Context, batch []*publishCall) {
 }
 
 func (c *combiner) cmd(ctx context.Context, r redis.Cmdable, call *publishCall) *redis.IntCmd {
+	if call.exists {
+		return r.Exists(ctx, call.channel)
+	}
 	if c.sharded {
 		return r.SPublish(ctx, call.channel, call.msg)
 	}

@@ -182,3 +182,77 @@ func TestPublishersReturnWhenALeaderTimesOut(t *testing.T) {
 		t.Fatalf("publish after the stall: %v", err)
 	}
 }
+
+// mixedPipes records whether a pipeline carried both an EXISTS and a
+// PUBLISH.
+type mixedPipes struct {
+	pipeCounter
+	mixed atomic.Bool
+}
+
+func (h *mixedPipes) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		var exists, publish bool
+		for _, c := range cmds {
+			switch c.Name() {
+			case "exists":
+				exists = true
+			case "publish":
+				publish = true
+			}
+		}
+		if exists && publish {
+			h.mixed.Store(true)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A worker's cancel-key check shares the pipelines of concurrent
+// publishes, and each caller gets its own answer.
+func TestCancelChecksShareThePublishesPipelines(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	rdb := srv.Client(t)
+	hook := &mixedPipes{}
+	rdb.AddHook(hook)
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := srv.Client(t)
+	if err := admin.Set(t.Context(), failover.CancelKey(prefix, "gone"), "1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Redis holds every command for a while: the first caller's call waits
+	// in it, and everyone arriving meanwhile goes in the next pipeline.
+	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "500", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() {
+			if _, err := pub.PublishResult(t.Context(), fmt.Sprint("job-", i), []byte("x")); err != nil {
+				t.Errorf("publish %d: %v", i, err)
+			}
+		})
+		wg.Go(func() {
+			id := "here"
+			if i%2 == 0 {
+				id = "gone"
+			}
+			gone, err := pub.Cancelled(t.Context(), id)
+			if err != nil || gone != (id == "gone") {
+				t.Errorf("Cancelled(%s) = %v, %v", id, gone, err)
+			}
+		})
+	}
+	wg.Wait()
+	if !hook.mixed.Load() {
+		t.Error("no pipeline carried a cancel check with publishes")
+	}
+}

@@ -73,10 +73,11 @@ func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	return n > 0, nil
 }
 
-// Cancelled reports whether requestID's cancel key exists.
+// Cancelled reports whether requestID's cancel key exists. The EXISTS
+// shares pipelines with concurrent publishes (combiner).
 func (p *Publisher) Cancelled(ctx context.Context, requestID string) (bool, error) {
 	key := failover.CancelKey(p.prefix, requestID)
-	n, err := p.rdb.Exists(ctx, key).Result()
+	n, err := p.results.exists(ctx, key)
 	if err != nil {
 		return false, fmt.Errorf("results: exists %s: %w", key, err)
 	}

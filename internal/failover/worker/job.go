@@ -45,8 +45,10 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 	forget := w.cancels.track(job.RequestID, cancel)
 	pub := w.newPublisher(d, job.RequestID, cancel, log)
 	// The first heartbeat tells the api a worker has the job, before the
-	// slot wait, so the queue timeout no longer applies.
-	pub.send(jobCtx, protocol.Result{Kind: protocol.KindHeartbeat})
+	// slot wait, so the queue timeout no longer applies. It goes out while
+	// the worker asks for its slot, one round trip fewer before the
+	// provider is called; every later result waits for it.
+	firstBeat := pub.sendAsync(jobCtx, protocol.Result{Kind: protocol.KindHeartbeat})
 	var beats sync.WaitGroup
 	beats.Go(func() { w.heartbeat(jobCtx, d, pub) })
 
@@ -55,6 +57,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 		pub.send(jobCtx, protocol.Result{Kind: protocol.KindReset, Reset: &protocol.Reset{Attempt: d.Attempt}})
 	}
 	outcome, reason := w.answer(jobCtx, job, d, pub)
+	firstBeat()
 	// Stop order of one job: the cause is read first (cancelling sets no
 	// cause once one is set), then the heartbeat stops before the job is
 	// settled, so no heartbeat follows DONE or ERROR, and the cancel watch

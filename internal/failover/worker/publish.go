@@ -98,6 +98,24 @@ func (p *publisher) expired() bool {
 func (p *publisher) send(ctx context.Context, r protocol.Result) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.sendLocked(ctx, r)
+}
+
+// sendAsync starts publishing r and returns at once, with a func that
+// waits until it went out (or failed). The publisher stays locked until
+// then, so every later send follows it: the order of results holds.
+func (p *publisher) sendAsync(ctx context.Context, r protocol.Result) (wait func()) {
+	p.mu.Lock()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer p.mu.Unlock()
+		_ = p.sendLocked(ctx, r)
+	}()
+	return func() { <-done }
+}
+
+func (p *publisher) sendLocked(ctx context.Context, r protocol.Result) error {
 	if p.fenced || p.expired() {
 		if !p.fenced {
 			p.fenced = true
@@ -144,8 +162,6 @@ func (p *publisher) send(ctx context.Context, r protocol.Result) error {
 // lost); the api drops the copy by its sequence.
 func (p *publisher) publish(ctx context.Context, msg []byte) (bool, error) {
 	try := max(p.budget/2, time.Millisecond)
-	bo := backoff.NewExponentialBackOff()
-	bo.InitialInterval, bo.MaxInterval = try/10, try/2
 	op := func() (bool, error) {
 		if p.expired() {
 			return false, backoff.Permanent(errFenced)
@@ -154,7 +170,30 @@ func (p *publisher) publish(ctx context.Context, msg []byte) (bool, error) {
 		defer cancel()
 		return p.results.Publish(pctx, msg)
 	}
-	listened, err := backoff.Retry(context.WithoutCancel(ctx), op, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(p.budget))
+	// The first try needs none of the retry machinery: a publish almost
+	// always goes out at once, several times per answer.
+	start := time.Now()
+	listened, err := op()
+	if err == nil {
+		return listened, nil
+	}
+	if perm, ok := errors.AsType[*backoff.PermanentError](err); ok {
+		err = perm.Unwrap()
+	} else if left := p.budget - time.Since(start); left > 0 {
+		// Retry as if from the first failure: it waits its backoff first.
+		bo := backoff.NewExponentialBackOff()
+		bo.InitialInterval, bo.MaxInterval = try/10, try/2
+		first := err
+		again := func() (bool, error) {
+			if first != nil {
+				e := first
+				first = nil
+				return false, e
+			}
+			return op()
+		}
+		listened, err = backoff.Retry(context.WithoutCancel(ctx), again, backoff.WithBackOff(bo), backoff.WithMaxElapsedTime(left))
+	}
 	if err != nil {
 		return false, fmt.Errorf("publish to %s: %w", p.requestID, err)
 	}

@@ -1177,3 +1177,75 @@ func TestWorkerStopsOnClaimLost(t *testing.T) {
 		}
 	})
 }
+
+// gatedSinks is a ResultPublisher whose first publish blocks until gate
+// closes.
+type gatedSinks struct {
+	inner failover.ResultPublisher
+	gate  chan struct{}
+	once  sync.Once
+}
+
+func (g *gatedSinks) ResultsFor(id string) failover.ResultSink {
+	return gatedSink{g: g, inner: g.inner.ResultsFor(id)}
+}
+
+type gatedSink struct {
+	g     *gatedSinks
+	inner failover.ResultSink
+}
+
+func (s gatedSink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	s.g.once.Do(func() { <-s.g.gate })
+	return s.inner.Publish(ctx, msg)
+}
+
+// askingPool is a pool that says when it was first asked for a slot.
+type askingPool struct {
+	*pool.Local
+	asked chan struct{}
+	once  sync.Once
+}
+
+func (p *askingPool) AcquireOrDefer(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	p.once.Do(func() { close(p.asked) })
+	return p.Local.AcquireOrDefer(ctx, user, since)
+}
+
+// The worker asks for its pool slot while its first heartbeat is still on
+// its way, not after; the results keep their order all the same.
+func TestWorkerAsksForSlotWhileFirstHeartbeatGoesOut(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: time.Millisecond, Tokens: 6, Seed: 7})
+		sinks := &gatedSinks{inner: e.res, gate: make(chan struct{})}
+		p := &askingPool{Local: e.pool, asked: make(chan struct{})}
+		w, err := worker.New(workerConfig(), worker.Deps{
+			Consumer: e.q.Consumer("w1"), Pool: p, Provider: sim, Results: sinks, Cancels: e.res, Metrics: e.m,
+			Log: testutil.DiscardLogger(),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = w.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		job := newJob("beat-1")
+		l := e.listen(job.RequestID)
+		e.enqueue(job)
+		select {
+		case <-p.asked:
+		case <-time.After(10 * time.Second):
+			close(sinks.gate)
+			t.Fatal("no slot asked for while the first heartbeat was held")
+		}
+		close(sinks.gate)
+		rs := l.untilEnd(10 * time.Second)
+		want := []protocol.ResultKind{protocol.KindHeartbeat, protocol.KindBatch, protocol.KindBatch, protocol.KindDone}
+		if !slices.Equal(kinds(rs), want) {
+			t.Fatalf("messages %s, want kinds %v", describe(rs), want)
+		}
+	})
+}
