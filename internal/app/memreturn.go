@@ -23,7 +23,7 @@ import (
 // small, so this costs little, and it runs at most once per minReturnGap.
 //
 // A burst that rose by burstGoroutines and then held steady for one
-// interval (moved by less than a tenth of that) gets the same, once: a
+// interval (moved by less than a tenth of that) gets the same, once (one collection, not two): a
 // stream's goroutine needs a 16 KiB stack while it is admitted and handed
 // to the queue, and only 8 KiB once it waits, so by the time a collection
 // has shrunk them the 10,000 streams of a burst leave some 80 MB of free
@@ -91,7 +91,12 @@ func (m *memReturner) check(now time.Time) bool {
 	}
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	runtime.GC()
+	if ended {
+		// What sync.Pools kept through one collection goes in the second
+		// (FreeOSMemory's); streams that still wait need no such help, and
+		// the plateau's heap is large, so a settled burst gets one.
+		runtime.GC()
+	}
 	debug.FreeOSMemory()
 	var after runtime.MemStats
 	runtime.ReadMemStats(&after)
