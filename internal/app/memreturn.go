@@ -23,13 +23,13 @@ import (
 // small, so this costs little, and it runs at most once per minReturnGap.
 //
 // A burst that rose by burstGoroutines and then held steady for one
-// interval (moved by less than a tenth of that) gets the same, once (one collection, not two): a
-// stream's goroutine needs a 16 KiB stack while it is admitted and handed
-// to the queue, and only 8 KiB once it waits, so by the time a collection
-// has shrunk them the 10,000 streams of a burst leave some 80 MB of free
-// pages that the scavenger would keep (its goal follows the heap goal, twice
-// the live heap). Returning them costs one collection of the plateau's
-// heap, once per burst.
+// interval (moved by less than a tenth of that) gets the same, once, with
+// one collection: a stream's goroutine needs a 16 KiB stack while it is
+// admitted and handed to the queue, and only 8 KiB once it waits, so by
+// the time a collection has shrunk them the 10,000 streams of a burst
+// leave some 80 MB of free pages that the scavenger would keep (its goal
+// follows the heap goal, twice the live heap). Returning them costs one
+// collection of the plateau's heap, once per burst.
 type memReturner struct {
 	log      *slog.Logger
 	interval time.Duration
