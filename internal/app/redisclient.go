@@ -22,15 +22,17 @@ import (
 const minRedisPoolSize = 64
 
 // maxIdleShare is the share of REDIS_POOL_SIZE a node's pool keeps open
-// while idle (1/maxIdleShare, and never fewer than REDIS_MIN_IDLE_CONNS).
-// go-redis keeps every connection a burst opened until it has been idle
-// for 30 minutes, and only notices that when it takes it again, which in a
-// pool that hands out the most recent first never comes: after a burst
-// the api kept 64 connections of 64 KiB of buffers each
-// (docs/OPERATIONS.md, "Memory after a burst"). A connection given back
-// when this many are idle is closed instead; one that is busy stays, so
-// the pool still grows to REDIS_POOL_SIZE under load, and only a swing
-// of more than this many connections between two moments costs dials.
+// while idle (1/maxIdleShare; never fewer than the two connections each
+// of WORKER_CONCURRENCY workers may hold at once, nor than
+// REDIS_MIN_IDLE_CONNS). go-redis keeps every connection a burst opened
+// until it has been idle for 30 minutes, and only notices that when it
+// takes it again, which in a pool that hands out the most recent first
+// never comes: after a burst the api kept 64 connections of 64 KiB of
+// buffers each (docs/OPERATIONS.md, "Memory after a burst"). A connection
+// given back when this many are idle is closed instead; one that is busy
+// stays, so the pool still grows to REDIS_POOL_SIZE under load, and only
+// a swing of more than this many connections between two moments costs
+// dials: never a consumer's workers alone.
 const maxIdleShare = 4
 
 // NewRedisClient returns the Redis client cfg asks for: one Redis
@@ -43,8 +45,8 @@ const maxIdleShare = 4
 // The connection pool and its timeouts come from REDIS_POOL_SIZE,
 // REDIS_MIN_IDLE_CONNS, REDIS_DIAL_TIMEOUT_MS, REDIS_TIMEOUT_MS and
 // REDIS_POOL_TIMEOUT_MS (docs/OPERATIONS.md, "Redis busy or down"); a
-// quarter of the pool, or REDIS_MIN_IDLE_CONNS if more, stays open while
-// idle (maxIdleShare).
+// quarter of the pool, or two per worker or REDIS_MIN_IDLE_CONNS if more,
+// stays open while idle (maxIdleShare).
 // Context deadlines bound every command too (ContextTimeoutEnabled), so a
 // hung Redis cannot hang a request. Cluster clients follow MOVED and ASK
 // redirections and refresh the slot map on a failover; Sentinel clients
@@ -57,13 +59,14 @@ func NewRedisClient(cfg *config.Config) (redis.UniversalClient, error) {
 	if poolSize == 0 {
 		poolSize = max(minRedisPoolSize, 2*cfg.WorkerConcurrency+8)
 	}
-	return newRedisClient(cfg, poolSize, cfg.RedisMinIdleConns, maxIdleConns(poolSize, cfg.RedisMinIdleConns), false)
+	return newRedisClient(cfg, poolSize, cfg.RedisMinIdleConns,
+		maxIdleConns(poolSize, cfg.WorkerConcurrency, cfg.RedisMinIdleConns), false)
 }
 
 // maxIdleConns is how many connections a node's pool of poolSize keeps
 // idle (see maxIdleShare).
-func maxIdleConns(poolSize, minIdle int) int {
-	return max(1, poolSize/maxIdleShare, minIdle)
+func maxIdleConns(poolSize, workers, minIdle int) int {
+	return max(1, poolSize/maxIdleShare, 2*workers, minIdle)
 }
 
 // NewRedisProbeClient returns a client like NewRedisClient's with one

@@ -141,12 +141,13 @@ func TestRedisClientSettings(t *testing.T) {
 
 // TestRedisClientTrimsIdleAfterBurst: a burst of concurrent commands
 // opens as many connections as it needs, and when it is over the pool
-// keeps only a quarter of REDIS_POOL_SIZE open (docs/OPERATIONS.md,
-// "Memory after a burst"); go-redis alone would keep all of them.
+// keeps only a quarter of REDIS_POOL_SIZE open, or two per worker if more
+// (docs/OPERATIONS.md, "Memory after a burst"); go-redis alone would keep
+// all of them.
 func TestRedisClientTrimsIdleAfterBurst(t *testing.T) {
 	t.Parallel()
 	s := redistest.Start(t)
-	cfg, err := config.Load("", map[string]string{"REDIS_URL": s.URL(), "REDIS_POOL_SIZE": "64"})
+	cfg, err := config.Load("", map[string]string{"REDIS_URL": s.URL(), "REDIS_POOL_SIZE": "64", "WORKER_CONCURRENCY": "4"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,9 +157,9 @@ func TestRedisClientTrimsIdleAfterBurst(t *testing.T) {
 	}
 	defer c.Close()
 	const burst = 40
-	keep := maxIdleConns(64, 0)
+	keep := maxIdleConns(64, 4, 0)
 	if keep != 16 {
-		t.Fatalf("maxIdleConns(64, 0) = %d, want 16", keep)
+		t.Fatalf("maxIdleConns(64, 4, 0) = %d, want 16", keep)
 	}
 	// Each command holds its connection for 300 ms in Redis: all of them
 	// are open at once.
@@ -183,7 +184,10 @@ func TestRedisClientTrimsIdleAfterBurst(t *testing.T) {
 	if st.IdleConns > uint32(keep) || st.TotalConns > uint32(keep) {
 		t.Fatalf("after the burst the pool keeps %d connections (%d idle), want at most %d", st.TotalConns, st.IdleConns, keep)
 	}
-	if keep := maxIdleConns(64, 20); keep != 20 {
-		t.Errorf("maxIdleConns(64, 20) = %d, want REDIS_MIN_IDLE_CONNS (20)", keep)
+	if keep := maxIdleConns(64, 4, 20); keep != 20 {
+		t.Errorf("maxIdleConns(64, 4, 20) = %d, want REDIS_MIN_IDLE_CONNS (20)", keep)
+	}
+	if keep := maxIdleConns(64, 16, 0); keep != 32 {
+		t.Errorf("maxIdleConns(64, 16, 0) = %d, want two per worker (32)", keep)
 	}
 }
