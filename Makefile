@@ -1,6 +1,7 @@
 # Spillway. `make test` is what CI runs (.ci/run): it installs what the
 # tests need when missing, then vets and runs every test with the race
-# detector.
+# detector, and then the tests that measure stack sizes without it (the
+# race detector's frames are larger; they are built only without it).
 GO ?= go
 PKGS := ./...
 
@@ -8,6 +9,7 @@ PKGS := ./...
 
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
+	$(GO) test -count=1 -timeout 5m -run 'StacksShrink' ./internal/app/
 
 # deps installs what the tests need from Debian's packages when missing:
 # redis-server (integration tests start their own servers on free ports),
