@@ -237,7 +237,11 @@ func TestQueuedTakeoverAfterConsumerKilled(t *testing.T) {
 }
 
 // chunkSignal passes reads through and signals each read that carried a
-// chunk id line.
+// chunk's data line. Not any line with an id: a queued stream's position
+// events carry ids too, and come before any worker has the job (a test
+// that kills "the worker streaming" on one would find none streaming). A
+// chunk whose line is split between two reads is not signalled; the next
+// one is.
 type chunkSignal struct {
 	r interface{ Read([]byte) (int, error) }
 	c chan struct{}
@@ -245,7 +249,7 @@ type chunkSignal struct {
 
 func (s *chunkSignal) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
-	if strings.Contains(string(p[:n]), "id: ") {
+	if strings.Contains(string(p[:n]), `data: {"content":`) {
 		select {
 		case s.c <- struct{}{}:
 		default:
