@@ -17,28 +17,13 @@ func TestMemReturnerAfterBurst(t *testing.T) {
 	if m.check(now) {
 		t.Fatal("returned memory with no burst")
 	}
-	stop := make(chan struct{})
-	done := make(chan struct{}, 2*burstGoroutines)
-	for range 2 * burstGoroutines {
-		go func() {
-			<-stop
-			done <- struct{}{}
-		}()
-	}
+	end := startBurst(2 * burstGoroutines)
 	if m.check(now.Add(time.Second)) {
 		t.Fatal("returned memory while the burst was still on")
 	}
 	// A sample of garbage the burst leaves: it must be freed and returned.
-	junk := make([][]byte, 0, 256)
-	for range 256 {
-		junk = append(junk, make([]byte, 64<<10))
-	}
-	junk = nil
-	_ = junk
-	close(stop)
-	for range 2 * burstGoroutines {
-		<-done
-	}
+	leaveGarbage()
+	end()
 	testutil.Eventually(t, 10*time.Second, func() bool {
 		return runtime.NumGoroutine() < m.peak-burstGoroutines
 	}, "the burst's goroutines did not end")
@@ -66,30 +51,12 @@ func TestMemReturnerAfterSettledBurst(t *testing.T) {
 	if m.check(now) {
 		t.Fatal("returned memory with no burst")
 	}
-	stop := make(chan struct{})
-	done := make(chan struct{}, 2*burstGoroutines)
-	defer func() {
-		close(stop)
-		for range 2 * burstGoroutines {
-			<-done
-		}
-	}()
-	for range 2 * burstGoroutines {
-		go func() {
-			<-stop
-			done <- struct{}{}
-		}()
-	}
+	defer startBurst(2 * burstGoroutines)()
 	if m.check(now.Add(time.Second)) {
 		t.Fatal("returned memory while the burst was still rising")
 	}
 	// Garbage the burst left, and its pages: returned once it settled.
-	junk := make([][]byte, 0, 256)
-	for range 256 {
-		junk = append(junk, make([]byte, 64<<10))
-	}
-	junk = nil
-	_ = junk
+	leaveGarbage()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
 	if !m.check(now.Add(2 * time.Second)) {
@@ -103,4 +70,33 @@ func TestMemReturnerAfterSettledBurst(t *testing.T) {
 	if m.check(now.Add(3 * time.Second)) {
 		t.Error("returned again within minReturnGap")
 	}
+}
+
+// startBurst starts n goroutines that wait; end stops them and returns
+// once every one has.
+func startBurst(n int) (end func()) {
+	stop := make(chan struct{})
+	done := make(chan struct{}, n)
+	for range n {
+		go func() {
+			<-stop
+			done <- struct{}{}
+		}()
+	}
+	return func() {
+		close(stop)
+		for range n {
+			<-done
+		}
+	}
+}
+
+// leaveGarbage allocates 16 MiB and drops it: garbage a burst leaves.
+func leaveGarbage() {
+	junk := make([][]byte, 0, 256)
+	for range 256 {
+		junk = append(junk, make([]byte, 64<<10))
+	}
+	junk = nil
+	_ = junk
 }
