@@ -359,7 +359,21 @@ func (a *API) serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) 
 		a.log.Warn("closing every connection left after the grace", "err", err)
 		_ = srv.Close()
 	}
-	a.handler.Wait()
+	// The server no longer sees the connections waiting streams took over
+	// (stream.Handler.Cut): they get what is left of closeSlack to write
+	// their last event, then they are cut too.
+	streamsEnded := make(chan struct{})
+	go func() {
+		a.handler.Wait()
+		close(streamsEnded)
+	}()
+	select {
+	case <-streamsEnded:
+	case <-closeCtx.Done():
+		a.log.Warn("closing the connections of the streams still writing their last event")
+		a.handler.Cut()
+		<-streamsEnded
+	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("app: serve: %w", err)
 	}

@@ -117,6 +117,11 @@ func (c *limitedConn) Close() error {
 	return c.Conn.Close()
 }
 
+// NetConn returns the connection under the limit, as tls.Conn does: a
+// stream that took its connection over watches it for a hang-up through
+// the descriptor (connwatch).
+func (c *limitedConn) NetConn() net.Conn { return c.Conn }
+
 // headerSize is the size of r's header block as sent, near enough: the
 // request line and every field line.
 func headerSize(r *http.Request) int {

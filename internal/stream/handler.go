@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -93,6 +94,9 @@ type Handler struct {
 	// live holds the streams of this process by request id, each with a
 	// channel closed to stop it; it gives its room back after a burst.
 	live shrinkmap.Map[string, chan struct{}]
+	// taken holds the connections waiting streams took over from
+	// net/http, which http.Server.Close does not see (Cut).
+	taken shrinkmap.Map[net.Conn, struct{}]
 
 	drainOnce sync.Once
 	draining  chan struct{}
@@ -144,6 +148,44 @@ func (h *Handler) Drain() { h.drainOnce.Do(func() { close(h.draining) }) }
 
 // Wait blocks until every stream the handler started has ended.
 func (h *Handler) Wait() { h.wg.Wait() }
+
+// Cut closes the connections of the streams that are still open although
+// Drain ended them: their clients stopped reading the last event. It is
+// http.Server.Close for the connections the handler took over from
+// net/http (see takeOver), which the server no longer tracks.
+func (h *Handler) Cut() {
+	h.liveMu.Lock()
+	defer h.liveMu.Unlock()
+	for c := range h.taken.All() {
+		_ = c.Close()
+	}
+}
+
+// takeOver lets the writer of s, a queued stream that may wait long,
+// take its connection over from net/http (Writer.takeOver); the
+// connection is tracked until giveBack.
+func (h *Handler) takeOver(s *session, r *http.Request) {
+	sw, ok := s.sink.(*Writer)
+	if !ok {
+		return
+	}
+	gone, ok := sw.takeOver(r)
+	if !ok {
+		return
+	}
+	s.gone = gone
+	h.liveMu.Lock()
+	h.taken.Set(sw.conn, struct{}{})
+	h.liveMu.Unlock()
+}
+
+// giveBack closes the connection sw took over, once its stream ended.
+func (h *Handler) giveBack(sw *Writer) {
+	h.liveMu.Lock()
+	h.taken.Delete(sw.conn)
+	h.liveMu.Unlock()
+	sw.finish()
+}
 
 // instanceOf is the problem `instance` of a request (docs/API.md).
 func instanceOf(requestID string) string { return "urn:spillway:request:" + requestID }

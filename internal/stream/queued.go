@@ -37,5 +37,6 @@ func (h *Handler) queued(x *exchange) *session {
 	s.relay = relay
 	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
 	s.position = h.newPosition()
+	h.takeOver(s, x.r)
 	return s
 }

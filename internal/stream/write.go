@@ -58,9 +58,13 @@ type session struct {
 	slab       []byte      // chunk data handed to the log (chunkData)
 	window     *time.Timer // runs while detached
 
+	// gone, when the writer took the connection over from net/http
+	// (Writer.takeOver), closes when the client hangs up.
+	gone <-chan struct{}
+
 	// The loop's state, set by begin and open.
 	closed     func()
-	clientGone <-chan struct{} // the request's Done; nil once seen
+	clientGone <-chan struct{} // the request's Done or gone; nil once seen
 	heartbeat  *time.Timer
 	ticker     *time.Ticker     // queued positions; nil without
 	positions  <-chan time.Time // ticker's channel until a worker speaks
@@ -185,6 +189,9 @@ func (s *session) release() {
 	if s.relay != nil {
 		s.relay.Close(s.finished)
 	}
+	if s.gone != nil {
+		s.h.giveBack(s.sink.(*Writer))
+	}
 }
 
 // ended closes the stream once the loop returned with outcome.
@@ -219,6 +226,9 @@ func (s *session) open(ctx context.Context) bool {
 	}
 	s.attached = s.sink.Start(s.requestID, s.path) == nil
 	s.clientGone = ctx.Done()
+	if s.gone != nil {
+		s.clientGone = s.gone
+	}
 	if !s.attached && !s.detach() {
 		return false
 	}

@@ -7,11 +7,13 @@ package stream
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/connwatch"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -39,6 +41,14 @@ type Writer struct {
 	headerPending bool
 	terminal      bool
 	flushes       int
+
+	// conn is the connection once the writer took it over from net/http
+	// (takeOver): the writer then frames the response itself, and base
+	// bytes at the start of buf are room for a chunk's size line.
+	conn  net.Conn
+	watch *connwatch.Watch
+	head  []byte // the status line and headers, until they are written
+	base  int
 }
 
 // ErrTerminated is returned for writes after the terminal event.
@@ -89,10 +99,17 @@ func (sw *Writer) Start(requestID, path string) error {
 	if path != "" { // a resumed stream does not restate its path
 		h.Set("X-Stream-Path", path)
 	}
-	sw.w.WriteHeader(http.StatusOK)
+	if sw.conn != nil {
+		sw.head = appendHead(nil, h)
+	} else {
+		sw.w.WriteHeader(http.StatusOK)
+	}
 	if sw.holding {
 		sw.headerPending = true
 		return nil
+	}
+	if sw.conn != nil {
+		return sw.outConn()
 	}
 	return sw.flush()
 }
@@ -116,9 +133,9 @@ func (sw *Writer) Event(e Event) error {
 	if sw.terminal {
 		return ErrTerminated
 	}
-	if cap(sw.buf) < eventBuf {
-		// Sized at the first event, not at the first ping: a stream
-		// that only waits keeps a few bytes.
+	if e.Name == "" && cap(sw.buf) < eventBuf {
+		// Sized at the first chunk, not at the first ping or queue
+		// position: a stream that only waits keeps a few bytes.
 		sw.buf = slices.Grow(sw.buf, eventBuf)
 	}
 	if e.Data == nil && e.Name == "" {
@@ -129,7 +146,7 @@ func (sw *Writer) Event(e Event) error {
 	return sw.commit(e.Terminal())
 }
 
-// eventBuf is the write buffer a stream gets at its first event: room
+// eventBuf is the write buffer a stream gets at its first chunk: room
 // for a few dozen chunks gathered into one write.
 const eventBuf = 2 << 10
 
@@ -193,6 +210,9 @@ func (sw *Writer) commit(terminal bool) error {
 }
 
 func (sw *Writer) out() error {
+	if sw.conn != nil {
+		return sw.outConn()
+	}
 	if len(sw.buf) == 0 {
 		if sw.headerPending {
 			sw.headerPending = false

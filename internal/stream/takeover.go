@@ -1,0 +1,125 @@
+package stream
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/connwatch"
+)
+
+// A queued stream may wait minutes before its first chunk. While a
+// handler runs, net/http keeps a second goroutine per connection blocked
+// in a read, only to notice a client that leaves, plus its buffers. A
+// waiting stream's Writer therefore takes the connection over from
+// net/http (http.Hijacker): it writes the status line, the headers and a
+// chunked body itself, and connwatch tells when the client hangs up, with
+// no goroutine of its own on Linux. One goroutine per waiting stream is
+// left, the handler's (docs/BENCHMARKS.md, "Waiting streams").
+//
+// The connection is closed when the stream ends, so the response says
+// "Connection: close": a client's next request opens a new connection,
+// which costs nothing next to a stream that waited in the queue.
+
+// chunkRoom is the room at the start of a taken-over writer's buffer for
+// a chunk's size line: up to 16 hex digits and CRLF.
+const chunkRoom = 18
+
+// minBufio is the smallest buffer bufio.NewReaderSize gives.
+const minBufio = 16
+
+// lastChunk ends a chunked body (RFC 9112, section 7.1).
+const lastChunk = "0\r\n\r\n"
+
+// takeOver takes r's connection over from net/http, before anything was
+// written. It returns a channel closed when the client hangs up, which
+// stands in for the request context's Done from then on; false when the
+// connection cannot be taken (HTTP/2, HTTP/1.0, a ResponseWriter without
+// Hijack): the stream then goes on through net/http.
+func (sw *Writer) takeOver(r *http.Request) (gone <-chan struct{}, ok bool) {
+	if sw.conn != nil {
+		return sw.watch.Gone(), true
+	}
+	if r.ProtoMajor != 1 || r.ProtoMinor < 1 || len(sw.buf) > 0 || sw.head != nil || sw.terminal {
+		return nil, false
+	}
+	conn, brw, err := sw.rc.Hijack()
+	if err != nil {
+		return nil, false
+	}
+	// The reader and writer net/http hands over are its connection's own,
+	// 4 KiB each, and stay referenced by it until the handler returns.
+	// Nothing reads or writes through them any more (a client of an SSE
+	// stream sends nothing after its request, and the writer writes to
+	// conn), so each gets a minimal buffer in place, and the 8 KiB go
+	// back to the heap while the stream waits.
+	*brw.Reader = *bufio.NewReaderSize(nil, minBufio)
+	*brw.Writer = *bufio.NewWriterSize(nil, minBufio)
+	sw.conn, sw.watch = conn, connwatch.Start(conn)
+	sw.base = chunkRoom
+	sw.buf = make([]byte, chunkRoom, chunkRoom+256)
+	return sw.watch.Gone(), true
+}
+
+// finish closes a taken-over connection; the client then has the whole
+// body (the last chunk went out with the terminal event) or sees it cut.
+func (sw *Writer) finish() {
+	if sw.conn == nil {
+		return
+	}
+	sw.watch.Stop()
+	_ = sw.conn.Close()
+}
+
+// appendHead appends the status line and h, for a taken-over connection.
+func appendHead(dst []byte, h http.Header) []byte {
+	h.Set("Connection", "close")
+	h.Set("Transfer-Encoding", "chunked")
+	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
+	b := bytes.NewBuffer(append(dst, "HTTP/1.1 200 OK\r\n"...))
+	// Header.Write replaces CR and LF in values with spaces: nothing set
+	// by a middleware can split the response.
+	_ = h.Write(b)
+	b.WriteString("\r\n")
+	return b.Bytes()
+}
+
+// outConn writes what is gathered as one chunk of the body, after the
+// head when it is still to go, in one write under the write deadline.
+func (sw *Writer) outConn() error {
+	n := len(sw.buf) - sw.base
+	var frame []byte
+	if n > 0 {
+		var size [chunkRoom]byte
+		line := append(strconv.AppendUint(size[:0], uint64(n), 16), "\r\n"...)
+		start := sw.base - len(line)
+		copy(sw.buf[start:], line)
+		sw.buf = append(sw.buf, "\r\n"...)
+		if sw.terminal {
+			sw.buf = append(sw.buf, lastChunk...)
+		}
+		frame = sw.buf[start:]
+	}
+	if sw.head != nil {
+		// Once a stream: the head and the first events in one write.
+		frame = append(sw.head, frame...)
+		sw.head = nil
+		sw.headerPending = false
+	}
+	if len(frame) == 0 {
+		return nil
+	}
+	if sw.writeTimeout > 0 {
+		_ = sw.conn.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
+	}
+	_, err := sw.conn.Write(frame)
+	sw.buf = sw.buf[:sw.base]
+	sw.flushes++
+	if err != nil {
+		return fmt.Errorf("stream: write: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package stream_test
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// queuedServer serves h over real HTTP/1.1, where a queued stream takes
+// its connection over from net/http; accepted connections get a small
+// send buffer when small is set.
+func queuedServer(tb testing.TB, h http.Handler, small bool) *httptest.Server {
+	tb.Helper()
+	srv := httptest.NewUnstartedServer(h)
+	if small {
+		srv.Listener = smallSendBuffer{srv.Listener}
+	}
+	srv.Start()
+	tb.Cleanup(srv.Close)
+	return srv
+}
+
+type smallSendBuffer struct{ net.Listener }
+
+func (l smallSendBuffer) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// postRaw sends a /v1/stream request on a connection of its own and
+// reads the response head; the body is the caller's to read.
+func postRaw(tb testing.TB, srv *httptest.Server) (net.Conn, *http.Response) {
+	tb.Helper()
+	cn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cn.Close() })
+	req := "POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+		strconv.Itoa(len(validBody)) + "\r\n\r\n" + validBody
+	if _, err := io.WriteString(cn, req); err != nil {
+		tb.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(cn), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return cn, resp
+}
+
+// Over a real connection a queued stream's answer arrives whole, and the
+// connection closes after it.
+func TestHandlerQueuedStreamOverItsOwnConnection(t *testing.T) {
+	t.Parallel()
+	relay := newFakeRelay(
+		protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "queued hi"}}},
+		protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop"}},
+	)
+	h := newHandler(t, deps{pool: &fakePool{err: pool.ErrPoolExhausted}, provider: &fakeProvider{}, spiller: &fakeSpiller{relay: relay}, gate: &fakeGate{}})
+	srv := queuedServer(t, h, false)
+	resp, err := http.Post(srv.URL+"/v1/stream", "application/json", strings.NewReader(validBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the stream: %v", err)
+	}
+	if !strings.Contains(string(body), `"content":"queued hi"`) || !strings.Contains(string(body), "event: done") {
+		t.Errorf("stream %q lacks the chunk or the done event", body)
+	}
+	if !resp.Close || resp.Header.Get("X-Stream-Path") != protocol.PathQueued {
+		t.Errorf("close %v, path %q: want a queued stream on a connection that closes after it", resp.Close, resp.Header.Get("X-Stream-Path"))
+	}
+	if completed := <-relay.closed; !completed {
+		t.Error("relay closed as incomplete after done")
+	}
+	h.Wait()
+}
+
+// A client that hangs up while its stream waits is seen without
+// net/http's reader: the relay is closed as incomplete, at once.
+func TestHandlerQueuedClientHangsUp(t *testing.T) {
+	t.Parallel()
+	relay := newFakeRelay()
+	h := newHandler(t, deps{pool: &fakePool{err: pool.ErrPoolExhausted}, provider: &fakeProvider{}, spiller: &fakeSpiller{relay: relay}, gate: &fakeGate{}})
+	srv := queuedServer(t, h, false)
+	cn, resp := postRaw(t, srv)
+	if resp.StatusCode != http.StatusOK || !resp.Close {
+		t.Fatalf("HTTP %d, close %v: want a queued stream that took its connection", resp.StatusCode, resp.Close)
+	}
+	cn.Close()
+	select {
+	case completed := <-relay.closed:
+		if completed {
+			t.Error("relay closed as completed after the client left")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client's hang-up was not seen")
+	}
+	h.Wait()
+}
+
+// After a drain, Cut ends the streams whose clients stopped reading:
+// http.Server.Close no longer sees their connections.
+func TestHandlerCutEndsStalledTakenOverStreams(t *testing.T) {
+	t.Parallel()
+	var rs []protocol.Result
+	for i := range 64 {
+		rs = append(rs, protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: i + 1, Content: strings.Repeat("x", 32<<10)}}})
+	}
+	relay := newFakeRelay(rs...)
+	h, err := stream.New(stream.Config{
+		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		WriteTimeout: time.Hour, // only Cut can end the stalled write
+	}, stream.Deps{Pool: &fakePool{err: pool.ErrPoolExhausted}, Provider: &fakeProvider{}, Gate: &fakeGate{},
+		Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := queuedServer(t, h, true)
+	cn, _ := postRaw(t, srv)
+	_ = cn.(*net.TCPConn).SetReadBuffer(4096)
+	// 2 MiB of chunks cannot fit the two small buffers between the
+	// writer and a client that reads nothing more: the write blocks.
+	ended := make(chan struct{})
+	go func() {
+		h.Wait()
+		close(ended)
+	}()
+	h.Drain()
+	select {
+	case <-ended:
+		t.Fatal("a stream stalled in a write ended without Cut")
+	default:
+	}
+	h.Cut()
+	select {
+	case <-ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Cut did not end the stalled stream")
+	}
+}
