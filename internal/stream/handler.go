@@ -165,18 +165,32 @@ func (h *Handler) Cut() {
 // take its connection over from net/http (Writer.takeOver); the
 // connection is tracked until giveBack.
 func (h *Handler) takeOver(s *session, r *http.Request) {
-	sw, ok := s.sink.(*Writer)
-	if !ok {
+	sw := sseWriterOf(s.sink)
+	if sw == nil {
 		return
 	}
 	gone, ok := sw.takeOver(r)
 	if !ok {
 		return
 	}
-	s.gone = gone
+	s.gone, s.taken = gone, sw
 	h.liveMu.Lock()
 	h.taken.Set(sw.conn, struct{}{})
 	h.liveMu.Unlock()
+}
+
+// sseWriterOf returns the SSE Writer under sink: /v1/stream's, or a
+// streamed OpenAI answer's; nil for an answer written in one piece.
+func sseWriterOf(sink Sink) *Writer {
+	switch k := sink.(type) {
+	case *Writer:
+		return k
+	case eventSink:
+		if c, ok := k.ew.(*openaiChunks); ok {
+			return c.sw
+		}
+	}
+	return nil
 }
 
 // giveBack closes the connection sw took over, once its stream ended.

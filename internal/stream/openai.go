@@ -88,15 +88,20 @@ func (openaiDialect) refuse(w http.ResponseWriter, p *protocol.Problem, _ string
 // status and Retry-After, so SDKs raise their usual errors (a 429 is a
 // rate-limit error) and honour the delay.
 func writeOpenAIError(w http.ResponseWriter, p *protocol.Problem) {
-	h := w.Header()
+	b := openAIError(w.Header(), p)
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(b)
+}
+
+// openAIError sets h for p's OpenAI error response and returns its body.
+func openAIError(h http.Header, p *protocol.Problem) []byte {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	if p.RetryAfterSeconds > 0 {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfterSeconds))
 	}
 	b, _ := json.Marshal(openaiwire.ErrorBody{Error: openaiwire.ErrorOf(p)}) // strings only
-	w.WriteHeader(p.Status)
-	_, _ = w.Write(append(b, '\n'))
+	return append(b, '\n')
 }
 
 // answerRestarted ends a streamed answer whose worker was replaced after
@@ -194,6 +199,11 @@ func (c *openaiChunks) Done(d protocol.Done) error {
 func (c *openaiChunks) Error(p *protocol.Problem) error {
 	if !c.started {
 		c.started = true
+		if c.sw.conn != nil {
+			// The connection was taken over while the answer waited:
+			// the writer sends the whole error response itself.
+			return c.sw.respond(p.Status, openAIError(c.w.Header(), p))
+		}
 		c.sw.terminal = true
 		writeOpenAIError(c.w, p)
 		return nil

@@ -74,12 +74,39 @@ func (sw *Writer) finish() {
 	_ = sw.conn.Close()
 }
 
+// respond writes a whole response with status and body instead of a
+// stream, on a taken-over connection before anything was written: an
+// OpenAI answer that fails before its first byte is an HTTP error.
+func (sw *Writer) respond(status int, body []byte) error {
+	if sw.terminal || sw.head != nil {
+		return ErrTerminated
+	}
+	sw.terminal = true
+	h := sw.w.Header()
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	frame := append(appendHead(nil, status, h), body...)
+	if sw.writeTimeout > 0 {
+		_ = sw.conn.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
+	}
+	if _, err := sw.conn.Write(frame); err != nil {
+		return fmt.Errorf("stream: write: %w", err)
+	}
+	return nil
+}
+
 // appendHead appends the status line and h, for a taken-over connection.
-func appendHead(dst []byte, h http.Header) []byte {
+// A response without a Content-Length has a chunked body.
+func appendHead(dst []byte, status int, h http.Header) []byte {
 	h.Set("Connection", "close")
-	h.Set("Transfer-Encoding", "chunked")
+	if h.Get("Content-Length") == "" {
+		h.Set("Transfer-Encoding", "chunked")
+	}
 	h.Set("Date", time.Now().UTC().Format(http.TimeFormat))
-	b := bytes.NewBuffer(append(dst, "HTTP/1.1 200 OK\r\n"...))
+	dst = append(dst, "HTTP/1.1 "...)
+	dst = strconv.AppendInt(dst, int64(status), 10)
+	dst = append(dst, ' ')
+	dst = append(dst, http.StatusText(status)...)
+	b := bytes.NewBuffer(append(dst, "\r\n"...))
 	// Header.Write replaces CR and LF in values with spaces: nothing set
 	// by a middleware can split the response.
 	_ = h.Write(b)

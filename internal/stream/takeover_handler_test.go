@@ -156,3 +156,52 @@ func TestHandlerCutEndsStalledTakenOverStreams(t *testing.T) {
 		t.Fatal("Cut did not end the stalled stream")
 	}
 }
+
+// A streamed OpenAI answer that waits in the queue takes its connection
+// over too: an answer that fails before its first byte is still an HTTP
+// error with the problem's status and Retry-After, one that succeeds is
+// a whole chunked stream.
+func TestOpenAIQueuedStreamOverItsOwnConnection(t *testing.T) {
+	t.Parallel()
+	failed := protocol.QueueTimeout(7)
+	for _, tc := range []struct {
+		name   string
+		relay  *fakeRelay
+		status int
+	}{
+		{"answered", newFakeRelay(
+			protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "queued hi"}}},
+			protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop"}},
+		), http.StatusOK},
+		{"failed before its first byte", newFakeRelay(protocol.Result{Kind: protocol.KindError, Problem: failed}), failed.Status},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			_, h := chatHandler(t, deps{pool: &fakePool{err: pool.ErrPoolExhausted}, provider: &fakeProvider{},
+				spiller: &fakeSpiller{relay: tc.relay}, gate: &fakeGate{}}, "m")
+			srv := queuedServer(t, h, false)
+			resp, err := http.Post(srv.URL, "application/json", strings.NewReader(streamBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatalf("reading the answer: %v", err)
+			}
+			if resp.StatusCode != tc.status || !resp.Close {
+				t.Fatalf("HTTP %d, close %v, body %q: want %d on a connection that closes after it", resp.StatusCode, resp.Close, body, tc.status)
+			}
+			if tc.status == http.StatusOK {
+				if !strings.Contains(string(body), "queued hi") || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+					t.Errorf("answer %q lacks the chunk or [DONE]", body)
+				}
+				return
+			}
+			if resp.Header.Get("Retry-After") != "7" || resp.Header.Get("Content-Type") != "application/json" ||
+				!strings.Contains(string(body), `"error"`) {
+				t.Errorf("error response: Retry-After %q, Content-Type %q, body %q", resp.Header.Get("Retry-After"), resp.Header.Get("Content-Type"), body)
+			}
+		})
+	}
+}

@@ -58,9 +58,11 @@ type session struct {
 	slab       []byte      // chunk data handed to the log (chunkData)
 	window     *time.Timer // runs while detached
 
-	// gone, when the writer took the connection over from net/http
-	// (Writer.takeOver), closes when the client hangs up.
-	gone <-chan struct{}
+	// taken is the writer that took the connection over from net/http
+	// (Writer.takeOver), if one did; gone then closes when the client
+	// hangs up.
+	taken *Writer
+	gone  <-chan struct{}
 
 	// The loop's state, set by begin and open.
 	closed     func()
@@ -189,8 +191,8 @@ func (s *session) release() {
 	if s.relay != nil {
 		s.relay.Close(s.finished)
 	}
-	if s.gone != nil {
-		s.h.giveBack(s.sink.(*Writer))
+	if s.taken != nil {
+		s.h.giveBack(s.taken)
 	}
 }
 

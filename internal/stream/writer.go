@@ -100,7 +100,7 @@ func (sw *Writer) Start(requestID, path string) error {
 		h.Set("X-Stream-Path", path)
 	}
 	if sw.conn != nil {
-		sw.head = appendHead(nil, h)
+		sw.head = appendHead(nil, http.StatusOK, h)
 	} else {
 		sw.w.WriteHeader(http.StatusOK)
 	}

@@ -64,6 +64,9 @@ IDLE_RSS=$(rss_kib "$API_PID")
 IDLE_ANON=$(anon_kib "$API_PID")
 log "api idle RSS ${IDLE_RSS} KiB (anonymous ${IDLE_ANON} KiB)"
 curl -fsS -m 5 -o "$dir/api.idle.metrics.txt" "$METRICS" || true
+# The idle process's own goroutines (Redis, Pub/Sub, the memory returner)
+# are not the streams': per stream is (plateau − idle) / WAIT_N, as for RSS.
+IDLE_GOR=$(awk '$1 == "go_goroutines" {print $2 + 0}' "$dir/api.idle.metrics.txt" 2>/dev/null || true)
 if [[ -n $API_PPROF ]]; then curl -fsS -m 30 -o "$dir/api.idle.heap.pprof" "http://$API_PPROF/debug/pprof/heap?gc=1" || true; fi
 
 load_start waiting $((QUEUE_TIMEOUT + 120)) -url "http://127.0.0.1:$API_PORT/v1/stream" \
@@ -140,7 +143,7 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	--argjson plateau "$plateau_json" --argjson settled "$settled_json" --argjson peak "$peak" --argjson after "$AFTER_RSS" \
 	--argjson later "$LATER_RSS" --argjson later_s "$AFTER_SECONDS" --argjson later_gor "$LATER_GOR" \
 	--argjson idle_anon "$IDLE_ANON" --argjson later_anon "$LATER_ANON" \
-	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" --argjson stack "${PLATEAU_STACK:-0}" \
+	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson idle_gor "${IDLE_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" --argjson stack "${PLATEAU_STACK:-0}" \
 	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
 	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" --argjson scrape "$AFTER_SCRAPE_EVERY" "$JQ_DEFS"'
 	$run[0] as $r | ($plateau | median) as $pm | {
@@ -156,7 +159,7 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	kib_per_stream_peak: (($peak - $idle) / $n | r3),
 	kib_per_stream_settled: (if ($settled | length) > 0 then ((($settled | median) - $idle) / $n | r3) else null end),
 	plateau_reached_after_s: $at,
-	at_plateau: {goroutines: $gor, goroutines_per_stream: ($gor / $n | r3), heap_inuse_bytes: $heap,
+	at_plateau: {goroutines: $gor, goroutines_idle: $idle_gor, goroutines_per_stream: (($gor - $idle_gor) / $n | r3), heap_inuse_bytes: $heap,
 		heap_bytes_per_stream: ($heap / $n | round), stack_inuse_bytes: $stack, stack_bytes_per_stream: ($stack / $n | round),
 		redis_clients: $clients},
 	outcome: {requests: $r.result.requests, errors: $r.result.errors, errors_by_type: $r.result.errors_by_type,
