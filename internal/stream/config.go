@@ -17,6 +17,9 @@ const (
 	// DefaultWriteTimeout cuts a client that does not take one event
 	// within it.
 	DefaultWriteTimeout = 10 * time.Second
+	// DefaultTakeOverAfter is how long a queued stream waits for a worker
+	// before its writer takes the connection over from net/http.
+	DefaultTakeOverAfter = time.Second
 	// DefaultPoolRetryAfter is advised when the pool is full and no queue
 	// takes the request, unless a Gate advises otherwise.
 	DefaultPoolRetryAfter = time.Second
@@ -88,6 +91,10 @@ type Config struct {
 	// there is no queue (docs/TIMEOUTS.md). Zero fields take llm's
 	// defaults.
 	Retry llm.RetryPolicy
+	// TakeOverAfter is how long a queued stream waits for a worker before
+	// its writer takes the connection over from net/http (takeover.go);
+	// default DefaultTakeOverAfter, negative: at once, before the head.
+	TakeOverAfter time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -105,6 +112,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.BodyReadTimeout == 0 {
 		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	if c.TakeOverAfter == 0 {
+		c.TakeOverAfter = DefaultTakeOverAfter
 	}
 	return c
 }

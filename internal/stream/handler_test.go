@@ -179,6 +179,7 @@ func newHandler(tb testing.TB, d deps) *stream.Handler {
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
 		DirectPathEnabled: true, APIKeys: d.keys, PriorityMax: d.priorityMax,
+		TakeOverAfter: -1, // over a real connection, a queued stream takes it at once
 	}, sd)
 	if err != nil {
 		tb.Fatalf("stream.New: %v", err)

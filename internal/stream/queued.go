@@ -37,6 +37,10 @@ func (h *Handler) queued(x *exchange) *session {
 	s.relay = relay
 	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
 	s.position = h.newPosition()
-	h.takeOver(s, x.r)
+	if h.cfg.TakeOverAfter < 0 {
+		h.takeOver(s, x.r)
+	} else {
+		s.req = x.r // taken over if the stream waits (session.mayTakeOver)
+	}
 	return s
 }

@@ -13,16 +13,20 @@ import (
 
 // A queued stream may wait minutes before its first chunk. While a
 // handler runs, net/http keeps a second goroutine per connection blocked
-// in a read, only to notice a client that leaves, plus its buffers. A
-// waiting stream's Writer therefore takes the connection over from
-// net/http (http.Hijacker): it writes the status line, the headers and a
-// chunked body itself, and connwatch tells when the client hangs up, with
-// no goroutine of its own on Linux. One goroutine per waiting stream is
-// left, the handler's (docs/BENCHMARKS.md, "Waiting streams").
+// in a read, only to notice a client that leaves, plus its buffers. The
+// Writer of a stream that has waited a while (Config.TakeOverAfter)
+// therefore takes the connection over from net/http (http.Hijacker): it
+// goes on with the chunked body itself, and connwatch tells when the
+// client hangs up, with no goroutine of its own on Linux. One goroutine
+// per waiting stream is left, the handler's (docs/BENCHMARKS.md,
+// "Waiting streams").
 //
-// The connection is closed when the stream ends, so the response says
-// "Connection: close": a client's next request opens a new connection,
-// which costs nothing next to a stream that waited in the queue.
+// The connection is closed when the stream ends: a client's next request
+// opens a new connection, which costs little next to a stream that waited
+// in the queue. A stream that gets its worker before TakeOverAfter keeps
+// net/http, and its keep-alive connection. A writer that takes over
+// before the head (TakeOverAfter negative, or an OpenAI answer that has
+// sent nothing yet) writes the head itself, with "Connection: close".
 
 // chunkRoom is the room at the start of a taken-over writer's buffer for
 // a chunk's size line: up to 16 hex digits and CRLF.
@@ -35,16 +39,27 @@ const minBufio = 16
 const lastChunk = "0\r\n\r\n"
 
 // takeOver takes r's connection over from net/http, before anything was
-// written. It returns a channel closed when the client hangs up, which
+// written or between events: net/http has then sent the head with a
+// chunked body (HTTP/1.1, no Content-Length), which the writer goes on
+// with. It returns a channel closed when the client hangs up, which
 // stands in for the request context's Done from then on; false when the
 // connection cannot be taken (HTTP/2, HTTP/1.0, a ResponseWriter without
-// Hijack): the stream then goes on through net/http.
+// Hijack, events gathered and not written): the stream then goes on
+// through net/http.
 func (sw *Writer) takeOver(r *http.Request) (gone <-chan struct{}, ok bool) {
 	if sw.conn != nil {
 		return sw.watch.Gone(), true
 	}
-	if r.ProtoMajor != 1 || r.ProtoMinor < 1 || len(sw.buf) > 0 || sw.head != nil || sw.terminal {
+	if r.ProtoMajor != 1 || r.ProtoMinor < 1 || len(sw.buf) > 0 || sw.holding || sw.headerPending || sw.terminal {
 		return nil, false
+	}
+	if sw.started {
+		// Every event is flushed as it is written; this only makes sure
+		// nothing is left in net/http's response buffer, which Hijack
+		// drops.
+		if err := sw.rc.Flush(); err != nil {
+			return nil, false
+		}
 	}
 	conn, brw, err := sw.rc.Hijack()
 	if err != nil {
@@ -61,6 +76,7 @@ func (sw *Writer) takeOver(r *http.Request) (gone <-chan struct{}, ok bool) {
 	sw.conn, sw.watch = conn, connwatch.Start(conn)
 	sw.base = chunkRoom
 	sw.buf = make([]byte, chunkRoom, chunkRoom+256)
+	sw.errFlusher = nil
 	return sw.watch.Gone(), true
 }
 
@@ -78,7 +94,7 @@ func (sw *Writer) finish() {
 // stream, on a taken-over connection before anything was written: an
 // OpenAI answer that fails before its first byte is an HTTP error.
 func (sw *Writer) respond(status int, body []byte) error {
-	if sw.terminal || sw.head != nil {
+	if sw.terminal || sw.head != nil || sw.started {
 		return ErrTerminated
 	}
 	sw.terminal = true

@@ -2,6 +2,7 @@ package stream_test
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -128,6 +129,7 @@ func TestHandlerCutEndsStalledTakenOverStreams(t *testing.T) {
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
 		WriteTimeout: time.Hour, // only Cut can end the stalled write
+		TakeOverAfter: -1,
 	}, stream.Deps{Pool: &fakePool{err: pool.ErrPoolExhausted}, Provider: &fakeProvider{}, Gate: &fakeGate{},
 		Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger()})
 	if err != nil {
@@ -204,4 +206,59 @@ func TestOpenAIQueuedStreamOverItsOwnConnection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A queued stream that gets no worker within TakeOverAfter is taken over
+// between two events: its client, which got the head from net/http (with
+// keep-alive), reads one unbroken chunked body, and the connection closes
+// after it.
+func TestHandlerQueuedStreamTakenOverWhileWaiting(t *testing.T) {
+	t.Parallel()
+	relay := &fakeRelay{results: make(chan protocol.Result, 2), done: make(chan struct{}), closed: make(chan bool, 1)}
+	const heartbeat = 20 * time.Millisecond
+	h, err := stream.New(stream.Config{
+		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: heartbeat,
+		TakeOverAfter: 2 * heartbeat,
+	}, stream.Deps{Pool: &fakePool{err: pool.ErrPoolExhausted}, Provider: &fakeProvider{}, Gate: &fakeGate{},
+		Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := queuedServer(t, h, false)
+	cn, resp := postRaw(t, srv)
+	if resp.Close || len(resp.TransferEncoding) == 0 {
+		t.Fatalf("close %v, transfer encoding %v: the head should come from net/http, chunked, keep-alive", resp.Close, resp.TransferEncoding)
+	}
+	// Heartbeats are at least 20 ms apart, each after the last write: the
+	// tenth is written 200 ms after the stream opened, well past
+	// TakeOverAfter, and the takeover happens before a heartbeat's write.
+	br := bufio.NewReader(resp.Body)
+	for i := 0; i < 10; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading heartbeats: %v", err)
+		}
+		if strings.HasPrefix(line, ": ping") {
+			i++
+		}
+	}
+	relay.results <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "late hi"}}}
+	relay.results <- protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop"}}
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatalf("the body broke at the takeover: %v", err)
+	}
+	if !strings.Contains(string(rest), `"content":"late hi"`) || !strings.Contains(string(rest), "event: done") {
+		t.Errorf("rest of the stream %q lacks the chunk or done", rest)
+	}
+	// net/http would keep the connection for the next request; the
+	// writer that took it over closes it.
+	_ = cn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := cn.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Errorf("after the stream: read %d bytes, %v; want the connection closed (the stream was not taken over)", n, err)
+	}
+	if completed := <-relay.closed; !completed {
+		t.Error("relay closed as incomplete after done")
+	}
+	h.Wait()
 }

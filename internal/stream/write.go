@@ -63,6 +63,9 @@ type session struct {
 	// hangs up.
 	taken *Writer
 	gone  <-chan struct{}
+	// req, until a worker speaks, is the request of a queued stream whose
+	// writer may still take the connection over (mayTakeOver).
+	req *http.Request
 
 	// The loop's state, set by begin and open.
 	closed     func()
@@ -265,8 +268,10 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 			h.log.Error("stream source ended without a terminal event", "request_id", s.requestID, "path", s.path)
 			return s.end(protocol.StreamFailed()), false, true
 		}
-		// A worker has the job: no more positions.
+		// A worker has the job: no more positions, and the stream is not
+		// waiting any more.
 		s.positions = nil
+		s.req = nil
 		if res.Kind == protocol.KindHeartbeat {
 			return "", false, false // worker liveness only; the relay tracks it
 		}
@@ -275,11 +280,13 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 			return outcome, true, true
 		}
 	case wakePosition:
+		s.mayTakeOver()
 		var sent bool
 		if sent, err = s.sendPosition(); !sent {
 			return "", false, false // nothing written: the heartbeat timer runs on
 		}
 	case wakeHeartbeat:
+		s.mayTakeOver()
 		if s.attached {
 			err = s.sink.Ping()
 		}
@@ -322,6 +329,23 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 	// Heartbeat on a timer reset after each write.
 	s.heartbeat.Reset(h.cfg.Heartbeat)
 	return "", false, false
+}
+
+// mayTakeOver lets the writer of a queued stream that has waited
+// TakeOverAfter for a worker take its connection over from net/http
+// (takeover.go): a stream that gets its worker soon keeps its keep-alive
+// connection and costs nothing more, one that waits keeps one goroutine.
+// Tried once a stream, at the first heartbeat or position after that.
+func (s *session) mayTakeOver() {
+	if s.req == nil || !s.attached || time.Since(s.start) < s.h.cfg.TakeOverAfter {
+		return
+	}
+	r := s.req
+	s.req = nil
+	s.h.takeOver(s, r)
+	if s.gone != nil && s.clientGone != nil {
+		s.clientGone = s.gone
+	}
 }
 
 // maxCoalesce bounds how many frames one write gathers, so a producer

@@ -49,6 +49,8 @@ type Writer struct {
 	watch *connwatch.Watch
 	head  []byte // the status line and headers, until they are written
 	base  int
+	// started: Start wrote the status and headers through net/http.
+	started bool
 }
 
 // ErrTerminated is returned for writes after the terminal event.
@@ -102,6 +104,7 @@ func (sw *Writer) Start(requestID, path string) error {
 	if sw.conn != nil {
 		sw.head = appendHead(nil, http.StatusOK, h)
 	} else {
+		sw.started = true
 		sw.w.WriteHeader(http.StatusOK)
 	}
 	if sw.holding {
