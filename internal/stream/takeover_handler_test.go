@@ -128,7 +128,7 @@ func TestHandlerCutEndsStalledTakenOverStreams(t *testing.T) {
 	relay := newFakeRelay(rs...)
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
-		WriteTimeout: time.Hour, // only Cut can end the stalled write
+		WriteTimeout:  time.Hour, // only Cut can end the stalled write
 		TakeOverAfter: -1,
 	}, stream.Deps{Pool: &fakePool{err: pool.ErrPoolExhausted}, Provider: &fakeProvider{}, Gate: &fakeGate{},
 		Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger()})
