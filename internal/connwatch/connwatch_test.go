@@ -58,6 +58,13 @@ func (w wrapped) NetConn() net.Conn { return w.Conn }
 // opaque hides the descriptor altogether: only the read fallback works.
 type opaque struct{ net.Conn }
 
+// bothWays watches a connection through its descriptor (the poller, on
+// Linux) and through the read fallback.
+var bothWays = []func(net.Conn) net.Conn{
+	func(c net.Conn) net.Conn { return c },
+	func(c net.Conn) net.Conn { return opaque{c} },
+}
+
 func TestGoneWhenPeerHangsUp(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -96,10 +103,7 @@ func TestGoneWhenPeerHangsUp(t *testing.T) {
 // client really leaves.
 func TestBytesAreNotAHangUp(t *testing.T) {
 	t.Parallel()
-	for _, wrap := range []func(net.Conn) net.Conn{
-		func(c net.Conn) net.Conn { return c },
-		func(c net.Conn) net.Conn { return opaque{c} },
-	} {
+	for _, wrap := range bothWays {
 		server, client := pair(t)
 		w := Start(wrap(server))
 		if _, err := client.Write([]byte("x")); err != nil {
@@ -127,10 +131,7 @@ func TestBytesAreNotAHangUp(t *testing.T) {
 // writes.
 func TestStop(t *testing.T) {
 	t.Parallel()
-	for _, wrap := range []func(net.Conn) net.Conn{
-		func(c net.Conn) net.Conn { return c },
-		func(c net.Conn) net.Conn { return opaque{c} },
-	} {
+	for _, wrap := range bothWays {
 		server, client := pair(t)
 		w := Start(wrap(server))
 		w.Stop()

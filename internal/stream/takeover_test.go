@@ -39,6 +39,34 @@ func writeWaitingStream(tb testing.TB, sw *Writer, done bool) {
 	}
 }
 
+// postTakenOver serves one stream written by writeWaitingStream on a
+// connection its writer took over, and returns the client's response, its
+// body, the writer's write count and the error the body's read ended with.
+func postTakenOver(tb testing.TB, done bool) (resp *http.Response, body []byte, writes int, readErr error) {
+	tb.Helper()
+	flushes := make(chan int, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Access-Control-Allow-Origin", "https://chat.example.com") // a middleware's
+		sw := NewWriter(w, time.Second)
+		if _, ok := sw.takeOver(r); !ok {
+			tb.Error("takeOver refused an HTTP/1.1 connection")
+			close(flushes)
+			return
+		}
+		defer sw.finish()
+		writeWaitingStream(tb, sw, done)
+		flushes <- sw.Flushes()
+	}))
+	defer srv.Close()
+	resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{}`))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, readErr = io.ReadAll(resp.Body)
+	return resp, body, <-flushes, readErr
+}
+
 // A taken-over stream reaches an HTTP client as the same response net/http
 // would have sent, byte for byte in its body, with a chunked body that
 // ends properly and "Connection: close".
@@ -48,26 +76,7 @@ func TestTakeOverSendsWhatNetHTTPWould(t *testing.T) {
 	writeWaitingStream(t, NewWriter(rec, time.Second), true)
 	want := rec.Body.String()
 
-	flushes := make(chan int, 1)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Access-Control-Allow-Origin", "https://chat.example.com") // a middleware's
-		sw := NewWriter(w, time.Second)
-		if _, ok := sw.takeOver(r); !ok {
-			t.Error("takeOver refused an HTTP/1.1 connection")
-			return
-		}
-		defer sw.finish()
-		writeWaitingStream(t, sw, true)
-		flushes <- sw.Flushes()
-	}))
-	defer srv.Close()
-
-	resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	resp, body, writes, err := postTakenOver(t, true)
 	if err != nil {
 		t.Fatalf("reading the body: %v (a chunked body must end with its last chunk)", err)
 	}
@@ -91,8 +100,8 @@ func TestTakeOverSendsWhatNetHTTPWould(t *testing.T) {
 	}
 	// Head and first position in one write, then the ping, the first
 	// chunk, the two held chunks together, the done event.
-	if got := <-flushes; got != 5 {
-		t.Errorf("%d writes, want 5", got)
+	if writes != 5 {
+		t.Errorf("%d writes, want 5", writes)
 	}
 }
 
@@ -100,22 +109,7 @@ func TestTakeOverSendsWhatNetHTTPWould(t *testing.T) {
 // one: without the last chunk, the client's read fails.
 func TestTakeOverCutIsAnError(t *testing.T) {
 	t.Parallel()
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		sw := NewWriter(w, time.Second)
-		if _, ok := sw.takeOver(r); !ok {
-			t.Error("takeOver refused")
-			return
-		}
-		defer sw.finish()
-		writeWaitingStream(t, sw, false)
-	}))
-	defer srv.Close()
-	resp, err := http.Post(srv.URL, "application/json", strings.NewReader(`{}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
+	_, body, _, err := postTakenOver(t, false)
 	if err == nil {
 		t.Fatalf("a cut stream read as complete: %q", body)
 	}
