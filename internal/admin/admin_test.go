@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -148,6 +149,14 @@ func (r *rig) deadLetter(keep bool, prompts ...string) []string {
 		}
 		if err := q.DeadLetter(ctx, ds[0], "provider-error: upstream kept failing"); err != nil {
 			r.t.Fatal(err)
+		}
+		// Dead letters are listed by the Redis millisecond they failed in,
+		// then by shard (DeadLetterPage): on a fast machine several fail
+		// in one millisecond on different shards, and the list would not
+		// follow the prompts. The next one fails in a later millisecond.
+		failed := time.Now().UnixMilli()
+		for time.Now().UnixMilli() <= failed {
+			runtime.Gosched()
 		}
 	}
 	after, err := q.DeadLetters(ctx, 1<<20)
