@@ -193,7 +193,7 @@ func (a *Appender) Run(ctx context.Context) {
 			batch = a.flush(ctx, a.drainUpTo(batch, backlogBatches*a.cfg.MaxBatch))
 		case <-ctx.Done():
 			tick.Stop()
-			a.flush(context.WithoutCancel(ctx), a.drain(batch))
+			a.flush(ctx, a.drain(batch))
 			return
 		}
 	}
@@ -233,7 +233,10 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	if len(batch) == 0 {
 		return batch
 	}
-	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+	// Its own bound, not the run's context: entries taken from the channel
+	// as Run is stopped are written, not dropped with a cancelled pipeline
+	// (a tool that exits right after its last event must not lose it).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 	defer cancel()
 	a.batches.Add(1)
 	pipe := a.rdb.Pipeline()

@@ -239,3 +239,39 @@ func TestInterleavedLogsAndUnbatchable(t *testing.T) {
 		}
 	}
 }
+
+// Stopping the appender loses nothing handed to it: Run stopped with
+// entries waiting writes them all, also those it takes in a flush of its
+// own as it stops (with MaxBatch 1 every entry taken is flushed at once,
+// and Run's select takes an entry or sees the stop in either order).
+func TestStopWritesWhatWasAppended(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	r, err := streamlog.NewReader(prefix, srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	const runs, events = 20, 5
+	for run := range runs {
+		a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute, MaxBatch: 1},
+			srv.Client(t), testutil.DiscardLogger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := "req-" + strconv.Itoa(run)
+		for i := 1; i <= events; i++ {
+			a.Append(id, streamlog.Event{ID: int64(i), Data: []byte(`{"content":"x"}`)})
+		}
+		a.Run(stopped) // returns once stopped: what it wrote is in Redis
+		evs, _, err := r.Read(t.Context(), id, "", 0)
+		if err != nil || len(evs) != events {
+			t.Fatalf("run %d: %d of %d events written before the stop returned (%v)", run, len(evs), events, err)
+		}
+	}
+}
