@@ -116,6 +116,7 @@ func (a *API) build() error {
 	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
 		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log, Tracing: a.tel,
 		LogWriter: logw, LogReader: logr, Canceller: a.canceller, Positions: a.positions(),
+		Hold: a.drain.hold,
 	})
 	if err != nil {
 		return err

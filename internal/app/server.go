@@ -165,6 +165,16 @@ func (d *drainer) leave() {
 	}
 }
 
+// hold counts a stream whose handler returned while it goes on (a parked
+// stream, stream.Deps.Hold) as open, as its request was, until release.
+func (d *drainer) hold() (release func()) {
+	d.mu.Lock()
+	d.open++
+	d.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(d.leave) }
+}
+
 // begin starts the drain and returns a channel closed when no request is
 // left.
 func (d *drainer) begin() <-chan struct{} {

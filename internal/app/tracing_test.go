@@ -294,3 +294,36 @@ func TestTraceMalformedJobFieldStillRuns(t *testing.T) {
 			consumer.Metric(`spillway_worker_jobs_total{outcome="done"}`)+consumer.Metric(`spillway_worker_jobs_total{outcome="cancelled"}`) == 1
 	}, "job run, not dead-lettered")
 }
+
+// A queued stream that waits for a worker parks (its handler returns,
+// docs/TRACING.md): its server span ends then, before any worker has the
+// job, and the rest of the stream, its first chunk and outcome included,
+// is in spillway.stream.parked, the server span's child.
+func TestTraceParkedStream(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	rcv := oteltest.NewHTTP(t)
+	env := tracingEnv(t, rcv)
+	c := newCluster(t, fastSim(), env)
+	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
+	resp := postStream(t, t.Context(), url, prompt("wait for a worker"),
+		map[string]string{"traceparent": "00-" + testTraceID + "-" + testParentID + "-01"})
+	defer resp.Body.Close()
+	// No consumer runs yet: the server span is exported only once it
+	// ended, that is once the waiting stream parked.
+	srv := serverSpan(t, rcv)
+	if srv.Attributes[string(telemetry.AttrPath)] != protocol.PathQueued || srv.HasEvent(telemetry.EventOutcome) {
+		t.Errorf("server span of a parked stream: attributes %v, events %v", srv.Attributes, srv.Events)
+	}
+	c.consumer(nil)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(body), "event: done") {
+		t.Fatalf("stream after parking: %v\n%s", err, body)
+	}
+	parked := rcv.WaitSpan(t, spanWait, telemetry.ServiceAPI, telemetry.SpanParked)
+	oteltest.AssertChildOf(t, parked, srv)
+	if !parked.HasEvent(telemetry.EventFirstChunk) || parked.Attributes[string(telemetry.AttrOutcome)] != "done" {
+		t.Errorf("parked span: events %v, attributes %v", parked.Events, parked.Attributes)
+	}
+}

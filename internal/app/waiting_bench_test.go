@@ -44,7 +44,7 @@ func BenchmarkWaitingStreamMemory(b *testing.B) {
 	}
 	url := startWaitingAPI(b, n, nil)
 	for b.Loop() {
-		w := openWaiting(b, url, n, os.Getenv("WAITING_HEAP_PROFILE"))
+		w := openWaiting(b, url, n, "HTTP/1.1", os.Getenv("WAITING_HEAP_PROFILE"))
 		b.ReportMetric(w.perStream(w.plateau.goroutines), "goroutines/stream")
 		b.ReportMetric(w.perStream(w.plateau.stack), "stack-B/stream")
 		b.ReportMetric(w.perStream(w.pinged.stack), "stack-after-ping-B/stream")
@@ -91,14 +91,15 @@ func (w *waiting) close() {
 	}
 }
 
-// openWaiting opens n streams against the api at url and samples memory;
-// with heapProfile set, it writes the plateau's heap profile there. The
-// samples it keeps are the differences from before.
-func openWaiting(tb testing.TB, url string, n int, heapProfile string) *waiting {
+// openWaiting opens n streams over proto (HTTP/1.1, or HTTP/1.0, whose
+// streams are never taken over from net/http) against the api at url and
+// samples memory; with heapProfile set, it writes the plateau's heap
+// profile there. The samples it keeps are the differences from before.
+func openWaiting(tb testing.TB, url string, n int, proto, heapProfile string) *waiting {
 	tb.Helper()
 	addr := strings.TrimPrefix(url, "http://")
 	body := `{"prompt":"wait"}`
-	req := []byte("POST /v1/stream HTTP/1.1\r\nHost: " + addr + "\r\nContent-Type: application/json\r\n" +
+	req := []byte("POST /v1/stream " + proto + "\r\nHost: " + addr + "\r\nContent-Type: application/json\r\n" +
 		"Origin: https://chat.example.com\r\nX-User-ID: waiting\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 	w := &waiting{n: n, before: memNow(true)}
 	tb.Cleanup(w.close)

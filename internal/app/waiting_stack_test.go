@@ -2,17 +2,24 @@
 
 package app
 
-import "testing"
+import (
+	"testing"
+	"time"
 
-// A waiting stream's handler goroutine blocks with few enough bytes of
-// frames under it that a collection shrinks its stack to 8 KiB: a stack
-// only shrinks when less than a quarter of it (less the runtime's 800-byte
-// allowance) is in use, so a frame added under the wait, or grown, puts
-// every waiting stream back at 16 KiB (docs/BENCHMARKS.md, "Waiting
-// streams"). 16 KiB fails the test; 8 passes. CORS is on: its middleware
-// is one more frame under the wait. A heartbeat must not grow the stack
-// back either. The stream has taken its connection over from net/http,
-// so its handler's is the one goroutine left of it.
+	"github.com/spillway-dev/spillway/internal/testutil"
+)
+
+// A waiting stream parks: it takes its connection over from net/http, its
+// handler returns, and the one goroutine left of it is the stream's own,
+// whose stack a collection shrinks to 4 KiB; a heartbeat must not grow it
+// back. Over HTTP/1.0 a stream cannot be taken over and waits under its
+// handler, as every stream does for its first second: its frames must be
+// few enough that a collection shrinks the handler's stack to 8 KiB. A
+// stack only shrinks when less than a quarter of it (less the runtime's
+// 800-byte allowance) is in use, so a frame added under the wait, or
+// grown, puts every waiting stream back at 16 KiB (docs/BENCHMARKS.md,
+// "Waiting streams"). CORS is on: its middleware is one more frame under
+// the handler's wait.
 //
 // Not under the race detector, whose instrumented frames and doubled
 // stack guard make every stack deeper; not parallel, as it reads the
@@ -22,22 +29,45 @@ func TestWaitingStreamStacksShrink(t *testing.T) {
 		t.Skip("needs redis-server")
 	}
 	const n = 200
-	url := startWaitingAPI(t, n, map[string]string{"CORS_ALLOWED_ORIGINS": "https://chat.example.com"})
-	w := openWaiting(t, url, n, "")
-	defer w.close()
-	const limit = 12 << 10
-	if g := w.perStream(w.plateau.goroutines); g > 1.1 {
-		t.Errorf("%.2f goroutines per waiting stream, want 1: the stream did not take its connection "+
-			"over from net/http, or its hang-up is watched by a goroutine", g)
-	}
-	t.Logf("per waiting stream: %.2f goroutines, %.0f B stack, %.0f B heap",
-		w.perStream(w.plateau.goroutines), w.perStream(w.plateau.stack), w.perStream(w.plateau.heap))
-	if s := w.perStream(w.plateau.stack); s > limit {
+	// Over HTTP/1.0 first, in the process as it started: the handler's
+	// stacks then are what they would be in any api.
+	url := startWaitingAPI(t, 2*n, map[string]string{"CORS_ALLOWED_ORIGINS": "https://chat.example.com"})
+
+	held := openWaiting(t, url, n, "HTTP/1.0", "")
+	t.Logf("under the handler, per stream: %.2f goroutines, %.0f B stack",
+		held.perStream(held.plateau.goroutines), held.perStream(held.plateau.stack))
+	const limit = 12 << 10 // the handler's 8 KiB and net/http's reader's 2 KiB
+	if s := held.perStream(held.plateau.stack); s > limit {
 		t.Errorf("%.0f bytes of stack per waiting stream after a collection, want at most %d: "+
 			"the frames under the wait grew past what lets the handler's stack shrink to 8 KiB", s, limit)
 	}
-	if s := w.perStream(w.pinged.stack); s > limit {
+	if s := held.perStream(held.pinged.stack); s > limit {
 		t.Errorf("%.0f bytes of stack per waiting stream after a heartbeat, want at most %d: "+
 			"a heartbeat grows the handler's stack back", s, limit)
 	}
+	held.close()
+	// Those streams see their clients leave and end; the next figures
+	// are taken from where the process was before them.
+	testutil.Eventually(t, 30*time.Second, func() bool {
+		return memNow(false).goroutines <= held.before.goroutines+5
+	}, "the held streams ended")
+
+	parked := openWaiting(t, url, n, "HTTP/1.1", "")
+	t.Logf("parked, per stream: %.2f goroutines, %.0f B stack, %.0f B heap",
+		parked.perStream(parked.plateau.goroutines), parked.perStream(parked.plateau.stack), parked.perStream(parked.plateau.heap))
+	if g := parked.perStream(parked.plateau.goroutines); g > 1.1 {
+		t.Errorf("%.2f goroutines per parked stream, want 1: the stream did not take its connection "+
+			"over from net/http, or its hang-up is watched by a goroutine", g)
+	}
+	const parkedLimit = 6 << 10
+	for _, m := range []struct {
+		when  string
+		stack uint64
+	}{{"after a collection", parked.plateau.stack}, {"after a heartbeat", parked.pinged.stack}} {
+		if s := parked.perStream(m.stack); s > parkedLimit {
+			t.Errorf("%.0f bytes of stack per parked stream %s, want at most %d: the stream did not park, "+
+				"or its goroutine's frames grew past what lets its stack shrink to 4 KiB", s, m.when, parkedLimit)
+		}
+	}
+	parked.close()
 }

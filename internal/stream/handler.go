@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -50,6 +51,11 @@ type Deps struct {
 	Canceller failover.Canceller
 	// Tracing adds the spans of docs/TRACING.md; nil traces nothing.
 	Tracing *telemetry.Provider
+	// Hold, when set, is called as a waiting stream parks (its handler
+	// returns while it goes on, Handler.park); the func it returns is
+	// called once the stream ended. A server counts the stream as open in
+	// between, as it counted its request.
+	Hold func() (release func())
 }
 
 // LogWriter appends to the per-request stream log without waiting for
@@ -89,6 +95,7 @@ type Handler struct {
 	canceller failover.Canceller
 	progress  *progress // nil without Deps.Positions
 	tel       *telemetry.Provider
+	hold      func() func()
 
 	liveMu sync.Mutex
 	// live holds the streams of this process by request id, each with a
@@ -138,7 +145,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
 		m: deps.Metrics, log: deps.Log, ids: ids, models: models, served: served, tel: deps.Tracing, draining: make(chan struct{}),
-		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller,
+		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, hold: deps.Hold,
 		progress: newProgress(deps.Positions)}, nil
 }
 
@@ -226,14 +233,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve(w,
 // serve runs one request of dialect d through the steps every endpoint
 // shares: identity, admission, path choice.
 //
-// A queued stream may wait minutes in the queue with this goroutine
-// parked under serve, and a goroutine's stack only shrinks at a collection
-// when less than a quarter of it is in use: every byte of the frames
-// below the wait counts, 10,000 times over (docs/BENCHMARKS.md, "Waiting
-// streams"). So serve and queued keep small frames: the steps with many
-// temporaries (parsing, admission, the direct path, the hand-over to the
-// queue) run in functions of their own that have returned before a stream
-// waits, and the session's loop runs right under serve.
+// A queued stream waits its first second (TakeOverAfter) with this
+// goroutine under serve, then parks in a goroutine of its own (park);
+// one that cannot be taken over (HTTP/1.0) waits here to its end. A
+// goroutine's stack only shrinks at a collection when less than a
+// quarter of it is in use: every byte of the frames below the wait
+// counts, 10,000 times over (docs/BENCHMARKS.md, "Waiting streams"). So
+// serve and queued keep small frames: the steps with many temporaries
+// (parsing, admission, the direct path, the hand-over to the queue) run
+// in functions of their own that have returned before a stream waits,
+// and the session's loop runs right under serve.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	h.wg.Add(1)
 	defer h.wg.Done()
@@ -242,8 +251,44 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		return
 	}
 	if s := h.queued(x); s != nil {
-		s.serve(r.Context())
+		if s.serve(r.Context()); s.parked {
+			h.park(s)
+		}
 	}
+}
+
+// park goes on with s, a waiting stream whose writer took its connection
+// over (Writer.takeOver) after net/http sent its head, in a goroutine of
+// its own, so that the handler returns: net/http's request, response and
+// connection state, gin's context and the handler's 8 KiB stack are
+// given back while the stream waits (docs/BENCHMARKS.md, "Waiting
+// streams"). The request's server span ends with the handler; the rest of
+// the stream is traced in spillway.stream.parked (docs/TRACING.md). Deps.
+// Hold keeps the stream counted as open until it ends.
+func (h *Handler) park(s *session) {
+	s.parked = false // from here on, the loop runs to the stream's end
+	s.ctx, s.parkSpan = h.tel.StartParked(s.ctx)
+	// The writer writes to the connection only: the ResponseWriter,
+	// recycled once the handler returned, must not be touched again.
+	s.taken.w, s.taken.rc = nil, nil
+	release := func() {}
+	if h.hold != nil {
+		release = h.hold()
+	}
+	h.wg.Add(1)
+	go func() {
+		defer h.wg.Done()
+		defer release()
+		defer s.release()
+		defer func() {
+			// net/http would have caught a panic of the handler's; this
+			// goroutine is no longer under it.
+			if p := recover(); p != nil {
+				h.log.Error("parked stream panicked", "request_id", s.requestID, "panic", p, "stack", string(debug.Stack()))
+			}
+		}()
+		s.loop()
+	}()
 }
 
 // admitted reads the request and runs admission; it returns nil when the

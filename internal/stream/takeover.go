@@ -17,9 +17,10 @@ import (
 // Writer of a stream that has waited a while (Config.TakeOverAfter)
 // therefore takes the connection over from net/http (http.Hijacker): it
 // goes on with the chunked body itself, and connwatch tells when the
-// client hangs up, with no goroutine of its own on Linux. One goroutine
-// per waiting stream is left, the handler's (docs/BENCHMARKS.md,
-// "Waiting streams").
+// client hangs up, with no goroutine of its own on Linux. Then the stream
+// parks (Handler.park): its loop goes on in a goroutine of its own with
+// a small stack, and the handler returns, giving back net/http's and
+// gin's state of the request (docs/BENCHMARKS.md, "Waiting streams").
 //
 // The connection is closed when the stream ends: a client's next request
 // opens a new connection, which costs little next to a stream that waited

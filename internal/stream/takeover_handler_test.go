@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -211,20 +212,27 @@ func TestOpenAIQueuedStreamOverItsOwnConnection(t *testing.T) {
 // A queued stream that gets no worker within TakeOverAfter is taken over
 // between two events: its client, which got the head from net/http (with
 // keep-alive), reads one unbroken chunked body, and the connection closes
-// after it.
+// after it. The stream parks: its handler returns while it waits, and
+// Deps.Hold keeps it counted until it ends.
 func TestHandlerQueuedStreamTakenOverWhileWaiting(t *testing.T) {
 	t.Parallel()
 	relay := &fakeRelay{results: make(chan protocol.Result, 2), done: make(chan struct{}), closed: make(chan bool, 1)}
 	const heartbeat = 20 * time.Millisecond
+	var holds, releases atomic.Int32
 	h, err := stream.New(stream.Config{
 		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: heartbeat,
 		TakeOverAfter: 2 * heartbeat,
 	}, stream.Deps{Pool: &fakePool{err: pool.ErrPoolExhausted}, Provider: &fakeProvider{}, Gate: &fakeGate{},
-		Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger()})
+		Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger(),
+		Hold: func() func() { holds.Add(1); return func() { releases.Add(1) } }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := queuedServer(t, h, false)
+	returned := make(chan struct{})
+	srv := queuedServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r)
+		close(returned)
+	}), false)
 	cn, resp := postRaw(t, srv)
 	if resp.Close || len(resp.TransferEncoding) == 0 {
 		t.Fatalf("close %v, transfer encoding %v: the head should come from net/http, chunked, keep-alive", resp.Close, resp.TransferEncoding)
@@ -241,6 +249,14 @@ func TestHandlerQueuedStreamTakenOverWhileWaiting(t *testing.T) {
 		if strings.HasPrefix(line, ": ping") {
 			i++
 		}
+	}
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler of a stream waiting past TakeOverAfter did not return: the stream did not park")
+	}
+	if holds.Load() != 1 || releases.Load() != 0 {
+		t.Fatalf("parked: %d holds, %d released; want 1 held", holds.Load(), releases.Load())
 	}
 	relay.results <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "late hi"}}}
 	relay.results <- protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop"}}
@@ -261,4 +277,7 @@ func TestHandlerQueuedStreamTakenOverWhileWaiting(t *testing.T) {
 		t.Error("relay closed as incomplete after done")
 	}
 	h.Wait()
+	if releases.Load() != 1 {
+		t.Errorf("%d holds released after the parked stream ended, want 1", releases.Load())
+	}
 }

@@ -66,6 +66,11 @@ type session struct {
 	// req, until a worker speaks, is the request of a queued stream whose
 	// writer may still take the connection over (mayTakeOver).
 	req *http.Request
+	// parked: the loop goes on off the handler's goroutine (Handler.park),
+	// traced in parkSpan.
+	parked   bool
+	parkSpan trace.Span
+	released bool
 
 	// The loop's state, set by begin and open.
 	closed     func()
@@ -103,19 +108,31 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 // owner stops it, the client leaves (and does not come back within the
 // resume window), the relay gives up or the server drains. It returns the
 // outcome, and whether the source itself finished (sent done or error).
-//
-// serve is the write loop, and a queued stream waits in it with every
+// A queued stream whose writer took its connection over parks instead
+// (s.parked, see Handler.park): serve then returns at once, and the loop
+// goes on in a goroutine of its own.
+func (s *session) serve(ctx context.Context) (string, bool) {
+	defer func() {
+		if !s.parked {
+			s.release()
+		}
+	}()
+	if !s.begin(ctx) {
+		return s.finish(OutcomeCancelled, false)
+	}
+	return s.loop()
+}
+
+// loop is the write loop, and a queued stream waits in it with every
 // frame below it on its goroutine's stack: a stack shrinks at a collection
 // only when less than a quarter of it is in use, so the frames under the
 // wait decide whether a waiting stream's goroutine keeps 8 or 16 KiB
-// (docs/BENCHMARKS.md, "Waiting streams"). So serve's frame holds little
+// (docs/BENCHMARKS.md, "Waiting streams"). So loop's frame holds little
 // more than the select: what comes before the loop runs in begin, each
-// wake is handled in woke, and the end in ended, whose frames are gone
+// wake is handled in woke, and the end in finish, whose frames are gone
 // again while the stream waits.
-func (s *session) serve(ctx context.Context) (string, bool) {
-	defer s.release()
-	outcome, finished, end := OutcomeCancelled, false, !s.begin(ctx)
-	for !end {
+func (s *session) loop() (string, bool) {
+	for {
 		var res protocol.Result
 		var ok bool
 		var k wake
@@ -141,10 +158,23 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 		case <-s.h.draining:
 			k = wakeDrain
 		}
-		outcome, finished, end = s.woke(k, &res, ok)
+		if outcome, finished, end := s.woke(k, &res, ok); end {
+			return s.finish(outcome, finished)
+		}
+		if s.parked {
+			return "", false
+		}
 	}
+}
+
+// finish closes the stream the loop ended, with outcome; finished says
+// whether its source finished.
+//
+//go:noinline
+func (s *session) finish(outcome string, finished bool) (string, bool) {
 	s.finished = finished
 	s.ended(outcome)
+	s.release()
 	return outcome, finished
 }
 
@@ -177,8 +207,13 @@ func (s *session) begin(ctx context.Context) bool {
 }
 
 // release stops the loop's timers, undoes begin's registrations (the
-// stop channel first) and closes the relay of a queued stream last.
+// stop channel first) and closes the relay of a queued stream, then the
+// connection its writer took over. Only the first call does anything.
 func (s *session) release() {
+	if s.released {
+		return
+	}
+	s.released = true
 	if s.heartbeat != nil {
 		s.heartbeat.Stop()
 	}
@@ -214,6 +249,9 @@ func (s *session) ended(outcome string) {
 	}
 	s.h.m.StreamEnded(s.path, outcome)
 	s.traceEnd(outcome)
+	if s.parkSpan != nil {
+		s.parkSpan.End()
+	}
 }
 
 // open starts the response and the loop's timers; false when the stream
@@ -343,9 +381,15 @@ func (s *session) mayTakeOver() {
 	r := s.req
 	s.req = nil
 	s.h.takeOver(s, r)
-	if s.gone != nil && s.clientGone != nil {
+	if s.gone == nil {
+		return
+	}
+	if s.clientGone != nil {
 		s.clientGone = s.gone
 	}
+	// Once net/http sent the head, nothing of the handler's is needed any
+	// more: the stream parks, and its handler returns.
+	s.parked = s.taken.started
 }
 
 // maxCoalesce bounds how many frames one write gathers, so a producer

@@ -16,6 +16,7 @@ const (
 	SpanPoolAcquire = "spillway.pool.acquire"
 	SpanEnqueue     = "spillway.enqueue"
 	SpanQueueWait   = "spillway.queue.wait"
+	SpanParked      = "spillway.stream.parked"
 	SpanJob         = "spillway.job"
 	spanChatPrefix  = "chat "
 )
@@ -71,6 +72,18 @@ func (p *Provider) StartAdmission(ctx context.Context) (context.Context, trace.S
 		return ctx, noopSpan
 	}
 	return p.tracer.Start(ctx, SpanAdmission)
+}
+
+// StartParked starts spillway.stream.parked, the rest of a queued stream
+// whose handler returned while it waited (its server span ends then): the
+// stream's later events and its outcome go on it. End it when the stream
+// ends. The context it returns is not cancelled with the request's.
+func (p *Provider) StartParked(ctx context.Context) (context.Context, trace.Span) {
+	ctx = context.WithoutCancel(ctx)
+	if !p.Enabled() {
+		return ctx, noopSpan
+	}
+	return p.tracer.Start(ctx, SpanParked)
 }
 
 // StartPoolAcquire starts spillway.pool.acquire, around taking a provider
