@@ -258,8 +258,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 }
 
 // park goes on with s, a waiting stream whose writer took its connection
-// over (Writer.takeOver) after net/http sent its head, in a goroutine of
-// its own, so that the handler returns: net/http's request, response and
+// over (Writer.takeOver), in a goroutine of its own, so that the handler
+// returns: net/http's request, response and
 // connection state, gin's context and the handler's 8 KiB stack are
 // given back while the stream waits (docs/BENCHMARKS.md, "Waiting
 // streams"). The request's server span ends with the handler; the rest of
@@ -271,6 +271,11 @@ func (h *Handler) park(s *session) {
 	// The writer writes to the connection only: the ResponseWriter,
 	// recycled once the handler returned, must not be touched again.
 	s.taken.w, s.taken.rc = nil, nil
+	if es, ok := s.sink.(eventSink); ok {
+		if c, ok := es.ew.(*openaiChunks); ok {
+			c.w = nil
+		}
+	}
 	release := func() {}
 	if h.hold != nil {
 		release = h.hold()

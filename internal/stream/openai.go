@@ -202,7 +202,7 @@ func (c *openaiChunks) Error(p *protocol.Problem) error {
 		if c.sw.conn != nil {
 			// The connection was taken over while the answer waited:
 			// the writer sends the whole error response itself.
-			return c.sw.respond(p.Status, openAIError(c.w.Header(), p))
+			return c.sw.respond(p.Status, openAIError(c.sw.header(), p))
 		}
 		c.sw.terminal = true
 		writeOpenAIError(c.w, p)

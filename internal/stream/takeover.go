@@ -74,6 +74,10 @@ func (sw *Writer) takeOver(r *http.Request) (gone <-chan struct{}, ok bool) {
 	// back to the heap while the stream waits.
 	*brw.Reader = *bufio.NewReaderSize(nil, minBufio)
 	*brw.Writer = *bufio.NewWriterSize(nil, minBufio)
+	// The map is net/http's response's own, which nothing else writes once
+	// the connection is ours; the ResponseWriter in front of it may serve
+	// another request once the handler returned (Handler.park).
+	sw.hdr = sw.w.Header()
 	sw.conn, sw.watch = conn, connwatch.Start(conn)
 	sw.base = chunkRoom
 	sw.buf = make([]byte, chunkRoom, chunkRoom+256)
@@ -99,7 +103,7 @@ func (sw *Writer) respond(status int, body []byte) error {
 		return ErrTerminated
 	}
 	sw.terminal = true
-	h := sw.w.Header()
+	h := sw.header()
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	frame := append(appendHead(nil, status, h), body...)
 	if sw.writeTimeout > 0 {

@@ -2,6 +2,7 @@ package stream_test
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -279,5 +280,89 @@ func TestHandlerQueuedStreamTakenOverWhileWaiting(t *testing.T) {
 	h.Wait()
 	if releases.Load() != 1 {
 		t.Errorf("%d holds released after the parked stream ended, want 1", releases.Load())
+	}
+}
+
+// fixedProgress is a queue that never moves: its waiting streams get a
+// position tick every second and nothing else.
+type fixedProgress struct{}
+
+func (fixedProgress) Progress(context.Context) (handed, waiting int64, err error) { return 0, 1, nil }
+
+// A streamed OpenAI answer sends nothing while it waits (a queue position
+// has no form in its dialect): at its first position after TakeOverAfter
+// it is taken over before its head and parks. An answer that then fails
+// is still a whole HTTP error, one that succeeds a whole stream; neither
+// touches the ResponseWriter its handler let go of.
+func TestOpenAIAnswerParksBeforeItsHead(t *testing.T) {
+	t.Parallel()
+	failed := protocol.QueueTimeout(7)
+	for _, tc := range []struct {
+		name   string
+		last   protocol.Result
+		status int
+	}{
+		{"answered", protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop"}}, http.StatusOK},
+		{"failed before its first byte", protocol.Result{Kind: protocol.KindError, Problem: failed}, failed.Status},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			relay := &fakeRelay{results: make(chan protocol.Result, 2), done: make(chan struct{}), closed: make(chan bool, 1)}
+			h, err := stream.New(stream.Config{
+				MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+				TakeOverAfter: time.Millisecond,
+			}, stream.Deps{Pool: &fakePool{err: pool.ErrPoolExhausted}, Provider: &fakeProvider{}, Gate: &fakeGate{},
+				Spiller: &fakeSpiller{relay: relay}, Log: testutil.DiscardLogger(), Positions: fixedProgress{}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := stream.NewOpenAI(h, []string{"m"})
+			returned := make(chan struct{})
+			srv := queuedServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				o.ChatCompletions(w, r)
+				close(returned)
+			}), false)
+			type answer struct {
+				resp *http.Response
+				body []byte
+				err  error
+			}
+			got := make(chan answer, 1)
+			go func() {
+				resp, err := http.Post(srv.URL, "application/json", strings.NewReader(streamBody))
+				if err != nil {
+					got <- answer{err: err}
+					return
+				}
+				defer resp.Body.Close()
+				body, err := io.ReadAll(resp.Body)
+				got <- answer{resp, body, err}
+			}()
+			select {
+			case <-returned:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler of a waiting OpenAI answer did not return: it did not park")
+			}
+			if tc.status == http.StatusOK {
+				relay.results <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "parked hi"}}}
+			}
+			relay.results <- tc.last
+			a := <-got
+			if a.err != nil {
+				t.Fatalf("reading the answer: %v", a.err)
+			}
+			if a.resp.StatusCode != tc.status || !a.resp.Close {
+				t.Fatalf("HTTP %d, close %v, body %q: want %d on a connection that closes after it", a.resp.StatusCode, a.resp.Close, a.body, tc.status)
+			}
+			if tc.status == http.StatusOK {
+				if !strings.Contains(string(a.body), "parked hi") || !strings.HasSuffix(string(a.body), "data: [DONE]\n\n") ||
+					a.resp.Header.Get("Content-Type") != "text/event-stream" {
+					t.Errorf("answer %q (Content-Type %q) lacks the chunk or [DONE]", a.body, a.resp.Header.Get("Content-Type"))
+				}
+			} else if a.resp.Header.Get("Retry-After") != "7" || !strings.Contains(string(a.body), `"error"`) {
+				t.Errorf("error response: Retry-After %q, body %q", a.resp.Header.Get("Retry-After"), a.body)
+			}
+			h.Wait()
+		})
 	}
 }

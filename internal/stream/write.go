@@ -387,9 +387,9 @@ func (s *session) mayTakeOver() {
 	if s.clientGone != nil {
 		s.clientGone = s.gone
 	}
-	// Once net/http sent the head, nothing of the handler's is needed any
-	// more: the stream parks, and its handler returns.
-	s.parked = s.taken.started
+	// Nothing of the handler's is needed any more: the stream parks, and
+	// its handler returns.
+	s.parked = true
 }
 
 // maxCoalesce bounds how many frames one write gathers, so a producer

@@ -51,6 +51,17 @@ type Writer struct {
 	base  int
 	// started: Start wrote the status and headers through net/http.
 	started bool
+	// hdr is the response's header map, kept at takeOver: the
+	// ResponseWriter is dropped when the stream parks.
+	hdr http.Header
+}
+
+// header is the response's header map.
+func (sw *Writer) header() http.Header {
+	if sw.hdr != nil {
+		return sw.hdr
+	}
+	return sw.w.Header()
 }
 
 // ErrTerminated is returned for writes after the terminal event.
@@ -92,7 +103,7 @@ func innerErrFlusher(w http.ResponseWriter) interface{ FlushError() error } {
 // the path taken, and flushes them so the client sees the stream open;
 // under Hold, they go out with the events gathered, at Flush.
 func (sw *Writer) Start(requestID, path string) error {
-	h := sw.w.Header()
+	h := sw.header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")

@@ -68,7 +68,8 @@ jq -s --slurpfile m "$RESULTS/machine.json" --arg failed "${failed[*]}" '
 			goal("noisy neighbour: others first chunk p99 under a 10x flood minus alone"; ($s.noisy.others_under_flood.first_chunk_p99_ms - $s.noisy.others_baseline.first_chunk_p99_ms); 100; "ms")
 		 else empty end),
 		(if $s.waiting then
-			goal("RSS per waiting stream at \($s.waiting.settings.streams)"; $s.waiting.kib_per_stream; 16; "KiB"),
+			goal("RSS per waiting stream at \($s.waiting.settings.streams), plateau'"'"'s first 10 s"; $s.waiting.kib_per_stream; 16; "KiB"),
+			goal("RSS per waiting stream at \($s.waiting.settings.streams), settled (from 20 s in)"; $s.waiting.kib_per_stream_settled; 16; "KiB"),
 			goal("goroutines per waiting stream"; $s.waiting.at_plateau.goroutines_per_stream; 1; ""),
 			goal("RSS \($s.waiting.rss_kib.after_seconds) s after the waiting streams ended, over idle"; $s.waiting.rss_after_over_idle; 2; "x")
 		 else empty end),
