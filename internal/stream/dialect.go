@@ -29,7 +29,8 @@ type opener func(w http.ResponseWriter, writeTimeout time.Duration) Sink
 
 // eventWriter is a dialect's writer of one answer, by kind of event: what
 // a wire format without SSE ids implements; eventSink makes it a Sink.
-// It is owned by the handler goroutine, like Writer, which is /v1/stream's.
+// It is owned by the goroutine of the stream's loop, like Writer, which is
+// /v1/stream's.
 type eventWriter interface {
 	// Start opens the answer on path, with the request id.
 	Start(requestID, path string) error

@@ -62,8 +62,9 @@ func errorEvent(id int64, p *protocol.Problem) Event {
 
 // Sink is where a session writes its client's events: the SSE Writer, or
 // another wire format over the same flow (an OpenAI-compatible one). It is
-// owned by the handler goroutine and not safe for concurrent use. An error
-// means the client is gone or too slow; the session stops writing to it.
+// owned by the goroutine of the stream's loop, as Writer is, and not safe
+// for concurrent use. An error means the client is gone or too slow; the
+// session stops writing to it.
 type Sink interface {
 	// Start opens the response: status and headers.
 	Start(requestID, path string) error

@@ -17,9 +17,10 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// Writer writes SSE events to one response. It is owned by the handler
-// goroutine and is not safe for concurrent use: producers hand frames to
-// that goroutine over a bounded channel instead.
+// Writer writes SSE events to one response. It is owned by the goroutine
+// that runs the stream's loop (the handler's, or the stream's own once it
+// parked, Handler.park) and is not safe for concurrent use: producers hand
+// frames to that goroutine over a bounded channel instead.
 //
 // Every event is written and flushed at once, under a write deadline, so a
 // client that stops reading is cut off after writeTimeout instead of
