@@ -104,8 +104,20 @@ func TestDirectPathAllocatesNothingPerChunk(t *testing.T) {
 			_ = text
 			return n, last
 		}
-		few, _ := allocs(10)
-		many, w := allocs(1010)
+		// The least of three measures: a collection during one (which
+		// empties the sync.Pools) or a scheduling that splits the answer
+		// into more writes adds a few allocations that are not the code's.
+		least := func(chunks int) (float64, *countingResponse) {
+			n, w := allocs(chunks)
+			for range 2 {
+				if m, mw := allocs(chunks); m < n {
+					n, w = m, mw
+				}
+			}
+			return n, w
+		}
+		few, _ := least(10)
+		many, w := least(1010)
 		t.Logf("%s: %v allocations for 10 chunks, %v for 1,010; %d writes, %d flushes for 1,010", ep.name, few, many, w.writes, w.flushes)
 		if w.h.Get("X-Stream-Path") != protocol.PathDirect || w.bytes < 1010*len(" tokN") {
 			t.Fatalf("%s: path %q, %d bytes: not a whole direct answer", ep.name, w.h.Get("X-Stream-Path"), w.bytes)

@@ -159,6 +159,9 @@ func (s *session) loop() (string, bool) {
 			k = wakeDrain
 		}
 		if outcome, finished, end := s.woke(k, &res, ok); end {
+			// A stream that ended on the wake it parked on (its first
+			// write to the taken-over connection failed) does not park.
+			s.parked = false
 			return s.finish(outcome, finished)
 		}
 		if s.parked {
