@@ -125,11 +125,22 @@ func TestShardLayout(t *testing.T) {
 					t.Errorf("4 shards on %d node(s), want them spread", len(nodes))
 				}
 			}
-			// Dead letters of several shards are read back together. One
-			// job per Fetch: each starts at the next shard.
+			// Dead letters of several shards are read back together. Jobs
+			// are taken oldest first, then by shard: on a fast machine the
+			// oldest millisecond may hold only shard 0's first jobs, so take
+			// every job and dead-letter six spread over the shards.
+			byShard := map[string][]failover.Delivery{}
+			for _, d := range fetchAll(t, q, n) {
+				s, _, _ := strings.Cut(d.ID, ":")
+				byShard[s] = append(byShard[s], d)
+			}
 			var ds []failover.Delivery
-			for range 6 {
-				ds = append(ds, fetchAll(t, q, 1)...)
+			for k := 0; len(ds) < 6 && k < n; k++ {
+				for _, s := range []string{"0", "1", "2", "3"} {
+					if len(ds) < 6 && k < len(byShard[s]) {
+						ds = append(ds, byShard[s][k])
+					}
+				}
 			}
 			for _, d := range ds {
 				if err := q.DeadLetter(ctx, d, "x"); err != nil {
