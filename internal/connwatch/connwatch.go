@@ -17,6 +17,7 @@ import (
 	"net"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // Watch follows one connection until its peer hangs up or Stop is
@@ -68,6 +69,10 @@ func rawConn(c net.Conn) syscall.RawConn {
 	}
 	return nil
 }
+
+// aLongTimeAgo is a deadline that has passed: it makes a blocked read
+// return at once (net/http uses the same trick).
+var aLongTimeAgo = time.Unix(1, 0)
 
 // watchByRead is the fallback: a goroutine blocked in a read, which
 // returns when the peer hangs up or when Stop sets a deadline in the

@@ -251,7 +251,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 		return
 	}
 	if s := h.queued(x); s != nil {
-		if s.serve(r.Context()); s.parked && !s.released {
+		if s.serve(r.Context()); s.parked {
 			h.park(s)
 		}
 	}
