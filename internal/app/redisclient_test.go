@@ -181,8 +181,14 @@ func TestRedisClientTrimsIdleAfterBurst(t *testing.T) {
 	if st.Misses < burst/2 {
 		t.Fatalf("the burst opened %d connections, want about %d: it did not make the pool grow", st.Misses, burst)
 	}
-	if st.IdleConns > uint32(keep) || st.TotalConns > uint32(keep) {
-		t.Fatalf("after the burst the pool keeps %d connections (%d idle), want at most %d", st.TotalConns, st.IdleConns, keep)
+	// go-redis checks its idle count before it takes its lock to add a
+	// returned connection, so returns racing at the bound can leave a few
+	// more than MaxIdleConns (17 of 16 seen once); without the bound all
+	// 40 stay.
+	const slack = 4
+	if st.IdleConns > uint32(keep+slack) || st.TotalConns > uint32(keep+slack) {
+		t.Fatalf("after the burst the pool keeps %d connections (%d idle), want at most %d (%d and go-redis's slack)",
+			st.TotalConns, st.IdleConns, keep+slack, keep)
 	}
 	if keep := maxIdleConns(64, 4, 20); keep != 20 {
 		t.Errorf("maxIdleConns(64, 4, 20) = %d, want REDIS_MIN_IDLE_CONNS (20)", keep)
