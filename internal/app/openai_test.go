@@ -210,7 +210,7 @@ func TestOpenAISDKRefusals(t *testing.T) {
 		for _, p := range []openai.ChatCompletionNewParams{
 			{Model: "sim", Messages: []openai.ChatCompletionMessageParamUnion{}},
 			{Model: "sim", Messages: hi.Messages, MaxTokens: openai.Int(1 << 30)},
-			{Model: "sim", Messages: hi.Messages, N: openai.Int(2)},
+			{Model: "sim", Messages: hi.Messages, N: openai.Int(9)},
 		} {
 			_, err := client.Chat.Completions.New(t.Context(), p)
 			if e := apiError(t, err, http.StatusBadRequest); e.Type != "invalid_request_error" || e.Code != "invalid_request" {

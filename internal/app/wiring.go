@@ -208,7 +208,7 @@ func queueTraceName(cfg *config.Config) (system, name string) {
 func StreamConfig(cfg *config.Config) stream.Config {
 	return stream.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
-		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit},
+		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit, MaxChoices: cfg.MaxChoices},
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
@@ -236,7 +236,7 @@ func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
 // LLM_UPSTREAM_PROBE_SECONDS settings give.
 func BalancerConfig(cfg *config.Config) upstream.Config {
 	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
-		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
+		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe(), NonTextPartTokens: cfg.NonTextPartTokens}
 }
 
 // OpenAIModels are the models GET /v1/models lists: the simulator's name

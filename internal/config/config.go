@@ -144,12 +144,19 @@ type Config struct {
 
 	// HeartbeatIntervalSeconds is the SSE `: ping` period. Default 15.
 	HeartbeatIntervalSeconds int `env:"HEARTBEAT_INTERVAL_SECONDS" envDefault:"15"`
-	// MaxBodyBytes bounds the request body. Default 1048576.
-	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576"`
+	// MaxBodyBytes bounds the request body. Default 16777216 (16 MiB:
+	// images travel inline).
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"16777216"`
 	// MaxMessages bounds messages per request. Default 1000.
 	MaxMessages int `env:"MAX_MESSAGES" envDefault:"1000"`
-	// MaxTokensLimit bounds max_tokens. Default 32768.
-	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"32768"`
+	// MaxTokensLimit bounds max_tokens and max_completion_tokens. Default
+	// 1048576: above every real model's output, below nonsense.
+	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"1048576"`
+	// MaxChoices bounds n, the choices one request asks for. Default 8.
+	MaxChoices int `env:"MAX_CHOICES" envDefault:"8"`
+	// NonTextPartTokens is what one content part that is not text (an
+	// image, audio, a file) counts in token estimates. Default 1000.
+	NonTextPartTokens int `env:"NONTEXT_PART_TOKENS" envDefault:"1000"`
 	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
 	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
 	// StreamLogTTLSeconds is how long a stream's event log (for resume)

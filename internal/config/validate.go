@@ -175,6 +175,12 @@ func (c *Config) Validate() error {
 	atLeast(&v, "MAX_BODY_BYTES", c.MaxBodyBytes, minMaxBodyBytes)
 	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
 	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
+	v.atLeast("MAX_CHOICES", c.MaxChoices, 1)
+	v.atLeast("NONTEXT_PART_TOKENS", c.NonTextPartTokens, 0)
+	// A queued job carries the body whole.
+	if c.MaxBodyBytes > protocol.MaxJobBytes-(1<<20) {
+		v.fail("MAX_BODY_BYTES", "(%d) must be at most %d: a queued job carries the body whole", c.MaxBodyBytes, protocol.MaxJobBytes-(1<<20))
+	}
 	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
 	v.atLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindowSeconds, 0)
 	if v.atLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTLSeconds, 1) &&

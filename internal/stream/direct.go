@@ -81,12 +81,44 @@ func (p *directProducer) run(ctx context.Context) {
 	if p.res != nil {
 		call = p.res.Stream
 	}
-	result, err := call(ctx, p.req, func(content string) error {
+	route := p.req.Route
+	one := func(c protocol.Chunk) error {
 		seq++
+		c.Seq = seq
 		i := seq % len(ring)
-		ring[i] = protocol.Chunk{Seq: seq, Content: content}
+		ring[i] = c
 		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: ring[i : i+1 : i+1]})
+	}
+	// Chunks without output (a role preamble) wait for the first that
+	// has some: a failure before it stays invisible to the client, so
+	// the request can still go to the queue.
+	var held []protocol.Chunk
+	sendHeld := func() error {
+		for _, h := range held {
+			if err := one(h); err != nil {
+				return err
+			}
+		}
+		held = nil
+		return nil
+	}
+	result, err := call(ctx, p.req, func(c protocol.Chunk) error {
+		if !c.NeededBy(route) {
+			return nil
+		}
+		c = c.For(route)
+		if seq == 0 && !c.Output() {
+			held = append(held, c)
+			return nil
+		}
+		if err := sendHeld(); err != nil {
+			return err
+		}
+		return one(c)
 	})
+	if err == nil {
+		err = sendHeld()
+	}
 	if err == nil {
 		usage := result.Usage
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
@@ -101,7 +133,7 @@ func (p *directProducer) run(ctx context.Context) {
 	switch {
 	case seq == 0 && llm.IsClientError(err) && errors.As(err, &le):
 		h.log.Info("provider refused the request", "request_id", p.requestID, "path", protocol.PathDirect, "status", le.Status)
-		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status)})
+		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status, le.Body)})
 		return
 	case seq == 0 && llm.IsRetryable(err) && h.spill != nil:
 		h.log.Info("provider failed before the first chunk; handing the request to the queue",

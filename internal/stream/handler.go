@@ -325,8 +325,10 @@ func (h *Handler) admitted(w http.ResponseWriter, r *http.Request, d dialect) *e
 	}
 	// Under degradation a request may get fewer tokens than it asked
 	// for, on either path (docs/OPERATIONS.md, "Degradation levels").
-	if c := h.gate.MaxTokens(x.prio); c > 0 && (x.req.MaxTokens == 0 || x.req.MaxTokens > c) {
-		x.req.MaxTokens = c
+	// The cap goes into the forwarded body, in the field the client used
+	// (docs/API.md, "What passes untouched").
+	if c := h.gate.MaxTokens(x.prio); c > 0 {
+		x.req.CapTokens(c)
 	}
 	return x
 }

@@ -1,11 +1,11 @@
 package stream
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/openaiwire"
@@ -93,12 +93,17 @@ func writeOpenAIError(w http.ResponseWriter, p *protocol.Problem) {
 	_, _ = w.Write(b)
 }
 
-// openAIError sets h for p's OpenAI error response and returns its body.
+// openAIError sets h for p's OpenAI error response and returns its body:
+// the upstream's own error body, as it sent it, when the upstream refused
+// the request (docs/API.md, "Upstream client errors are the client's").
 func openAIError(h http.Header, p *protocol.Problem) []byte {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	if p.RetryAfterSeconds > 0 {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfterSeconds))
+	}
+	if p.UpstreamError != nil {
+		return append(append([]byte(nil), p.UpstreamError...), '\n')
 	}
 	b, _ := json.Marshal(openaiwire.ErrorBody{Error: openaiwire.ErrorOf(p)}) // strings only
 	return append(b, '\n')
@@ -120,6 +125,7 @@ type openaiChunks struct {
 	sw           *Writer // SSE framing, flushes and write deadlines
 	w            http.ResponseWriter
 	enc          *openaiwire.ChunkEncoder
+	id           []byte // the answer's id as a JSON string, for raw chunks
 	buf          []byte
 	model        string
 	includeUsage bool
@@ -127,11 +133,15 @@ type openaiChunks struct {
 	path         string
 	started      bool // the 200 was sent
 	sentContent  bool // a chunk with content was sent
+	// raw: the answer's chunks are the upstream's (relayed, with their
+	// own finish and usage chunks), not made from plain content.
+	raw bool
 }
 
 func (c *openaiChunks) Start(requestID, path string) error {
 	c.requestID, c.path = requestID, path
 	c.enc = openaiwire.NewChunkEncoder(requestID, c.model, time.Now().Unix())
+	c.id = protocol.AppendJSONString(nil, openaiwire.CompletionID(requestID))
 	h := c.w.Header()
 	setRequestID(h, requestID)
 	h.Set("X-Stream-Path", path)
@@ -155,10 +165,30 @@ func (c *openaiChunks) write(b []byte, terminal bool) error {
 	return c.sw.write(b, terminal)
 }
 
-func (c *openaiChunks) Chunk(_ int, content string) error {
-	b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
-	c.sentContent = true
-	return c.write(b, false)
+// Chunk relays an upstream chunk as it came, with only its id made ours
+// (stable across a takeover); a usage chunk only when the client asked
+// for one. Plain content (a provider without chunks of its own) is
+// written as a chunk of ours.
+func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
+	if raw == nil {
+		b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
+		c.sentContent = true
+		return c.write(b, false)
+	}
+	c.raw = true
+	if !c.includeUsage && usageOnly(raw) {
+		return nil
+	}
+	if content != "" || !c.sentContent && !openaiwire.IsPreamble(raw) {
+		c.sentContent = true
+	}
+	return c.write(openaiwire.AppendChunkEvent(c.buf[:0], raw, c.id), false)
+}
+
+// usageOnly reports a chunk of usage and no choices.
+func usageOnly(raw []byte) bool {
+	return (bytes.Contains(raw, []byte(`"choices":[]`)) || bytes.Contains(raw, []byte(`"choices": []`))) &&
+		openaiwire.IsUsageChunk(raw)
 }
 
 // Reset continues seamlessly while nothing of the answer was sent; after
@@ -184,6 +214,10 @@ func (c *openaiChunks) Done(d protocol.Done) error {
 		c.path = d.Path
 	}
 	b := c.buf[:0]
+	if c.raw {
+		// The upstream's finish and usage chunks went out as they came.
+		return c.write(append(b, openaiwire.DoneFrame...), true)
+	}
 	if !c.sentContent {
 		// The first delta carries the role, even of an empty answer.
 		b = c.enc.AppendContent(b, "", true)
@@ -232,28 +266,33 @@ type openaiCompletion struct {
 	model        string
 	requestID    string
 	created      int64
-	content      strings.Builder
+	asm          *openaiwire.Assembler
 	ended        bool
 }
 
 func (c *openaiCompletion) Start(requestID, path string) error {
 	c.requestID, c.created = requestID, time.Now().Unix()
+	c.asm = openaiwire.NewAssembler(requestID, c.model, c.created)
 	h := c.w.Header()
 	setRequestID(h, requestID)
 	h.Set("X-Stream-Path", path)
 	return nil
 }
 
-func (c *openaiCompletion) Chunk(_ int, content string) error {
+func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
 	if c.ended {
 		return ErrTerminated
 	}
-	c.content.WriteString(content)
+	if raw != nil {
+		c.asm.Chunk(raw)
+	} else {
+		c.asm.Content(content)
+	}
 	return nil
 }
 
 func (c *openaiCompletion) Reset(protocol.Reset) error {
-	c.content.Reset()
+	c.asm.Reset()
 	return nil
 }
 
@@ -269,10 +308,8 @@ func (c *openaiCompletion) Done(d protocol.Done) error {
 		return ErrTerminated
 	}
 	c.ended = true
-	b, err := json.Marshal(openaiwire.NewCompletion(c.requestID, c.model, c.created, c.content.String(), d.FinishReason, d.Usage))
-	if err != nil {
-		return fmt.Errorf("stream: encode completion: %w", err)
-	}
+	c.asm.Finish(d.FinishReason, d.Usage)
+	b := c.asm.Object()
 	c.w.Header().Set("Content-Type", "application/json")
 	// A direct request handed to the queue was answered by a worker
 	// (docs/API.md, "Hand-off to the queue").

@@ -311,8 +311,8 @@ type blockingProvider struct{ emitted chan struct{} }
 
 func (blockingProvider) Name() string { return "blocking" }
 
-func (p blockingProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
-	if err := emit("a"); err != nil {
+func (p blockingProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
+	if err := emit(protocol.Chunk{Content: "a"}); err != nil {
 		return llm.Result{}, err
 	}
 	close(p.emitted)

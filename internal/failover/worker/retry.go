@@ -58,7 +58,13 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 	callCtx := llm.WithCaller(ctx, llm.Caller{Identity: job.UserID, Session: job.SessionID, Since: job.EnqueueTime})
 	for call := 1; ; call++ {
 		b := newBatcher(pub, w.cfg.BatchSize, w.cfg.BatchTimeout)
-		res, err := w.deps.Provider.Stream(callCtx, job.Payload, func(content string) error { return b.add(ctx, content) })
+		route := job.Payload.Route
+		res, err := w.deps.Provider.Stream(callCtx, job.Payload, func(c protocol.Chunk) error {
+			if !c.NeededBy(route) {
+				return nil
+			}
+			return b.add(ctx, c.For(route))
+		})
 		if err == nil {
 			b.flush(ctx)
 			usage := res.Usage
@@ -83,7 +89,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			// Another try, or a replay from the dead letters, would meet
 			// the same refusal: the client is told now.
 			pub.log.Info("provider refused the request", "status", le.Status, "err", err)
-			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status)})
+			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status, le.Body)})
 			return OutcomeError, ""
 		}
 

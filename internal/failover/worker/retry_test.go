@@ -120,7 +120,7 @@ type rejecting struct {
 
 func (r *rejecting) Name() string { return "rejecting" }
 
-func (r *rejecting) Stream(context.Context, protocol.ChatRequest, func(string) error) (llm.Result, error) {
+func (r *rejecting) Stream(context.Context, protocol.ChatRequest, func(protocol.Chunk) error) (llm.Result, error) {
 	r.calls.Add(1)
 	return llm.Result{}, &llm.Error{Status: r.status, Err: errors.New("fake: model not found")}
 }
@@ -142,9 +142,11 @@ func TestWorkerClientErrorIsNotRetriedNorDeadLettered(t *testing.T) {
 		if len(body) != 1 || body[0].res.Kind != protocol.KindError {
 			t.Fatalf("messages %s, want exactly one SIGNAL:ERROR", describe(rs))
 		}
-		if prob := body[0].res.Problem; prob.Slug() != protocol.ProblemProviderRejected || prob.Status != http.StatusUnprocessableEntity ||
+		// The upstream's status reaches the client (docs/API.md,
+		// "Upstream client errors are the client's").
+		if prob := body[0].res.Problem; prob.Slug() != protocol.ProblemProviderRejected || prob.Status != http.StatusNotFound ||
 			prob.RetryAfterSeconds != 0 {
-			t.Errorf("problem %+v, want provider-rejected, 422, no retry advised", prob)
+			t.Errorf("problem %+v, want provider-rejected, 404, no retry advised", prob)
 		}
 		l.quiet(5 * time.Second)
 		synctest.Wait()

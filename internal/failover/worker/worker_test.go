@@ -212,13 +212,14 @@ type recorder struct {
 	emitted int
 }
 
-func (r *recorder) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (r *recorder) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	r.mu.Lock()
 	call := len(r.calls)
 	r.calls = append(r.calls, time.Now())
 	r.mu.Unlock()
 	n := 0
-	return r.Provider.Stream(ctx, req, func(content string) error {
+	return r.Provider.Stream(ctx, req, func(chunk protocol.Chunk) error {
+		content := chunk.Content
 		if call == 0 && r.failFirstAfter > 0 && n == r.failFirstAfter {
 			return &llm.Error{Retryable: true, Status: 502, Err: errors.New("fake: upstream reset mid-answer")}
 		}
@@ -226,7 +227,7 @@ func (r *recorder) Stream(ctx context.Context, req protocol.ChatRequest, emit fu
 		r.mu.Lock()
 		r.emitted++
 		r.mu.Unlock()
-		return emit(content)
+		return emit(protocol.Chunk{Content: content})
 	})
 }
 
