@@ -33,6 +33,11 @@ type DegradeSignals struct {
 	// Requests is how many requests ended over the last minute, failed or
 	// not: ErrorRate counts only from DegradeConfig.MinRequests of them.
 	Requests int64
+	// LatestErrorRate is ErrorRate over the latest 5 to 10 s only: the
+	// failure rate reaches a level only while this one does too, so the
+	// level is left soon after failures stop, not once they aged out of
+	// the minute.
+	LatestErrorRate float64
 	// HeapFraction is the Go heap over GOMEMLIMIT; 0 when no limit is set.
 	HeapFraction float64
 }
@@ -75,12 +80,13 @@ const (
 	InputBacklog   = "backlog_fraction"
 	InputQueueWait = "queue_wait_p99_seconds"
 	InputErrorRate = "error_rate"
+	InputLatest    = "latest_error_rate"
 	InputRequests  = "requests"
 	InputHeap      = "heap_fraction"
 )
 
 // degradeInputs are the inputs with a gauge, in log order.
-var degradeInputs = [...]string{InputBacklog, InputQueueWait, InputErrorRate, InputRequests, InputHeap}
+var degradeInputs = [...]string{InputBacklog, InputQueueWait, InputErrorRate, InputLatest, InputRequests, InputHeap}
 
 // inputLevels are the levels the inputs that act at once reach, by name
 // (backlog, queue wait, heap).
@@ -300,13 +306,14 @@ func (d *Degrader) MaxTokens(prio protocol.Priority) int {
 }
 
 // errorLevel updates the failure rate's clocks at now and returns the
-// level it raises: the highest whose threshold the rate stayed at or
-// above for RaiseAfter, with at least MinRequests ended requests behind
-// it, and never level 3 (a second input must be critical too).
+// level it raises: the highest whose threshold the rate, of the minute and
+// of its latest seconds alike, stayed at or above for RaiseAfter, with at
+// least MinRequests ended requests behind it, and never level 3 (a second
+// input must be critical too).
 func (d *Degrader) errorLevel(s DegradeSignals, now time.Time) int {
 	at := 0
 	if s.Requests >= int64(d.cfg.MinRequests) {
-		at = errorThreshold(s.ErrorRate)
+		at = min(errorThreshold(s.ErrorRate), errorThreshold(s.LatestErrorRate))
 	}
 	lvl := 0
 	for i := range d.errorAt {
@@ -361,13 +368,14 @@ func (d *Degrader) Step(now time.Time) int {
 		}
 		log("degradation level changed", "level", lvl, "was", was, "input", strings.Join(why, ","),
 			"backlog_fraction", s.BacklogFraction, "queue_wait_p99", s.QueueWaitP99.String(),
-			"error_rate", s.ErrorRate, "requests", s.Requests, "heap_fraction", s.HeapFraction)
+			"error_rate", s.ErrorRate, "latest_error_rate", s.LatestErrorRate, "requests", s.Requests, "heap_fraction", s.HeapFraction)
 	}
 	if d.gauge != nil {
 		d.gauge.Set(float64(lvl))
 		d.inputs.WithLabelValues(InputBacklog).Set(s.BacklogFraction)
 		d.inputs.WithLabelValues(InputQueueWait).Set(s.QueueWaitP99.Seconds())
 		d.inputs.WithLabelValues(InputErrorRate).Set(s.ErrorRate)
+		d.inputs.WithLabelValues(InputLatest).Set(s.LatestErrorRate)
 		d.inputs.WithLabelValues(InputRequests).Set(float64(s.Requests))
 		d.inputs.WithLabelValues(InputHeap).Set(s.HeapFraction)
 	}

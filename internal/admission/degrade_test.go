@@ -257,7 +257,9 @@ func TestSourcesSignals(t *testing.T) {
 // The failure rate raises a level only with MinRequests ended requests
 // behind it and after holding at or above the threshold for RaiseAfter;
 // a dip restarts that clock; alone it stops at level 2, and reaches 3
-// only beside another critical input. The log line names the input.
+// only beside another critical input; once its latest seconds are clean
+// it holds no level, however the minute reads. The log line names the
+// input.
 func TestDegraderFailureRate(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -270,16 +272,16 @@ func TestDegraderFailureRate(t *testing.T) {
 		}
 		after := runDegrader(t, d)
 		// One failed request of one, a minute long: nothing.
-		in.set(DegradeSignals{ErrorRate: 1, Requests: 1})
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 1})
 		checkLevel(t, "1 of 1 failed", after(60), 0)
-		in.set(DegradeSignals{ErrorRate: 1, Requests: DefaultDegradeMinRequests - 1})
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: DefaultDegradeMinRequests - 1})
 		checkLevel(t, "19 of 19 failed", after(30), 0)
 		// 30 % of 40: level 2, but only after 10 s.
-		in.set(DegradeSignals{ErrorRate: 0.3, Requests: 40})
+		in.set(DegradeSignals{ErrorRate: 0.3, LatestErrorRate: 0.3, Requests: 40})
 		checkLevel(t, "30 % for 9 s", after(9), 0)
-		in.set(DegradeSignals{ErrorRate: 0.04, Requests: 40})
+		in.set(DegradeSignals{ErrorRate: 0.04, LatestErrorRate: 0.04, Requests: 40})
 		checkLevel(t, "a dip", after(1), 0)
-		in.set(DegradeSignals{ErrorRate: 0.3, Requests: 40})
+		in.set(DegradeSignals{ErrorRate: 0.3, LatestErrorRate: 0.3, Requests: 40})
 		// The first sample at 30 % starts the clock: ten samples later it
 		// has held for 9 s, eleven for 10 s.
 		checkLevel(t, "30 % again, held 9 s", after(10), 0)
@@ -294,14 +296,20 @@ func TestDegraderFailureRate(t *testing.T) {
 			t.Errorf("requests input gauge %v, want 40", got)
 		}
 		// Every request failing, for minutes: still 2 on its own.
-		in.set(DegradeSignals{ErrorRate: 1, Requests: 400})
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 400})
 		checkLevel(t, "all failing for 2 min", after(120), 2)
 		// A second input at 3: 3.
-		in.set(DegradeSignals{ErrorRate: 1, Requests: 400, BacklogFraction: 0.85})
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 400, BacklogFraction: 0.85})
 		checkLevel(t, "beside a critical backlog", after(1), 3)
 		if logs.count("input=backlog_fraction") != 1 {
 			t.Errorf("level 3 logged as %q; want the backlog named", logs.String())
 		}
+		// The failures stop: the minute still reads 40 %, its latest
+		// seconds none. The level falls through 2 to 0, each after the
+		// hold, as it does when the minute empties.
+		in.set(DegradeSignals{ErrorRate: 0.4, LatestErrorRate: 0, Requests: 400})
+		checkLevel(t, "recovered for 29 s", after(29), 3)
+		checkLevel(t, "recovered for the hold", after(2), 0)
 	})
 }
 

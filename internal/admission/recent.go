@@ -16,12 +16,16 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 )
 
-// RecentWindow is the default window of Recent, "the last minute": six
-// buckets of a sixth of it each, the current one included, so it covers
-// between five and six sixths of the window.
+// RecentWindow is the default window of Recent, "the last minute": twelve
+// buckets of a twelfth of it each, the current one included, so it covers
+// between eleven and twelve twelfths of the window. The latest two
+// buckets (5 to 10 s of the default minute) tell whether failures go on
+// now, so recovery shows within seconds rather than once the failures
+// aged out of the minute.
 const (
 	RecentWindow  = time.Minute
-	recentBuckets = 6
+	recentBuckets = 12
+	recentLatest  = 2
 	// recentTimeout bounds one flush or read.
 	recentTimeout = 500 * time.Millisecond
 )
@@ -82,7 +86,7 @@ type Recent struct {
 	rdb    redis.Scripter
 	key    string
 	log    *slog.Logger
-	bucket time.Duration // a sixth of the window
+	bucket time.Duration // a twelfth of the window
 	// keep is the TTL of the hash: a cluster that stops reporting leaves
 	// nothing behind. stale is how long a read may keep failing before
 	// the cached figures are dropped: old evidence of an incident must
@@ -102,6 +106,8 @@ type recentView struct {
 	waitP99   time.Duration
 	errorRate float64
 	ended     int64
+	// latestRate is errorRate over the latest buckets only.
+	latestRate float64
 }
 
 // NewRecent returns a Recent on rdb (never closed by it). log may be nil
@@ -199,6 +205,11 @@ func (r *Recent) ErrorRate() float64 { return r.view.Load().errorRate }
 // Requests is how many requests ended in the last minute, as last read.
 func (r *Recent) Requests() int64 { return r.view.Load().ended }
 
+// LatestErrorRate is ErrorRate over the latest two twelfths of the window
+// only (5 to 10 s of the default minute), as last read; 0 when no request
+// ended then.
+func (r *Recent) LatestErrorRate() float64 { return r.view.Load().latestRate }
+
 // Run flushes and reads once a second until ctx ends, then flushes what
 // is left, bounded by recentTimeout.
 func (r *Recent) Run(ctx context.Context) {
@@ -278,11 +289,12 @@ func (r *Recent) flush(ctx context.Context) error {
 
 // read sums the window and caches what it says.
 func (r *Recent) read(ctx context.Context, now time.Time) error {
-	v, err := recentRead.Run(ctx, r.rdb, []string{r.key}, r.bucket.Milliseconds(), recentBuckets).Slice()
+	v, err := recentRead.Run(ctx, r.rdb, []string{r.key}, r.bucket.Milliseconds(), recentBuckets, recentLatest).Slice()
 	if err != nil {
 		return fmt.Errorf("admission: recent read %s: %w", r.key, err)
 	}
 	var sum tally
+	var latestEnded, latestFailed int64
 	for i := 0; i+1 < len(v); i += 2 {
 		name, _ := v[i].(string)
 		n, _ := v[i+1].(int64)
@@ -291,6 +303,10 @@ func (r *Recent) read(ctx context.Context, now time.Time) error {
 			sum.ended = n
 		case name == "failed":
 			sum.failed = n
+		case name == "r:ended":
+			latestEnded = n
+		case name == "r:failed":
+			latestFailed = n
 		case len(name) > 1 && name[0] == 'w':
 			if j, err := strconv.Atoi(name[1:]); err == nil && j >= 0 && j < len(sum.waits) {
 				sum.waits[j] = n
@@ -300,6 +316,9 @@ func (r *Recent) read(ctx context.Context, now time.Time) error {
 	view := &recentView{ended: sum.ended, waitP99: waitQuantile(sum.waits, 0.99)}
 	if sum.ended > 0 {
 		view.errorRate = float64(sum.failed) / float64(sum.ended)
+	}
+	if latestEnded > 0 {
+		view.latestRate = float64(latestFailed) / float64(latestEnded)
 	}
 	r.view.Store(view)
 	r.lastRead = now

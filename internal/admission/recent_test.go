@@ -118,6 +118,9 @@ func TestRecentForgetsAfterAMinute(t *testing.T) {
 	if got := r.ErrorRate(); got != 0.5 {
 		t.Fatalf("error rate at 30 s: %v, want 0.5", got)
 	}
+	if got := r.LatestErrorRate(); got != 0 {
+		t.Fatalf("latest error rate at 30 s: %v, want 0 (the failures are 30 s old)", got)
+	}
 	mr.SetTime(start.Add(65 * time.Second))
 	r.Refresh(t.Context(), start.Add(65*time.Second))
 	if got := r.ErrorRate(); got != 0 {

@@ -29,6 +29,7 @@ func (s Sources) Signals() DegradeSignals {
 		out.QueueWaitP99 = s.Recent.QueueWaitP99()
 		out.ErrorRate = s.Recent.ErrorRate()
 		out.Requests = s.Recent.Requests()
+		out.LatestErrorRate = s.Recent.LatestErrorRate()
 	}
 	if s.Heap != nil {
 		out.HeapFraction = s.Heap()
