@@ -99,7 +99,9 @@ func (a *API) build() error {
 	// The degradation level reads the backlog the overflow gate caches
 	// and the last minute every process reports (docs/OPERATIONS.md,
 	// "Degradation levels").
-	if gate.Degrader, err = admission.NewDegrader(DegradeConfig(cfg), admission.Sources{Overflow: gate.Overflow, Recent: a.recent},
+	dc := DegradeConfig(cfg)
+	dc.RaiseAfter, dc.Hold = a.degrade.RaiseAfter, a.degrade.Hold
+	if gate.Degrader, err = admission.NewDegrader(dc, admission.Sources{Overflow: gate.Overflow, Recent: a.recent},
 		m, log.With("component", "degrade")); err != nil {
 		return err
 	}
@@ -116,7 +118,7 @@ func (a *API) build() error {
 	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
 		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log, Tracing: a.tel,
 		LogWriter: logw, LogReader: logr, Canceller: a.canceller, Positions: a.positions(),
-		Hold: a.drain.hold,
+		Hold: a.drain.hold, Ended: a.requestEnded,
 	})
 	if err != nil {
 		return err
@@ -218,7 +220,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		}
 		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 			Consumer: q.Consumer, Pool: a.pool, Provider: a.workerProvider(), Results: pub, Cancels: pub,
-			Metrics: a.workerMetrics(), Log: log.With("component", "worker"), Tracing: a.tel,
+			Metrics: a.workerMetrics(), Log: log.With("component", "worker"), Tracing: a.tel, Ended: a.requestEnded,
 		})
 		if err != nil {
 			return nil, nil, err

@@ -77,10 +77,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
-// DegradeConfig is the degradation level the DEGRADE_MAX_TOKENS and
+// DegradeConfig is the degradation level the DEGRADE_* and
 // QUEUE_RETRY_AFTER_SECONDS settings give.
 func DegradeConfig(cfg *config.Config) admission.DegradeConfig {
-	return admission.DegradeConfig{MaxTokens: cfg.DegradeMaxTokens, RetryAfterMax: cfg.QueueRetryAfter()}
+	return admission.DegradeConfig{MaxTokens: cfg.DegradeMaxTokens, MinRequests: cfg.DegradeMinRequests,
+		ProbeEvery: cfg.DegradeProbeEvery, RetryAfterMax: cfg.QueueRetryAfter()}
 }
 
 // QuotaConfig is the queue quota the QUEUE_MAX_* settings give.

@@ -103,6 +103,10 @@ type Config struct {
 	PriorityAgingSeconds int `env:"PRIORITY_AGING_SECONDS" envDefault:"30"`
 	// DegradeMaxTokens caps a normal request's max_tokens from degradation level 2. Default 1024.
 	DegradeMaxTokens int `env:"DEGRADE_MAX_TOKENS" envDefault:"1024"`
+	// DegradeMinRequests is the fewest requests ended in the last minute before their failure rate counts toward a degradation level. Default 20.
+	DegradeMinRequests int `env:"DEGRADE_MIN_REQUESTS" envDefault:"20"`
+	// DegradeProbeEvery admits one normal request in this many at degradation level 3. Default 10.
+	DegradeProbeEvery int `env:"DEGRADE_PROBE_EVERY" envDefault:"10"`
 	// QueueRetryAfterSeconds is the upper bound of Retry-After on overflow. Default 60.
 	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
 	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.

@@ -168,6 +168,8 @@ func (c *Config) Validate() error {
 	}
 	v.atLeast("PRIORITY_AGING_SECONDS", c.PriorityAgingSeconds, 1)
 	v.atLeast("DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1)
+	v.atLeast("DEGRADE_MIN_REQUESTS", c.DegradeMinRequests, 1)
+	v.atLeast("DEGRADE_PROBE_EVERY", c.DegradeProbeEvery, 1)
 	v.atLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 1)
 	v.atLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, minDepthCacheTTLMS)
 

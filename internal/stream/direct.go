@@ -120,6 +120,7 @@ func (p *directProducer) run(ctx context.Context) {
 		err = sendHeld()
 	}
 	if err == nil {
+		h.requestEnded(nil)
 		usage := result.Usage
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
 			RequestID: p.requestID, FinishReason: result.FinishReason, Path: protocol.PathDirect, Usage: &usage,
@@ -133,6 +134,7 @@ func (p *directProducer) run(ctx context.Context) {
 	switch {
 	case seq == 0 && llm.IsClientError(err) && errors.As(err, &le):
 		h.log.Info("provider refused the request", "request_id", p.requestID, "path", protocol.PathDirect, "status", le.Status)
+		h.requestEnded(err)
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status, le.Body)})
 		return
 	case seq == 0 && llm.IsRetryable(err) && h.spill != nil:
@@ -142,6 +144,7 @@ func (p *directProducer) run(ctx context.Context) {
 		return
 	}
 	h.log.Warn("provider failed", "request_id", p.requestID, "path", protocol.PathDirect, "chunks", seq, "err", err)
+	h.requestEnded(err)
 	// Advise the retry policy's delay when the failure is retryable (an
 	// upstream Retry-After, the throttled backoff), else none.
 	prob := protocol.ProviderFailed(0)
@@ -149,6 +152,14 @@ func (p *directProducer) run(ctx context.Context) {
 		prob.RetryAfterSeconds = max(1, int((d+time.Second-1)/time.Second))
 	}
 	_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
+}
+
+// requestEnded tells Deps.Ended how a request the direct path answered
+// ended.
+func (h *Handler) requestEnded(err error) {
+	if h.ended != nil {
+		h.ended(err)
+	}
 }
 
 // handOff continues a request whose provider call failed retryably before

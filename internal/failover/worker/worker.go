@@ -175,6 +175,11 @@ type Deps struct {
 	Log *slog.Logger
 	// Tracing continues each job's trace; nil traces nothing.
 	Tracing *telemetry.Provider
+	// Ended, when set, is told how each job's request ended once the
+	// worker gave its client a terminal event: the provider's last error
+	// after every retry, nil for a complete answer. It is not called for
+	// a job cancelled or given up for lack of a slot. It must not block.
+	Ended func(err error)
 }
 
 // Worker takes jobs from a Consumer and answers them.

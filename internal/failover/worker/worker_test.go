@@ -38,6 +38,8 @@ type env struct {
 	q    *memqueue.Queue
 	pool *pool.Local
 	m    *metrics.Metrics
+	// ended, when set before startWorker, is the workers' Deps.Ended.
+	ended func(error)
 }
 
 // newEnv returns an env; inside a synctest bubble, create it there.
@@ -92,7 +94,7 @@ func (e *env) startWorker(cfg worker.Config, c failover.Consumer, p llm.Provider
 	e.tb.Helper()
 	w, err := worker.New(cfg, worker.Deps{
 		Consumer: c, Pool: e.pool, Provider: p, Results: e.res, Cancels: e.res, Metrics: e.m,
-		Log: testutil.DiscardLogger(),
+		Log: testutil.DiscardLogger(), Ended: e.ended,
 	})
 	if err != nil {
 		e.tb.Fatalf("worker.New: %v", err)
