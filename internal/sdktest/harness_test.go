@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -102,10 +104,36 @@ func targets(tb testing.TB) []target {
 	tb.Helper()
 	redis := redistest.Start(tb)
 	straight, direct, queued := newMock(tb), newMock(tb), newMock(tb)
-	return []target{
+	ts := []target{
 		{"straight", straight.url(), straight},
 		{"direct", startAPI(tb, redis.URL(), direct, nil), direct},
 		{"queued", startAPI(tb, redis.URL(), queued, map[string]string{"DIRECT_PATH_ENABLED": "false", "EMBEDDED_WORKERS": "true"}), queued},
+	}
+	for _, t := range ts[1:] {
+		checkPath(tb, t)
+	}
+	return ts
+}
+
+// checkPath asks t's api once and checks that the answer took the path
+// the target is named after (X-Stream-Path).
+func checkPath(tb testing.TB, t target) {
+	tb.Helper()
+	body := `{"model":"mock-model","messages":[{"role":"user","content":"[case:path-check] Say hello."}]}`
+	req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, t.url+"/chat/completions", strings.NewReader(body))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+clientKey)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != t.name || !strings.Contains(string(b), plainText) {
+		tb.Fatalf("%s api: HTTP %d, X-Stream-Path %q, %s", t.name, resp.StatusCode, resp.Header.Get("X-Stream-Path"), b)
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +39,8 @@ const maxListBytes = 16 << 20
 // Config configures a Catalog.
 type Config struct {
 	// Upstreams are asked for their lists, in this order; the first one
-	// that lists an id gives its object. Empty with the simulator.
+	// that lists an id gives its object. Of an upstream with Models, only
+	// those are listed (it is sent no others). Empty with the simulator.
 	Upstreams []upstream.Spec
 	// Always are ids listed whether an upstream lists them or not
 	// (LLM_MODEL, the simulator's model, the upstreams' configured
@@ -170,9 +172,14 @@ func (c *Catalog) refresh(ctx context.Context) *snapshot {
 		byID[id] = raw
 		order = append(order, id)
 	}
-	for _, objs := range lists {
+	for i, objs := range lists {
+		// An upstream with a `models:` list is sent only those, so only
+		// those of its list are listed.
+		u := c.cfg.Upstreams[i]
 		for _, o := range objs {
-			add(o.id, o.raw)
+			if len(u.Models) == 0 || slices.Contains(u.Models, o.id) {
+				add(o.id, o.raw)
+			}
 		}
 	}
 	for _, id := range c.cfg.Always {

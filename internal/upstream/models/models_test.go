@@ -277,6 +277,22 @@ func TestAllowList(t *testing.T) {
 	}
 }
 
+// An upstream configured with `models:` is sent only those, so only those
+// of its own list are listed; the configured ones it does not list still
+// are, as always-listed.
+func TestUpstreamModelsFilter(t *testing.T) {
+	t.Parallel()
+	a := newMock(t, http.StatusOK, `{"data":[`+objA1+`,`+objA2+`]}`)
+	spec := a.spec("a", "")
+	spec.Models = []string{"shared", "configured-only"}
+	c := newCatalog(t, Config{Upstreams: []upstream.Spec{spec}, Always: spec.Models, TTL: time.Minute}, nil)
+	_, body := get(t, c, "")
+	ids, objs := listIDs(t, body)
+	if strings.Join(ids, ",") != "shared,configured-only" || string(objs[0]) != objA2 {
+		t.Fatalf("list %s", body)
+	}
+}
+
 // Without upstreams (the simulator) the always-listed models are the list.
 func TestSimulatorOnly(t *testing.T) {
 	t.Parallel()
