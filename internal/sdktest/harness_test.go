@@ -54,12 +54,13 @@ type target struct {
 	mock *mock  // the upstream that answered
 }
 
-// startAPI serves an api for env on a loopback port in front of up; it
-// shuts down at the end of the test.
-func startAPI(tb testing.TB, redisURL string, up *mock, over map[string]string) string {
+// startAPI serves an api named name on a loopback port in front of up; it
+// shuts down at the end of the test. Each api has keys of its own (pool,
+// queue), so one api's jobs and slots never steer the other's path.
+func startAPI(tb testing.TB, name, redisURL string, up *mock, over map[string]string) string {
 	tb.Helper()
 	env := map[string]string{
-		"REDIS_URL": redisURL, "QUEUE_PREFIX": redistest.Prefix(tb) + strings.ToLower(tb.Name()) + ":",
+		"REDIS_URL": redisURL, "QUEUE_PREFIX": redistest.Prefix(tb) + name + ":",
 		"LLM_PROVIDER": "openai", "LLM_BASE_URL": up.url(), "API_KEYS": clientKey,
 		"WORKER_HEARTBEAT_SECONDS": "1", "SHUTDOWN_GRACE_SECONDS": "1",
 	}
@@ -106,8 +107,11 @@ func targets(tb testing.TB) []target {
 	straight, direct, queued := newMock(tb), newMock(tb), newMock(tb)
 	ts := []target{
 		{"straight", straight.url(), straight},
-		{"direct", startAPI(tb, redis.URL(), direct, nil), direct},
-		{"queued", startAPI(tb, redis.URL(), queued, map[string]string{"DIRECT_PATH_ENABLED": "false", "EMBEDDED_WORKERS": "true"}), queued},
+		// A local pool: a free slot is taken in memory, so a loaded
+		// machine's slow Redis cannot send the direct target's calls to
+		// the queue.
+		{"direct", startAPI(tb, "direct", redis.URL(), direct, map[string]string{"POOL_BACKEND": "local"}), direct},
+		{"queued", startAPI(tb, "queued", redis.URL(), queued, map[string]string{"DIRECT_PATH_ENABLED": "false", "EMBEDDED_WORKERS": "true"}), queued},
 	}
 	for _, t := range ts[1:] {
 		checkPath(tb, t)
