@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -110,5 +111,27 @@ func TestModelsFromUpstreams(t *testing.T) {
 	if code, body := get("/v1/models/gpt-9", "client-key"); code != http.StatusNotFound ||
 		body != `{"error":{"message":"The model 'gpt-9' does not exist or you do not have access to it.","type":"invalid_request_error","param":null,"code":"model_not_found"}}`+"\n" {
 		t.Fatalf("unknown model: HTTP %d %s", code, body)
+	}
+}
+
+// LLM_MODEL is the model sent when a request names none and is listed
+// first; LLM_MODELS is the allow-list; MODELS_CACHE_SECONDS the cache; the
+// simulator has no upstream to ask.
+func TestModelsConfig(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t, map[string]string{
+		"LLM_PROVIDER": "openai", "LLM_BASE_URL": "http://127.0.0.1:9/v1,http://127.0.0.2:9/v1",
+		"LLM_MODEL": "house", "LLM_MODELS": "house,other", "MODELS_CACHE_SECONDS": "7",
+	})
+	if oc := OpenAIConfig(cfg); oc.Model != "house" {
+		t.Fatalf("OpenAIConfig.Model %q", oc.Model)
+	}
+	mc := ModelsConfig(cfg)
+	if len(mc.Upstreams) != 2 || strings.Join(mc.Always, ",") != "house" || strings.Join(mc.Allow, ",") != "house,other" || mc.TTL != 7*time.Second {
+		t.Fatalf("models config %+v", mc)
+	}
+	sim := ModelsConfig(testConfig(t, map[string]string{"LLM_PROVIDER": "sim"}))
+	if len(sim.Upstreams) != 0 || strings.Join(sim.Always, ",") != "sim" || sim.TTL != 60*time.Second {
+		t.Fatalf("simulator models config %+v", sim)
 	}
 }
