@@ -233,14 +233,23 @@ func streamChat(w http.ResponseWriter, model string, a answer, includeUsage bool
 func (m *mock) responses(w http.ResponseWriter, r *http.Request) {
 	raw, ok := m.record(r)
 	var req struct {
-		Model  string `json:"model"`
-		Stream bool   `json:"stream"`
+		Model  string            `json:"model"`
+		Stream bool              `json:"stream"`
+		Tools  []json.RawMessage `json:"tools"`
+		Input  json.RawMessage   `json:"input"`
 	}
 	if !ok || json.Unmarshal(raw, &req) != nil {
 		http.Error(w, `{"error":{"message":"bad body","type":"invalid_request_error"}}`, http.StatusBadRequest)
 		return
 	}
 	pieces := []string{"Hello from ", "the Responses ", "API."}
+	switch {
+	case bytes.Contains(req.Input, []byte(`"function_call_output"`)):
+		pieces = []string{"It is sunny ", "in Paris, ", "21 degrees."}
+	case len(req.Tools) > 0:
+		m.responsesToolCall(w, req.Model, req.Stream)
+		return
+	}
 	usage := map[string]any{"input_tokens": 42, "input_tokens_details": map[string]any{"cached_tokens": 8},
 		"output_tokens": 17, "output_tokens_details": map[string]any{"reasoning_tokens": 5}, "total_tokens": 59}
 	item := func(status string, text *string) map[string]any {
@@ -280,6 +289,46 @@ func (m *mock) responses(w http.ResponseWriter, r *http.Request) {
 	}
 	send("response.output_text.done", map[string]any{"item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": full, "logprobs": []any{}})
 	send("response.output_item.done", map[string]any{"output_index": 0, "item": item("completed", &full)})
+	send("response.completed", map[string]any{"response": done})
+}
+
+// responsesToolCall answers the Responses API with one function call,
+// its arguments streamed in pieces.
+func (m *mock) responsesToolCall(w http.ResponseWriter, model string, stream bool) {
+	args := []string{`{"ci`, `ty":"`, `Paris"}`}
+	call := func(status, arguments string) map[string]any {
+		return map[string]any{"type": "function_call", "id": "fc_mock", "call_id": toolCallID, "name": toolName,
+			"arguments": arguments, "status": status}
+	}
+	usage := map[string]any{"input_tokens": 42, "input_tokens_details": map[string]any{"cached_tokens": 0},
+		"output_tokens": 17, "output_tokens_details": map[string]any{"reasoning_tokens": 0}, "total_tokens": 59}
+	resp := func(status string, output []any, usage any) map[string]any {
+		return map[string]any{"id": "resp_mock", "object": "response", "created_at": 1764000000, "status": status,
+			"model": model, "output": output, "usage": usage, "error": nil, "incomplete_details": nil}
+	}
+	done := resp("completed", []any{call("completed", strings.Join(args, ""))}, usage)
+	if !stream {
+		writeJSON(w, done)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	seq := 0
+	send := func(typ string, ev map[string]any) {
+		ev["type"], ev["sequence_number"] = typ, seq
+		seq++
+		b, _ := json.Marshal(ev)
+		fmt.Fprintf(w, "event: %s\ndata: %s\n\n", typ, b)
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+	}
+	send("response.created", map[string]any{"response": resp("in_progress", []any{}, nil)})
+	send("response.output_item.added", map[string]any{"output_index": 0, "item": call("in_progress", "")})
+	for _, p := range args {
+		send("response.function_call_arguments.delta", map[string]any{"item_id": "fc_mock", "output_index": 0, "delta": p})
+	}
+	send("response.function_call_arguments.done", map[string]any{"item_id": "fc_mock", "output_index": 0, "arguments": strings.Join(args, "")})
+	send("response.output_item.done", map[string]any{"output_index": 0, "item": call("completed", strings.Join(args, ""))})
 	send("response.completed", map[string]any{"response": done})
 }
 

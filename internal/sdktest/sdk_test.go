@@ -26,6 +26,8 @@ var needsProxyCore = map[string]bool{
 	"ai-chat-image":               true,
 	"ai-responses-generate":       true, // POST /v1/responses is 404
 	"ai-responses-stream":         true,
+	"ai-responses-tools-generate": true,
+	"ai-responses-tools-stream":   true,
 	"compat-tools-stream":         true,
 	"compat-reasoning-stream":     true,
 	"compat-object":               true,
@@ -56,6 +58,8 @@ var straightChecks = map[string][]string{
 	"ai-chat-image":               {`"text":"` + imageText + `"`},
 	"ai-responses-generate":       {`"text":"Hello from the Responses API."`},
 	"ai-responses-stream":         {`"text":"Hello from the Responses API."`},
+	"ai-responses-tools-generate": {`"text":"` + toolFinalText + `"`, `"steps":2`, `"forecast":"sunny"`},
+	"ai-responses-tools-stream":   {`"text":"` + toolFinalText + `"`, `"steps":2`, `"forecast":"sunny"`},
 	"compat-stream":               {`"text":"` + plainText + `"`, `"finishReason":"stop"`},
 	"compat-tools-stream":         {`"text":"` + toolFinalText + `"`, `"steps":2`, `"forecast":"sunny"`},
 	"compat-reasoning-stream":     {`"text":"` + reasonAnswer + `"`, `"reasoning":"` + reasonText + `"`},

@@ -136,6 +136,13 @@ const cases = {
   'ai-responses-stream': async (name) =>
     aiResult(streamText({ model: openai(model), prompt: ask(name, 'Say hello.'), maxRetries: 0, abortSignal: timeout() })),
 
+  'ai-responses-tools-generate': async (name) =>
+    aiResult(await generateText({ model: openai(model), prompt: ask(name, 'Weather in Paris?'), tools: aiTools,
+      stopWhen: isStepCount(3), maxRetries: 0, abortSignal: timeout() })),
+  'ai-responses-tools-stream': async (name) =>
+    aiResult(streamText({ model: openai(model), prompt: ask(name, 'Weather in Paris?'), tools: aiTools,
+      stopWhen: isStepCount(3), maxRetries: 0, abortSignal: timeout() })),
+
   // @ai-sdk/openai-compatible.
   'compat-stream': async (name) =>
     aiResult(streamText({ model: compat(model), prompt: ask(name, 'Say hello.'), maxRetries: 0, abortSignal: timeout() })),
