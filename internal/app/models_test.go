@@ -130,6 +130,9 @@ func TestModelsConfig(t *testing.T) {
 	if len(mc.Upstreams) != 2 || strings.Join(mc.Always, ",") != "house" || strings.Join(mc.Allow, ",") != "house,other" || mc.TTL != 7*time.Second {
 		t.Fatalf("models config %+v", mc)
 	}
+	if got := alwaysListed(testConfig(t, map[string]string{"LLM_PROVIDER": "sim", "LLM_MODEL": "sim"})); strings.Join(got, ",") != "sim" {
+		t.Fatalf("LLM_MODEL that the configuration names already: %v", got)
+	}
 	sim := ModelsConfig(testConfig(t, map[string]string{"LLM_PROVIDER": "sim"}))
 	if len(sim.Upstreams) != 0 || strings.Join(sim.Always, ",") != "sim" || sim.TTL != 60*time.Second {
 		t.Fatalf("simulator models config %+v", sim)

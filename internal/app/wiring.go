@@ -264,8 +264,8 @@ func OpenAIModels(cfg *config.Config) []string {
 // request names none), then OpenAIModels.
 func alwaysListed(cfg *config.Config) []string {
 	ids := OpenAIModels(cfg)
-	if cfg.LLMModel != "" && !slices.Contains(ids, cfg.LLMModel) {
-		ids = append([]string{cfg.LLMModel}, ids...)
+	if m := cfg.LLMModel; m != "" {
+		ids = append([]string{m}, slices.DeleteFunc(ids, func(id string) bool { return id == m })...)
 	}
 	return ids
 }
