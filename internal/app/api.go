@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
+	"github.com/spillway-dev/spillway/internal/upstream/models"
 	"github.com/spillway-dev/spillway/internal/web"
 	"github.com/spillway-dev/spillway/internal/web/cors"
 )
@@ -44,6 +46,7 @@ const (
 type API struct {
 	*deps
 	handler *stream.Handler
+	models  *models.Catalog // GET /v1/models and /v1/models/{id}
 	engine  *gin.Engine
 	drain   *drainer                      // the stream routes' requests, for the shutdown
 	ready   []func(context.Context) error // readiness checks
@@ -121,6 +124,9 @@ func (a *API) build() error {
 		Hold: a.drain.hold, Ended: a.requestEnded,
 	})
 	if err != nil {
+		return err
+	}
+	if a.models, err = models.New(ModelsConfig(cfg), log.With("component", "models")); err != nil {
 		return err
 	}
 	// Stops announced by DELETE on another process reach this one's
@@ -272,9 +278,14 @@ func (a *API) routes() *gin.Engine {
 	e.POST("/stream", streamHandler)
 	e.GET("/v1/streams/:id", func(c *gin.Context) { a.handler.Resume(c.Writer, c.Request, c.Param("id")) })
 	e.DELETE("/v1/streams/:id", func(c *gin.Context) { a.handler.Stop(c.Writer, c.Request, c.Param("id")) })
-	oa := stream.NewOpenAI(a.handler, OpenAIModels(a.cfg))
+	oa := stream.NewOpenAI(a.handler, alwaysListed(a.cfg))
 	e.POST("/v1/chat/completions", gin.WrapF(oa.ChatCompletions))
-	e.GET("/v1/models", gin.WrapF(oa.Models))
+	e.GET("/v1/models", gin.WrapH(oa.Guard(http.HandlerFunc(a.models.ServeList))))
+	// A catch-all: model ids may hold slashes (meta-llama/Llama-3.1-8B),
+	// which the SDKs send as %2F and net/http decodes.
+	e.GET("/v1/models/*id", gin.WrapH(oa.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.models.ServeModel(w, r, strings.TrimPrefix(r.URL.Path, "/v1/models/"))
+	}))))
 	e.GET("/healthz", gin.WrapF(healthz))
 	e.GET("/readyz", a.readyz)
 	e.GET("/metrics", gin.WrapH(a.obs.metricsHandler()))

@@ -209,6 +209,14 @@ type Config struct {
 	LLMAPIKey string `env:"LLM_API_KEY"`
 	// LLMModels, when set, are the only models a request may ask for. Default empty (any).
 	LLMModels []string `env:"LLM_MODELS" envSeparator:","`
+	// LLMModel is the model sent upstream when a request names none, and
+	// always listed by GET /v1/models. Default empty (the request is sent
+	// without one).
+	LLMModel string `env:"LLM_MODEL"`
+	// ModelsCacheSeconds is how long GET /v1/models serves the upstreams'
+	// lists before asking them again; 0 asks on every request. Default 60
+	// (models.DefaultTTL).
+	ModelsCacheSeconds int `env:"MODELS_CACHE_SECONDS" envDefault:"60"`
 	// LLMFirstTokenTimeoutSeconds is the longest wait for an upstream
 	// call's first chunk. Default 60.
 	LLMFirstTokenTimeoutSeconds int `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS" envDefault:"60"`
@@ -355,6 +363,9 @@ func (c *Config) DeadLetterTTL() time.Duration {
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).
 func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
+
+// ModelsCacheTTL is MODELS_CACHE_SECONDS.
+func (c *Config) ModelsCacheTTL() time.Duration { return seconds(c.ModelsCacheSeconds) }
 
 // StreamLogTTL is STREAM_LOG_TTL_SECONDS.
 func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSeconds) }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/upstream/models"
 
 	"errors"
 	"io/fs"
@@ -151,6 +152,8 @@ func TestDefaults(t *testing.T) {
 		{"BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 10},
 		{"MAX_CONNECTIONS", c.MaxConnections, 20000},
 		{"LLM_MODELS", c.LLMModels, []string(nil)},
+		{"LLM_MODEL", c.LLMModel, ""},
+		{"MODELS_CACHE_SECONDS", c.ModelsCacheSeconds, int(models.DefaultTTL / time.Second)},
 		{"BREAKER_FAILURES", c.BreakerFailures, 5},
 		{"BREAKER_WINDOW_SECONDS", c.BreakerWindowSeconds, 60},
 		{"BREAKER_OPEN_SECONDS", c.BreakerOpenSeconds, 30},
@@ -296,6 +299,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"BODY_READ_TIMEOUT_SECONDS":             "3",
 		"MAX_CONNECTIONS":                       "500",
 		"LLM_MODELS":                            "gpt-a, gpt-b",
+		"LLM_MODEL":                             " gpt-b ",
+		"MODELS_CACHE_SECONDS":                  "61",
 	}
 	// DIRECT_PATH_ENABLED=false and QUEUE_FAILOVER_ENABLED=false together are
 	// invalid, so each bool is overridden in its own load below.
@@ -401,6 +406,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		BodyReadTimeoutSeconds: 3,
 		MaxConnections:         500,
 		LLMModels:              []string{"gpt-a", "gpt-b"},
+		LLMModel:               "gpt-b",
+		ModelsCacheSeconds:     61,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load with every var set:\n got %+v\nwant %+v", c, want)
@@ -828,6 +835,9 @@ func TestValidateRules(t *testing.T) {
 		{"api key bad digest", func(c *Config) { c.APIKeys = []string{"ok", "sha256:s3cret"} }, []string{"API_KEYS"}, "API_KEYS has a bad entry"},
 		{"trusted proxy not a cidr", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "proxy.local"} }, []string{"TRUSTED_PROXIES"}, `"proxy.local" is not a CIDR`},
 		{"model name too long", func(c *Config) { c.LLMModels = []string{strings.Repeat("m", 257)} }, []string{"LLM_MODELS"}, "LLM_MODELS item of 257 bytes"},
+		{"default model too long", func(c *Config) { c.LLMModel = strings.Repeat("m", 257) }, []string{"LLM_MODEL"}, "LLM_MODEL (257 bytes) is longer"},
+		{"default model not allowed", func(c *Config) { c.LLMModel, c.LLMModels = "gpt-c", []string{"gpt-a"} }, []string{"LLM_MODEL"}, `LLM_MODEL ("gpt-c") must be one of LLM_MODELS`},
+		{"models cache negative", func(c *Config) { c.ModelsCacheSeconds = -1 }, []string{"MODELS_CACHE_SECONDS"}, "MODELS_CACHE_SECONDS (-1) must be at least 0"},
 		{"pool size", func(c *Config) { c.ConnectionPoolSize = 0 }, []string{"CONNECTION_POOL_SIZE"}, "CONNECTION_POOL_SIZE (0) must be at least 1"},
 		{"pool per user", func(c *Config) { c.ConnectionPoolPerUser = 0 }, []string{"CONNECTION_POOL_PER_USER"}, "CONNECTION_POOL_PER_USER (0) must be at least 1"},
 		{"lease ttl", func(c *Config) { c.PoolLeaseTTLSeconds = 1 }, []string{"POOL_LEASE_TTL_SECONDS"}, "POOL_LEASE_TTL_SECONDS (1) must be at least 2"},

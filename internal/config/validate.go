@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -209,6 +210,13 @@ func (c *Config) Validate() error {
 			v.fail("LLM_MODELS", "item of %d bytes is longer than a model name may be (%d)", len(m), maxModelName)
 		}
 	}
+	if len(c.LLMModel) > maxModelName {
+		v.fail("LLM_MODEL", "(%d bytes) is longer than a model name may be (%d)", len(c.LLMModel), maxModelName)
+	}
+	if c.LLMModel != "" && len(c.LLMModels) > 0 && !slices.Contains(c.LLMModels, c.LLMModel) {
+		v.fail("LLM_MODEL", "(%q) must be one of LLM_MODELS, or requests that name no model would be sent one they may not ask for", c.LLMModel)
+	}
+	v.atLeast("MODELS_CACHE_SECONDS", c.ModelsCacheSeconds, 0)
 
 	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
 		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)

@@ -13,42 +13,40 @@ import (
 )
 
 // OpenAI serves the OpenAI-compatible endpoints, POST /v1/chat/completions
-// and GET /v1/models (docs/API.md, "OpenAI-compatible API"), through the
-// Handler's steps: the same identity, admission, pool, path choice, queue
-// and overload as /v1/stream; only the request body and the output
-// format differ. The Handler's Drain and Wait cover its streams.
+// and the credentials of GET /v1/models (docs/API.md, "OpenAI-compatible
+// API"), through the Handler's steps: the same identity, admission, pool,
+// path choice, queue and overload as /v1/stream; only the request body
+// and the output format differ. The Handler's Drain and Wait cover its
+// streams.
 type OpenAI struct {
-	h       *Handler
-	d       openaiDialect
-	models  []byte // the GET /v1/models body
-	started int64
+	h *Handler
+	d openaiDialect
 }
 
-// NewOpenAI returns the OpenAI-compatible endpoints of h. models are the
-// model ids GET /v1/models lists; the first one is the model named in
-// answers to requests that name none.
+// NewOpenAI returns the OpenAI-compatible endpoints of h. The first of
+// models is the model named in answers to requests that name none.
 func NewOpenAI(h *Handler, models []string) *OpenAI {
-	started := time.Now().Unix()
-	body, _ := json.Marshal(openaiwire.NewModelList(models, started)) // strings and ints only
 	d := openaiDialect{}
 	if len(models) > 0 {
 		d.defaultModel = models[0]
 	}
-	return &OpenAI{h: h, d: d, models: append(body, '\n'), started: started}
+	return &OpenAI{h: h, d: d}
 }
 
 // ChatCompletions serves POST /v1/chat/completions.
 func (o *OpenAI) ChatCompletions(w http.ResponseWriter, r *http.Request) { o.h.serve(w, r, o.d) }
 
-// Models serves GET /v1/models. It asks for the same credentials as the
-// other endpoints, as OpenAI's does.
-func (o *OpenAI) Models(w http.ResponseWriter, r *http.Request) {
-	if _, p := o.h.identity(r); p != nil {
-		o.d.refuse(w, p, r.URL.Path)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(o.models)
+// Guard serves next (GET /v1/models, /v1/models/{id}) to the callers the
+// other endpoints take, as OpenAI asks for the same credentials there, and
+// refuses the others in OpenAI's error shape.
+func (o *OpenAI) Guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, p := o.h.identity(r); p != nil {
+			o.d.refuse(w, p, r.URL.Path)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // openaiDialect reads OpenAI's chat completion request and answers with
