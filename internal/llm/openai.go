@@ -126,6 +126,7 @@ func (c OpenAIConfig) Validate() error {
 // endpoint. It is safe for concurrent use.
 type OpenAI struct {
 	endpoint   string
+	responses  string // the Responses API's endpoint
 	apiKey     string
 	model      string
 	firstToken time.Duration
@@ -156,6 +157,7 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	o := &OpenAI{
 		tracing:    cfg.Tracing,
 		endpoint:   strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
+		responses:  strings.TrimRight(cfg.BaseURL, "/") + "/responses",
 		apiKey:     cfg.APIKey,
 		model:      cfg.Model,
 		firstToken: cfg.FirstTokenTimeout,
@@ -297,7 +299,12 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 			return Result{}, &Error{Err: fmt.Errorf("openai: encode request: %w", err)}
 		}
 	}
-	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span, plainRaw: !protocol.Native(req.Route)}
+	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span, plainRaw: !protocol.Native(req.Route),
+		responses: req.Route == protocol.RouteResponses}
+	endpoint := o.endpoint
+	if c.responses {
+		endpoint = o.responses
+	}
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		c.callCtx, cancel = context.WithTimeoutCause(c.callCtx, o.timeout, errCallTime)
@@ -313,7 +320,7 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 	c.timer = time.AfterFunc(o.firstToken, func() { cancel(errStalled) })
 	defer c.timer.Stop()
 
-	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, o.endpoint, bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &Error{Err: fmt.Errorf("openai: build request: %w", err)}
 	}
@@ -384,6 +391,59 @@ type openAICall struct {
 	// OpenAI dialect); a /v1/stream client needs the raw chunk only with
 	// extra deltas, so the others are not copied.
 	plainRaw bool
+	// responses: the call is the Responses API's, whose events are
+	// relayed as they come (responsesEvent).
+	responses bool
+}
+
+// responsesEvent is what the client reads of a Responses API event.
+type responsesEvent struct {
+	Type     string `json:"type"`
+	Delta    string `json:"delta"`
+	Response *struct {
+		Status string `json:"status"`
+		Usage  *struct {
+			InputTokens  int `json:"input_tokens"`
+			OutputTokens int `json:"output_tokens"`
+			TotalTokens  int `json:"total_tokens"`
+		} `json:"usage"`
+	} `json:"response"`
+}
+
+// responsesEvent handles one event of a Responses API stream: every event
+// is relayed as it came (its type names its SSE event); the text deltas
+// are its content; response.completed and response.incomplete end the
+// answer, response.failed and error fail it.
+func (c *openAICall) responsesEvent(d []byte, finish *string, usage **protocol.Usage) error {
+	var ev responsesEvent
+	if err := json.Unmarshal(d, &ev); err != nil || ev.Type == "" {
+		return &Error{Status: c.status, Err: fmt.Errorf("openai: malformed Responses API event: %s", logText(d))}
+	}
+	switch ev.Type {
+	case "response.failed", "error":
+		return &Error{Retryable: true, Status: c.status,
+			Err: fmt.Errorf("openai: %w: %s", errStreamErrorEvent, logText(d))}
+	case "response.completed", "response.incomplete":
+		*finish = "stop"
+		if ev.Type == "response.incomplete" {
+			*finish = "length"
+		}
+		if ev.Response != nil && ev.Response.Usage != nil {
+			u := ev.Response.Usage
+			*usage = &protocol.Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens}
+		}
+	}
+	// Every event past the response's creation is output: the client
+	// sees it as it comes.
+	output := ev.Type != "response.created" && ev.Type != "response.in_progress"
+	if output {
+		c.start()
+	}
+	content := []byte(nil)
+	if ev.Type == "response.output_text.delta" {
+		content = []byte(ev.Delta)
+	}
+	return c.chunk(d, content, output)
 }
 
 // chunk emits one chunk: its raw JSON and its content, carved from the
@@ -560,6 +620,9 @@ func (c *openAICall) read(body io.Reader) (Result, error) {
 	dispatch := func(d []byte) (done bool, err error) {
 		if string(d) == "[DONE]" {
 			return true, nil
+		}
+		if c.responses {
+			return false, c.responsesEvent(d, &finish, &usage)
 		}
 		// The common shapes are read without a full decode
 		// (fastchunk.go), to the same effect as the full decode below;

@@ -201,3 +201,57 @@ func runeStart(s string, i int) int {
 	}
 	return i
 }
+
+// responsesSteps is the simulator's answer to a Responses API request
+// (POST /v1/responses): the events an upstream streams for one message
+// of text, from response.created to response.completed, the text deltas
+// being chunks.
+func responsesSteps(req protocol.ChatRequest, chunks []string, usage protocol.Usage, finish string) []protocol.Chunk {
+	model := req.Model
+	if model == "" {
+		model = "sim-1"
+	}
+	id, itemID := "resp_"+simCallID(req.Messages)[len("call_"):], "msg_"+simCallID(req.Messages)[len("call_"):]
+	created := time.Now().Unix()
+	text := strings.Join(chunks, "")
+	status := "completed"
+	if finish == "length" {
+		status = "incomplete"
+	}
+	part := func(t string) map[string]any {
+		return map[string]any{"type": "output_text", "text": t, "annotations": []any{}}
+	}
+	item := func(st string, content []any) map[string]any {
+		return map[string]any{"id": itemID, "type": "message", "status": st, "role": "assistant", "content": content}
+	}
+	response := func(st string, output []any, u map[string]any) map[string]any {
+		r := map[string]any{"id": id, "object": "response", "created_at": created, "status": st, "model": model, "output": output}
+		if u != nil {
+			r["usage"] = u
+		}
+		return r
+	}
+	var out []protocol.Chunk
+	seq := 0
+	add := func(ev map[string]any, content string) {
+		ev["sequence_number"] = seq
+		seq++
+		b, _ := json.Marshal(ev) // maps of strings, numbers and slices
+		typ, _ := ev["type"].(string)
+		out = append(out, protocol.Chunk{Content: content, Raw: b, Extra: typ != "response.created" && typ != "response.in_progress"})
+	}
+	add(map[string]any{"type": "response.created", "response": response("in_progress", []any{}, nil)}, "")
+	add(map[string]any{"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", []any{})}, "")
+	add(map[string]any{"type": "response.content_part.added", "item_id": itemID, "output_index": 0, "content_index": 0, "part": part("")}, "")
+	for _, c := range chunks {
+		add(map[string]any{"type": "response.output_text.delta", "item_id": itemID, "output_index": 0, "content_index": 0, "delta": c}, c)
+	}
+	add(map[string]any{"type": "response.output_text.done", "item_id": itemID, "output_index": 0, "content_index": 0, "text": text}, "")
+	add(map[string]any{"type": "response.content_part.done", "item_id": itemID, "output_index": 0, "content_index": 0, "part": part(text)}, "")
+	done := item("completed", []any{part(text)})
+	add(map[string]any{"type": "response.output_item.done", "output_index": 0, "item": done}, "")
+	add(map[string]any{"type": "response." + status, "response": response(status, []any{done}, map[string]any{
+		"input_tokens": usage.PromptTokens, "output_tokens": usage.CompletionTokens, "total_tokens": usage.TotalTokens,
+	})}, "")
+	return out
+}

@@ -63,14 +63,20 @@ func DecodeJob(b []byte) (Job, error) {
 		return Job{}, fmt.Errorf("%w: job %s lacks enqueue_time or deadline", ErrMalformed, j.RequestID)
 	}
 	if j.Body != nil {
+		var (
+			req ChatRequest
+			err error
+		)
 		switch j.Route {
 		case RouteStream, RouteChat:
+			// The api turned a /v1/stream body into a chat request
+			// before it enqueued it: both are read as one.
+			req, err = decodeChat(j.Body, hardLimits, j.Route, false)
+		case RouteResponses:
+			req, err = DecodeResponses(j.Body, hardLimits)
 		default:
 			return Job{}, fmt.Errorf("%w: job %s: route %.32q is not one this version serves", ErrMalformed, j.RequestID, j.Route)
 		}
-		// The api turned a /v1/stream body into a chat request before it
-		// enqueued it: both are read as one.
-		req, err := decodeChat(j.Body, hardLimits, j.Route, false)
 		if err != nil {
 			return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
 		}

@@ -40,6 +40,8 @@ const (
 	RouteStream = "stream"
 	// RouteChat is POST /v1/chat/completions.
 	RouteChat = "chat"
+	// RouteResponses is POST /v1/responses (OpenAI's Responses API).
+	RouteResponses = "responses"
 )
 
 // roles are OpenAI's message roles (docs/API.md, "Input rules").
@@ -306,7 +308,10 @@ func (req *ChatRequest) readContent(i int, c json.RawMessage) (string, error) {
 				return "", invalid("messages[%d].content[%d] must be an object", i, j)
 			}
 			var text string
-			if part.Type == "text" && json.Unmarshal(part.Text, &text) == nil {
+			// "text" in chat messages; "input_text" and "output_text" in
+			// the Responses API's items.
+			isText := part.Type == "text" || part.Type == "input_text" || part.Type == "output_text"
+			if isText && json.Unmarshal(part.Text, &text) == nil {
 				texts = append(texts, text)
 				req.TextBytes += len(text)
 				continue
@@ -392,6 +397,121 @@ func JSONErrorText(err error) string {
 	return "unexpected end of input"
 }
 
+// rawResponsesRequest holds the fields of a Responses API request the
+// decoder checks; every other field is forwarded as sent.
+type rawResponsesRequest struct {
+	Input           json.RawMessage `json:"input"`
+	Model           json.RawMessage `json:"model"`
+	MaxOutputTokens json.RawMessage `json:"max_output_tokens"`
+	Temperature     json.RawMessage `json:"temperature"`
+	Stream          json.RawMessage `json:"stream"`
+	Tools           json.RawMessage `json:"tools"`
+	Reasoning       json.RawMessage `json:"reasoning"`
+}
+
+// DecodeResponses parses and validates a POST /v1/responses body by the
+// same input rules as a chat request: a JSON object of valid UTF-8, no
+// NUL, nested at most 64 deep; `input` a string or an array of items
+// (messages' text is read for the simulator and the token estimates);
+// max_output_tokens up to MAX_TOKENS_LIMIT. The body is kept as sent.
+func DecodeResponses(body []byte, lim Limits) (ChatRequest, error) {
+	if !utf8.Valid(body) {
+		return ChatRequest{}, invalid("body is not valid UTF-8")
+	}
+	if hasNUL(body) {
+		return ChatRequest{}, invalid("body contains a NUL character")
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return ChatRequest{}, invalid("body must be a JSON object")
+	}
+	var raw rawResponsesRequest
+	if err := strictUnmarshal(body, &raw); err != nil {
+		return ChatRequest{}, invalid("malformed JSON: %s", JSONErrorText(err))
+	}
+	if tooDeep(body, maxDepth) {
+		return ChatRequest{}, invalid("body is nested deeper than %d levels", maxDepth)
+	}
+	req := ChatRequest{Route: RouteResponses, Body: body, N: 1}
+	in := bytes.TrimSpace(raw.Input)
+	switch {
+	case isNull(in):
+		return ChatRequest{}, invalid("input is required")
+	case in[0] == '"':
+		var s string
+		if json.Unmarshal(in, &s) != nil {
+			return ChatRequest{}, invalid("input must be a string or an array of items")
+		}
+		req.Messages, req.TextBytes = []Message{{Role: "user", Content: s}}, len(s)
+	case in[0] == '[':
+		var items []json.RawMessage
+		if json.Unmarshal(in, &items) != nil || len(items) == 0 {
+			return ChatRequest{}, invalid("input must be a string or a non-empty array of items")
+		}
+		if len(items) > lim.MaxMessages {
+			return ChatRequest{}, invalid("at most %d input items are allowed", lim.MaxMessages)
+		}
+		for i, it := range items {
+			it = bytes.TrimSpace(it)
+			var m struct {
+				Role    string          `json:"role"`
+				Content json.RawMessage `json:"content"`
+				Output  json.RawMessage `json:"output"`
+			}
+			if len(it) == 0 || it[0] != '{' || json.Unmarshal(it, &m) != nil {
+				return ChatRequest{}, invalid("input[%d] must be an object", i)
+			}
+			role := m.Role
+			content := m.Content
+			if role == "" { // a function call or its output: text for the view
+				role, content = "tool", m.Output
+			}
+			text, err := req.readContent(i, content)
+			if err != nil {
+				text = "" // an item shape the upstream judges
+			}
+			req.Messages = append(req.Messages, Message{Role: role, Content: text})
+		}
+	default:
+		return ChatRequest{}, invalid("input must be a string or an array of items")
+	}
+	if !isNull(raw.Model) {
+		if json.Unmarshal(raw.Model, &req.Model) != nil || len(req.Model) > 256 {
+			return ChatRequest{}, invalid("model must be a string of at most 256 characters")
+		}
+	}
+	if !isNull(raw.MaxOutputTokens) {
+		n, ok := positiveInt(raw.MaxOutputTokens)
+		if !ok || n > int64(lim.MaxTokens) {
+			return ChatRequest{}, invalid("max_output_tokens must be an integer between 1 and %d", lim.MaxTokens)
+		}
+		req.MaxTokens, req.TokensField = int(n), "max_output_tokens"
+	}
+	if !isNull(raw.Temperature) {
+		var t float64
+		if json.Unmarshal(raw.Temperature, &t) != nil || t < 0 || t > 2 {
+			return ChatRequest{}, invalid("temperature must be a number between 0 and 2")
+		}
+		req.Temperature = &t
+	}
+	if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &req.Stream) != nil {
+		return ChatRequest{}, invalid("stream must be true or false")
+	}
+	if !isNull(raw.Tools) {
+		var tools []rawTool
+		if json.Unmarshal(raw.Tools, &tools) != nil {
+			return ChatRequest{}, invalid("tools must be an array of objects")
+		}
+		for _, t := range tools {
+			req.Tools = append(req.Tools, cmpOr(t.Function.Name, t.Name))
+		}
+	}
+	if !isNull(raw.Reasoning) {
+		req.ReasoningEffort = "medium"
+	}
+	return req, nil
+}
+
 // CapTokens lowers the request's token cap to max (degradation level 2,
 // docs/OPERATIONS.md), in the field the client used, or max_tokens when
 // it used none. A cap at or under max is left as it is.
@@ -421,6 +541,14 @@ func (req *ChatRequest) UpstreamBody(defaultModel string) (body []byte, ok bool)
 	body, ok = SetMember(req.Body, "stream", []byte("true"))
 	if !ok {
 		return nil, false
+	}
+	if req.Route == RouteResponses {
+		// The Responses API streams its usage in response.completed and
+		// knows no stream_options.
+		if req.Model == "" && defaultModel != "" {
+			body, ok = SetMember(body, "model", AppendJSONString(nil, defaultModel))
+		}
+		return body, ok
 	}
 	opts := []byte(`{"include_usage":true}`)
 	if so := MemberValue(body, "stream_options"); so != nil && !isNull(so) {

@@ -290,3 +290,28 @@ func jsonEqual(t *testing.T, a, b []byte) bool {
 	}
 	return reflect.DeepEqual(va, vb)
 }
+
+func TestDecodeResponses(t *testing.T) {
+	t.Parallel()
+	body := `{"model":"gpt-up","input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]},{"type":"function_call_output","call_id":"c1","output":"21"}],"previous_response_id":"resp_1","store":true,"max_output_tokens":9000,"tools":[{"type":"function","name":"get_weather"}],"stream":true}`
+	req, err := DecodeResponses([]byte(body), DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(req.Body) != body || req.Route != RouteResponses || !req.Stream || req.MaxTokens != 9000 ||
+		req.TokensField != "max_output_tokens" || len(req.Tools) != 1 || req.Tools[0] != "get_weather" || req.NonTextParts != 1 {
+		t.Fatalf("read %+v", req)
+	}
+	req.CapTokens(1024)
+	up, ok := req.UpstreamBody("m")
+	var got map[string]any
+	if !ok || json.Unmarshal(up, &got) != nil || got["max_output_tokens"] != float64(1024) || got["stream"] != true ||
+		got["previous_response_id"] != "resp_1" || got["stream_options"] != nil {
+		t.Fatalf("upstream body %s", up)
+	}
+	for _, bad := range []string{`{}`, `{"input":3}`, `{"input":[]}`, `{"input":[1]}`, `{"input":"x","max_output_tokens":0}`, `[1]`} {
+		if _, err := DecodeResponses([]byte(bad), DefaultLimits); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("%s: error %v, want a 400", bad, err)
+		}
+	}
+}

@@ -13,10 +13,6 @@ import (
 // the mock, so the harness is not what fails; delete a line to run the
 // case through both paths.
 var needsProxyCore = map[string]bool{
-	"ai-responses-generate":       true, // POST /v1/responses is not served yet
-	"ai-responses-stream":         true,
-	"ai-responses-tools-generate": true,
-	"ai-responses-tools-stream":   true,
 }
 
 // straightChecks say what each case must show straight against the mock:

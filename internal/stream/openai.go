@@ -36,6 +36,39 @@ func NewOpenAI(h *Handler, models []string) *OpenAI {
 // ChatCompletions serves POST /v1/chat/completions.
 func (o *OpenAI) ChatCompletions(w http.ResponseWriter, r *http.Request) { o.h.serve(w, r, o.d) }
 
+// Responses serves POST /v1/responses, OpenAI's Responses API: the same
+// admission, pool, queue and overload as chat completions; the upstream's
+// events (streamed) or its response object (not) relayed as they came.
+func (o *OpenAI) Responses(w http.ResponseWriter, r *http.Request) {
+	o.h.serve(w, r, responsesDialect{})
+}
+
+// responsesDialect reads a Responses API request and relays the
+// upstream's events, or the response object of the last one.
+type responsesDialect struct{}
+
+func (responsesDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatRequest, opener, error) {
+	req, err := protocol.DecodeResponses(body, lim)
+	if err != nil {
+		return protocol.ChatRequest{}, nil, err
+	}
+	if req.Stream {
+		return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: req.Model, responses: true}}
+		}, nil
+	}
+	return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, responses: true}}
+	}, nil
+}
+
+// resumable is false, as for chat completions.
+func (responsesDialect) resumable() bool { return false }
+
+func (responsesDialect) refuse(w http.ResponseWriter, p *protocol.Problem, _ string) {
+	writeOpenAIError(w, p)
+}
+
 // Guard serves next (GET /v1/models, /v1/models/{id}) to the callers the
 // other endpoints take, as OpenAI asks for the same credentials there, and
 // refuses the others in OpenAI's error shape.
@@ -134,6 +167,10 @@ type openaiChunks struct {
 	// raw: the answer's chunks are the upstream's (relayed, with their
 	// own finish and usage chunks), not made from plain content.
 	raw bool
+	// responses: the answer is the Responses API's: its events are
+	// relayed as they came, each under its type's SSE event name, with
+	// no [DONE] after them (POST /v1/responses).
+	responses bool
 }
 
 func (c *openaiChunks) Start(requestID, path string) error {
@@ -168,6 +205,9 @@ func (c *openaiChunks) write(b []byte, terminal bool) error {
 // for one. Plain content (a provider without chunks of its own) is
 // written as a chunk of ours.
 func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
+	if c.responses {
+		return c.responsesEvent(raw)
+	}
 	if raw == nil {
 		b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
 		c.sentContent = true
@@ -183,6 +223,41 @@ func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
 	return c.write(openaiwire.AppendChunkEvent(c.buf[:0], raw, c.id), false)
 }
 
+// responsesEvent relays one Responses API event as it came: its ids are
+// the upstream's, which a later previous_response_id names.
+func (c *openaiChunks) responsesEvent(raw []byte) error {
+	var typ string
+	if raw == nil || json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) != nil || typ == "" {
+		return nil
+	}
+	if typ != "response.created" && typ != "response.in_progress" {
+		c.sentContent = true
+	}
+	b := append(c.buf[:0], "event: "...)
+	b = append(b, typ...)
+	b = append(b, "\ndata: "...)
+	b = append(b, raw...)
+	return c.write(append(b, "\n\n"...), false)
+}
+
+// errorLine is the line that ends a stream which failed after it started:
+// `data: {"error":{…}}`, or the Responses API's error event.
+func (c *openaiChunks) errorLine(p *protocol.Problem) []byte {
+	if !c.responses {
+		return openaiwire.AppendErrorEvent(c.buf[:0], p)
+	}
+	e := openaiwire.ErrorOf(p)
+	b, _ := json.Marshal(struct {
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Message string  `json:"message"`
+		Param   *string `json:"param"`
+	}{"error", e.Code, e.Message, nil}) // strings only
+	out := append(c.buf[:0], "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}
+
 // usageOnly reports a chunk of usage and no choices.
 func usageOnly(raw []byte) bool {
 	return (bytes.Contains(raw, []byte(`"choices":[]`)) || bytes.Contains(raw, []byte(`"choices": []`))) &&
@@ -195,7 +270,7 @@ func (c *openaiChunks) Reset(protocol.Reset) error {
 	if !c.sentContent {
 		return nil
 	}
-	if err := c.write(openaiwire.AppendErrorEvent(c.buf[:0], answerRestarted()), true); err != nil {
+	if err := c.write(c.errorLine(answerRestarted()), true); err != nil {
 		return err
 	}
 	return errAnswerEnded
@@ -212,6 +287,10 @@ func (c *openaiChunks) Done(d protocol.Done) error {
 		c.path = d.Path
 	}
 	b := c.buf[:0]
+	if c.responses {
+		// The upstream's response.completed went out as it came.
+		return c.write(b, true)
+	}
 	if c.raw {
 		// The upstream's finish and usage chunks went out as they came.
 		return c.write(append(b, openaiwire.DoneFrame...), true)
@@ -240,7 +319,7 @@ func (c *openaiChunks) Error(p *protocol.Problem) error {
 		writeOpenAIError(c.w, p)
 		return nil
 	}
-	return c.write(openaiwire.AppendErrorEvent(c.buf[:0], p), true)
+	return c.write(c.errorLine(p), true)
 }
 
 // Hold and Flush gather the chunks ready at the same moment into one
@@ -266,6 +345,10 @@ type openaiCompletion struct {
 	created      int64
 	asm          *openaiwire.Assembler
 	ended        bool
+	// responses: the answer is the response object of the Responses
+	// API's last response.completed (or .incomplete) event.
+	responses bool
+	response  []byte
 }
 
 func (c *openaiCompletion) Start(requestID, path string) error {
@@ -281,9 +364,16 @@ func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
 	if c.ended {
 		return ErrTerminated
 	}
-	if raw != nil {
+	switch {
+	case c.responses:
+		var typ string
+		if raw != nil && json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) == nil &&
+			(typ == "response.completed" || typ == "response.incomplete") {
+			c.response = append(c.response[:0], protocol.MemberValue(raw, "response")...)
+		}
+	case raw != nil:
 		c.asm.Chunk(raw)
-	} else {
+	default:
 		c.asm.Content(content)
 	}
 	return nil
@@ -291,6 +381,7 @@ func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
 
 func (c *openaiCompletion) Reset(protocol.Reset) error {
 	c.asm.Reset()
+	c.response = nil
 	return nil
 }
 
@@ -308,6 +399,13 @@ func (c *openaiCompletion) Done(d protocol.Done) error {
 	c.ended = true
 	c.asm.Finish(d.FinishReason, d.Usage)
 	b := c.asm.Object()
+	if c.responses {
+		if c.response == nil {
+			writeOpenAIError(c.w, protocol.StreamFailed())
+			return nil
+		}
+		b = c.response
+	}
 	c.w.Header().Set("Content-Type", "application/json")
 	// A direct request handed to the queue was answered by a worker
 	// (docs/API.md, "Hand-off to the queue").
