@@ -45,6 +45,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // Defaults applied to zero Config fields.
@@ -473,7 +474,7 @@ func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error)
 	for i, l := range q.lines {
 		cmds[i] = pipe.XInfoGroups(ctx, l.stream)
 	}
-	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
 			var re redis.Error
@@ -508,7 +509,7 @@ func (q *Queue) Depth(ctx context.Context) (int64, error) {
 	for i, l := range q.lines {
 		lens[i] = pipe.XLen(ctx, l.stream)
 	}
-	_, _ = pipe.Exec(ctx)
+	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 	var total int64
 	for i, c := range lens {
 		n, err := c.Result()
@@ -532,7 +533,9 @@ func (q *Queue) Waiting(ctx context.Context) (int64, error) {
 		xlens[i] = pipe.XLen(ctx, l.stream)
 		pendings[i] = pipe.XPending(ctx, l.stream, q.cfg.Group)
 	}
-	_, _ = pipe.Exec(ctx)
+	// Each command's error is looked at below; a pipeline refused as a
+	// whole (a rotated password) leaves them without one unless stamped.
+	_ = rediserr.Exec(ctx, pipe)
 	var total int64
 	for i, l := range q.lines {
 		n, err := xlens[i].Result()
@@ -717,7 +720,7 @@ func (q *Queue) reclaimLine(ctx context.Context, l *line, limit int) ([]failover
 			Stream: l.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
 		})
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := rediserr.Exec(ctx, pipe); err != nil {
 		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", l.stream, q.cfg.Group, err)
 	}
 	ds := make([]failover.Delivery, 0, len(msgs))
@@ -868,7 +871,7 @@ func (q *Queue) nextMany(ctx context.Context, shards []*shard, ns []int, take bo
 			keys, a := args(i)
 			cmds[i] = nextScript.EvalSha(ctx, pipe, keys, a...)
 		}
-		_, _ = pipe.Exec(ctx) // each command's error is looked at below
+		_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 		for i, c := range cmds {
 			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 				keys, a := args(i)
