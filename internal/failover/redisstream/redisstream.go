@@ -307,6 +307,7 @@ var (
 	_ failover.Depther          = (*Queue)(nil)
 	_ failover.Positioner       = (*Queue)(nil)
 	_ failover.Consumer         = (*Queue)(nil)
+	_ failover.Reclaimer        = (*Queue)(nil)
 )
 
 // New returns a Queue using client. It does no I/O: the consumer groups
@@ -668,6 +669,32 @@ func (q *Queue) readTurn() int {
 	q.nextRead = (i + 1) % len(q.shards)
 	return i
 }
+
+// Reclaim takes over, without blocking, up to limit entries idle for
+// ReclaimIdle (their member stopped refreshing its claim), as the reclaim
+// round of Fetch does, and puts off Fetch's own next round: a worker that
+// calls it every ReclaimInterval takes orphans over whatever room it has
+// for new jobs (failover.Reclaimer).
+func (q *Queue) Reclaim(ctx context.Context, limit int) ([]failover.Delivery, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("redisstream: reclaim: max %d < 1", limit)
+	}
+	if err := q.ensureGroup(ctx); err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	q.nextReclaim = time.Now().Add(q.cfg.ReclaimInterval)
+	q.mu.Unlock()
+	ds, err := q.reclaim(ctx, limit)
+	if err != nil {
+		q.noteGroupLost(err)
+		return nil, err
+	}
+	return ds, nil
+}
+
+// ReclaimInterval is how often Reclaim should run: Config.ReclaimInterval.
+func (q *Queue) ReclaimInterval() time.Duration { return q.cfg.ReclaimInterval }
 
 // reclaim takes over up to limit entries idle for ReclaimIdle, scanning
 // the streams from a start that moves on each round. Takeovers are jobs
