@@ -16,13 +16,14 @@ import (
 // fieldOwner; every other one is an event.
 const (
 	fieldOwner = "o"
-	// fieldProducer, in the owner entry, names the process writing the
-	// log (Config.Producer).
-	fieldProducer = "p"
 	fieldID    = "i"
 	fieldEvent = "e"
 	fieldData  = "d"
 )
+
+// fieldProducer, in the owner entry, names the process writing the log
+// (Config.Producer).
+const fieldProducer = "p"
 
 // Defaults of zero Config fields.
 const (
