@@ -188,3 +188,62 @@ func (p *proc) takeovers(since time.Time) (n int64, first, last time.Duration) {
 	}
 	return n, first, last
 }
+
+// TestClientPauseUnderLoad (issue 29): no process dies, but Redis stops
+// answering every client for 3 s (`CLIENT PAUSE 3000`, the reclaim time)
+// under the scaled load of TestConsumerCrashUnderLoad. No claim is
+// refreshed meanwhile, so once Redis answers again every running job is
+// idle: the consumers' takeover loops take them over (each its own or
+// the other's), a worker fenced off its job runs its own reclaimed copy,
+// and every stream still ends in done, none worker-lost.
+func TestClientPauseUnderLoad(t *testing.T) {
+	t.Parallel()
+	sys := newSystem(t, redistest.Start(t), answer{tokens: 40, interval: 50 * time.Millisecond, seed: 45}, map[string]string{
+		"CONNECTION_POOL_SIZE": "12", "CONNECTION_POOL_PER_USER": "12", "WORKER_CONCURRENCY": "8",
+		"QUEUE_FAILOVER_TIMEOUT_SECONDS": "60",
+	})
+	api := sys.api(nil)
+	c1, c2 := sys.consumer(nil), sys.consumer(nil)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	load := sys.load(ctx, api.URL(), "p", 24, 0)
+	testutil.Eventually(t, 60*time.Second, func() bool {
+		css, _ := load.all()
+		queued := 0
+		for _, cs := range css {
+			if _, path := cs.head(); path == protocol.PathQueued && cs.chunks.Load() > 0 {
+				queued++
+			}
+		}
+		return queued >= 5
+	}, "queued answers streaming")
+	if err := sys.rdb.Do(ctx, "CLIENT", "PAUSE", "3000").Err(); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	hold(t, ctx, 3*time.Second+3*procHeartbeat+3*time.Second)
+	load.halt()
+	streams, _ := load.all()
+	workerLost, resets := 0, 0
+	for _, cs := range streams {
+		resets += cs.rep.Resets
+		switch o := cs.outcome(); {
+		case o == protocol.ProblemWorkerLost:
+			workerLost++
+			t.Errorf("stream %s (%s, %d chunks, %d resets) ended worker-lost %v after the pause began",
+				cs.id, cs.path, cs.rep.Chunks, cs.rep.Resets, cs.ended.Sub(paused))
+		case o != "done":
+			t.Errorf("stream %s (%s) ended %q: %+v", cs.id, cs.path, o, cs.rep)
+		}
+	}
+	n1, _, _ := c1.takeovers(paused)
+	n2, _, _ := c2.takeovers(paused)
+	var f figures
+	f.add("streams", len(streams))
+	f.add("outcomes", tallyStreams(streams))
+	f.add("taken_over", n1+n2)
+	f.add("own_copies_run", len(c1.mentions("answering the reclaimed delivery"))+len(c2.mentions("answering the reclaimed delivery")))
+	f.add("resets_seen", resets)
+	f.add("worker_lost", workerLost)
+	f.log(t, "client-pause")
+}
