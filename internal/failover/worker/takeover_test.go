@@ -3,11 +3,16 @@ package worker_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/failover/memqueue"
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redistest"
 )
@@ -123,4 +128,68 @@ func TestBusyWorkerTakesOrphansFirst(t *testing.T) {
 			t.Errorf("ended %q, want DONE", last.raw)
 		}
 	}
+}
+
+// TestWorkerKeepsItsRunningAnswerWhenItReclaimsItsOwnJob: a worker whose
+// own claim went idle (its heartbeat, 3 s, is slower than the queue's
+// reclaim time, 2 s, and there is no fence) takes its own running job
+// over in its takeover loop; the running answer goes on and is settled,
+// and the copy is dropped: one answer, no reset, one DONE, settled once.
+func TestWorkerKeepsItsRunningAnswerWhenItReclaimsItsOwnJob(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 2*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: 10 * time.Millisecond, TokenInterval: 100 * time.Millisecond, Tokens: 60, Seed: 5})
+		cfg := workerConfig()
+		cfg.Heartbeat = 3 * time.Second
+		job := newJob("own-1")
+		l := e.listen(job.RequestID)
+		e.enqueue(job)
+		c := &countingReclaimer{Consumer: e.q.Consumer("a")}
+		e.startWorker(cfg, c, sim)
+		rs := l.untilEnd(20 * time.Second)
+		if n := c.n.Load(); n == 0 {
+			t.Fatal("the worker never took its own job over: the test does not test the copy")
+		}
+		for _, r := range rs {
+			if r.res.Kind == protocol.KindReset {
+				t.Fatalf("a reset: the worker answered its own job twice: %s", describe(rs))
+			}
+		}
+		if last := rs[len(rs)-1]; last.res.Kind != protocol.KindDone {
+			t.Fatalf("ended %q, want DONE", last.raw)
+		}
+		checkChunks(t, batches(rs), llm.SimChunks(job.Payload.Messages, 5, 60))
+		synctest.Wait()
+		if got := e.settled(); got[metrics.JobDone] != 1 || len(got) != 1 {
+			t.Errorf("job outcomes %v, want done once", got)
+		}
+		if d := e.depth(); d != 0 {
+			t.Errorf("queue depth %d, want 0", d)
+		}
+		l.quiet(5 * time.Second)
+	})
+}
+
+// countingReclaimer counts the deliveries it handed out again (by Fetch
+// or Reclaim, whichever came first).
+type countingReclaimer struct {
+	*memqueue.Consumer
+	n atomic.Int32
+}
+
+func (c *countingReclaimer) Fetch(ctx context.Context, max int) ([]failover.Delivery, error) {
+	ds, err := c.Consumer.Fetch(ctx, max)
+	for _, d := range ds {
+		if d.Attempt > 1 {
+			c.n.Add(1)
+		}
+	}
+	return ds, err
+}
+
+func (c *countingReclaimer) Reclaim(ctx context.Context, max int) ([]failover.Delivery, error) {
+	ds, err := c.Consumer.Reclaim(ctx, max)
+	c.n.Add(int32(len(ds)))
+	return ds, err
 }
