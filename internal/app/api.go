@@ -163,6 +163,7 @@ func (a *API) positions() failover.Positioner {
 func (a *API) buildStreamLog() (*streamlog.Appender, *streamlog.Reader, error) {
 	lc := StreamLogConfig(a.cfg)
 	lc.OnDrop = a.obs.m.StreamLogDropped.Inc
+	lc.Producer, lc.Liveness = a.name, streamLogLiveness(a.cfg)
 	logw, err := streamlog.NewAppender(lc, a.rdb, a.log.With("component", "streamlog"))
 	if err != nil {
 		return nil, nil, err

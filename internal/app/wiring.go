@@ -301,3 +301,7 @@ func ServedModels(cfg *config.Config) []string {
 func StreamLogConfig(cfg *config.Config) streamlog.Config {
 	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL()}
 }
+
+// streamLogLiveness is how long an api's streams stay resumable after it
+// died: three SSE heartbeats (docs/API.md, "Resume and stop").
+func streamLogLiveness(cfg *config.Config) time.Duration { return 3 * cfg.HeartbeatInterval() }

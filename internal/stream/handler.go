@@ -75,7 +75,7 @@ type LogWriter interface {
 type LogReader interface {
 	Owner(ctx context.Context, requestID string) (string, error)
 	Read(ctx context.Context, requestID string, cur streamlog.Cursor, block time.Duration) ([]streamlog.Event, streamlog.Cursor, error)
-	Exists(ctx context.Context, requestID string) (bool, error)
+	Live(ctx context.Context, requestID string) (bool, error)
 	Attach(ctx context.Context, requestID string, ttl time.Duration) error
 	Attached(ctx context.Context, requestID string) (bool, error)
 }
