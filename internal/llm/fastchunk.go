@@ -515,17 +515,12 @@ func (p *fastParser) number() bool {
 // written again once a string points into it, so the strings stay
 // immutable; a block lives as long as any of its strings.
 func slabString(slab *[]byte, b []byte) string {
-	return slabStringUpTo(slab, b, slabMax)
-}
-
-// slabStringUpTo is slabString with blocks of at most maxBlock bytes.
-func slabStringUpTo(slab *[]byte, b []byte, maxBlock int) string {
 	if len(b) == 0 {
 		return ""
 	}
 	s := *slab
 	if cap(s)-len(s) < len(b) {
-		size := min(max(2*cap(s), slabMin), maxBlock)
+		size := min(max(2*cap(s), slabMin), slabMax)
 		s = make([]byte, 0, max(size, len(b)))
 	}
 	start := len(s)
@@ -539,7 +534,4 @@ func slabStringUpTo(slab *[]byte, b []byte, maxBlock int) string {
 const (
 	slabMin = 256
 	slabMax = 4 << 10
-	// slabRawMax bounds the blocks of a call whose raw chunks are kept
-	// too (an OpenAI-dialect client's): about 150 bytes a chunk.
-	slabRawMax = 16 << 10
 )

@@ -20,6 +20,10 @@ import (
 // ends, returning an error that wraps ctx.Err(). Implementations are safe for
 // concurrent use. On failure the returned error is an *Error when the
 // provider knows whether a retry may help.
+//
+// A chunk's Content stays valid; its Raw is valid only until emit
+// returns (the OpenAI client hands out its read buffer): a caller that
+// keeps the raw chunk past emit copies it.
 type Provider interface {
 	Name() string
 	Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error)

@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -446,16 +445,12 @@ func (c *openAICall) responsesEvent(d []byte, finish *string, usage **protocol.U
 	return c.chunk(d, content, output)
 }
 
-// chunk emits one chunk: its raw JSON and its content, carved from the
-// slab, so they outlive the read buffer.
+// chunk emits one chunk: its content, carved from the slab so that it
+// outlives the read buffer, and its raw JSON, which does not.
 func (c *openAICall) chunk(d, content []byte, extra bool) error {
-	block := slabMax
-	if c.plainRaw {
-		block = slabRawMax
-	}
-	ch := protocol.Chunk{Content: slabStringUpTo(&c.slab, content, block), Extra: extra}
+	ch := protocol.Chunk{Content: slabString(&c.slab, content), Extra: extra}
 	if extra || c.plainRaw {
-		if bytes.IndexAny(d, "\r\n") >= 0 {
+		if bytes.IndexByte(d, '\n') >= 0 || bytes.IndexByte(d, '\r') >= 0 {
 			// Data lines joined by line breaks: JSON white space that an
 			// SSE data line cannot carry on.
 			var buf bytes.Buffer
@@ -463,8 +458,9 @@ func (c *openAICall) chunk(d, content []byte, extra bool) error {
 				d = buf.Bytes()
 			}
 		}
-		raw := slabStringUpTo(&c.slab, d, block)
-		ch.Raw = unsafe.Slice(unsafe.StringData(raw), len(raw))
+		// The event's own bytes, valid until emit returns (Provider):
+		// the caller copies what it keeps, into storage it reuses.
+		ch.Raw = d
 	}
 	if err := c.emit(ch); err != nil {
 		return fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)

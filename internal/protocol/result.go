@@ -184,7 +184,7 @@ func checkBatch(chunks []Chunk) error {
 // rawChunkOK reports whether raw is a JSON object on one line, as an
 // SSE data line carries it.
 func rawChunkOK(raw []byte) bool {
-	return len(raw) > 1 && raw[0] == '{' && bytes.IndexAny(raw, "\r\n") < 0 && json.Valid(raw)
+	return len(raw) > 1 && raw[0] == '{' && bytes.IndexByte(raw, '\n') < 0 && bytes.IndexByte(raw, '\r') < 0 && json.Valid(raw)
 }
 
 func checkProblem(p *Problem) error {

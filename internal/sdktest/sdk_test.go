@@ -12,8 +12,7 @@ import (
 // Spillway they are skipped until it does. Each passes straight against
 // the mock, so the harness is not what fails; delete a line to run the
 // case through both paths.
-var needsProxyCore = map[string]bool{
-}
+var needsProxyCore = map[string]bool{}
 
 // straightChecks say what each case must show straight against the mock:
 // the SDK call worked end to end (multi-step loops ran their tool), so a

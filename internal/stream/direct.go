@@ -1,6 +1,7 @@
 package stream
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"sync"
@@ -44,6 +45,10 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	}
 }
 
+// rawSlot is the room each ring slot of the direct path starts with for
+// a raw chunk.
+const rawSlot = 256
+
 // directProducer calls the provider and hands each chunk, then a terminal
 // done or error, to the write loop over frames.
 type directProducer struct {
@@ -77,6 +82,11 @@ func (p *directProducer) run(ctx context.Context) {
 	// goroutine fills at most one more before a send blocks. One
 	// allocation per stream instead of one per chunk.
 	ring := make([]protocol.Chunk, cap(p.frames)+2)
+	// A raw chunk is the provider's only until emit returns: each ring
+	// slot copies it into a buffer of its own, reused with the slot, cut
+	// from one block at the first raw chunk (a chunk is about 150 bytes;
+	// a longer one grows its slot's buffer).
+	var raws [][]byte
 	call := h.provider.Stream
 	if p.res != nil {
 		call = p.res.Stream
@@ -86,6 +96,17 @@ func (p *directProducer) run(ctx context.Context) {
 		seq++
 		c.Seq = seq
 		i := seq % len(ring)
+		if c.Raw != nil {
+			if raws == nil {
+				raws = make([][]byte, len(ring))
+				block := make([]byte, len(ring)*rawSlot)
+				for k := range raws {
+					raws[k] = block[k*rawSlot : k*rawSlot : (k+1)*rawSlot]
+				}
+			}
+			raws[i] = append(raws[i][:0], c.Raw...)
+			c.Raw = raws[i]
+		}
 		ring[i] = c
 		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: ring[i : i+1 : i+1]})
 	}
@@ -108,6 +129,7 @@ func (p *directProducer) run(ctx context.Context) {
 		}
 		c = c.For(route)
 		if seq == 0 && !c.Output() {
+			c.Raw = bytes.Clone(c.Raw) // kept past emit
 			held = append(held, c)
 			return nil
 		}

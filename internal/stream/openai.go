@@ -214,7 +214,8 @@ func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
 		return c.write(b, false)
 	}
 	c.raw = true
-	if !c.includeUsage && usageOnly(raw) {
+	// A chunk with content is never the usage chunk.
+	if !c.includeUsage && content == "" && usageOnly(raw) {
 		return nil
 	}
 	if content != "" || !c.sentContent && !openaiwire.IsPreamble(raw) {

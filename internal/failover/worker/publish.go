@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -248,6 +249,7 @@ func (b *batcher) add(ctx context.Context, c protocol.Chunk) error {
 	defer b.mu.Unlock()
 	b.seq++
 	c.Seq = b.seq
+	c.Raw = bytes.Clone(c.Raw) // the provider's only until emit returns
 	b.buf = append(b.buf, c)
 	b.answer = append(b.answer, c)
 	if !b.output {
