@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -63,7 +64,7 @@ type scheduler struct {
 	queues  map[string][]*ticket // parked jobs per identity, oldest first
 	ring    []string             // identities with parked jobs, in turn order
 	next    int                  // index in ring of the next turn
-	blocked map[string]bool      // at the per-user limit: passed over
+	blocked map[string]bool      // identity.Bucket at the per-user limit: its users passed over
 	timer   *time.Timer          // recheck of blocked identities
 	stopped bool
 }
@@ -89,7 +90,7 @@ func (s *scheduler) room() int {
 	defer s.mu.Unlock()
 	held := 0
 	for user, q := range s.queues {
-		if s.blocked[user] {
+		if s.blocked[identity.Bucket(user)] {
 			held += len(q)
 		}
 	}
@@ -232,7 +233,7 @@ func (s *scheduler) dispatchLocked() {
 		for i := range len(s.ring) {
 			j := (s.next + i) % len(s.ring)
 			user := s.ring[j]
-			if s.blocked[user] {
+			if s.blocked[identity.Bucket(user)] {
 				continue
 			}
 			q := s.queues[user]
@@ -259,10 +260,10 @@ func (s *scheduler) dispatchLocked() {
 	}
 }
 
-// blockLocked passes user over until one of its slots is released here or
-// deferRecheck passed.
+// blockLocked passes user over, with every user sharing its limit (a
+// key's), until one of their slots is released here or deferRecheck passed.
 func (s *scheduler) blockLocked(user string) {
-	s.blocked[user] = true
+	s.blocked[identity.Bucket(user)] = true
 	s.signal()
 	if s.timer == nil && !s.stopped {
 		s.timer = time.AfterFunc(deferRecheck, s.recheck)
@@ -283,7 +284,7 @@ func (s *scheduler) released(user string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.busy--
-	delete(s.blocked, user)
+	delete(s.blocked, identity.Bucket(user))
 	s.dispatchLocked()
 }
 
