@@ -32,7 +32,6 @@ import (
 // long streams; the SSE writer sets a deadline per write instead.
 const (
 	readHeaderTimeout = 10 * time.Second
-	idleTimeout       = 120 * time.Second
 	// readyTimeout bounds one /readyz check of every dependency.
 	readyTimeout = 2 * time.Second
 	// notReadyRetryAfter is advised, in seconds, while a dependency is
@@ -320,14 +319,15 @@ func (a *API) readyz(c *gin.Context) {
 // provider down (bounded to 5s), so the spans every step before ended are
 // flushed (docs/TRACING.md).
 func (a *API) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
-		MaxHeaderBytes: serverMaxHeaderBytes}
+	limited := newLimitListener(ln, a.cfg.MaxConnections)
+	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: a.cfg.HTTPIdleTimeout(),
+		MaxHeaderBytes: serverMaxHeaderBytes, ConnState: limited.connState}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	for _, run := range a.background {
 		background.Go(func() { run(bgCtx) })
 	}
-	err := a.serveHTTP(ctx, srv, newLimitListener(ln, a.cfg.MaxConnections))
+	err := a.serveHTTP(ctx, srv, limited)
 	stopBackground()
 	background.Wait()
 	return err

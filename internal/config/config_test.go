@@ -146,6 +146,7 @@ func TestDefaults(t *testing.T) {
 		{"QUEUE_MAX_BYTES", c.QueueMaxBytes, int64(268435456)},
 		{"BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 10},
 		{"MAX_CONNECTIONS", c.MaxConnections, 20000},
+		{"HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeoutSeconds, 120},
 		{"LLM_MODELS", c.LLMModels, []string(nil)},
 		{"BREAKER_FAILURES", c.BreakerFailures, 5},
 		{"BREAKER_WINDOW_SECONDS", c.BreakerWindowSeconds, 60},
@@ -287,6 +288,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"QUEUE_MAX_BYTES":                       "4096",
 		"BODY_READ_TIMEOUT_SECONDS":             "3",
 		"MAX_CONNECTIONS":                       "500",
+		"HTTP_IDLE_TIMEOUT_SECONDS":             "61",
 		"LLM_MODELS":                            "gpt-a, gpt-b",
 	}
 	// DIRECT_PATH_ENABLED=false and QUEUE_FAILOVER_ENABLED=false together are
@@ -388,6 +390,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		QueueMaxBytes:          4096,
 		BodyReadTimeoutSeconds: 3,
 		MaxConnections:         500,
+		HTTPIdleTimeoutSeconds: 61,
 		LLMModels:              []string{"gpt-a", "gpt-b"},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -813,6 +816,7 @@ func TestValidateRules(t *testing.T) {
 		{"queue max bytes below a body", func(c *Config) { c.QueueMaxBytes = 1000 }, []string{"QUEUE_MAX_BYTES"}, "QUEUE_MAX_BYTES (1000) must be at least MAX_BODY_BYTES (1048576)"},
 		{"body read timeout", func(c *Config) { c.BodyReadTimeoutSeconds = 0 }, []string{"BODY_READ_TIMEOUT_SECONDS"}, "BODY_READ_TIMEOUT_SECONDS (0) must be at least 1"},
 		{"max connections", func(c *Config) { c.MaxConnections = 0 }, []string{"MAX_CONNECTIONS"}, "MAX_CONNECTIONS (0) must be at least 1"},
+		{"http idle timeout", func(c *Config) { c.HTTPIdleTimeoutSeconds = 0 }, []string{"HTTP_IDLE_TIMEOUT_SECONDS"}, "HTTP_IDLE_TIMEOUT_SECONDS (0) must be at least 1"},
 		{"api key bad digest", func(c *Config) { c.APIKeys = []string{"ok", "sha256:s3cret"} }, []string{"API_KEYS"}, "API_KEYS has a bad entry"},
 		{"trusted proxy not a cidr", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "proxy.local"} }, []string{"TRUSTED_PROXIES"}, `"proxy.local" is not a CIDR`},
 		{"model name too long", func(c *Config) { c.LLMModels = []string{strings.Repeat("m", 257)} }, []string{"LLM_MODELS"}, "LLM_MODELS item of 257 bytes"},

@@ -184,6 +184,7 @@ func (c *Config) Validate() error {
 	}
 	v.atLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 1)
 	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
+	v.atLeast("HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeoutSeconds, 1)
 	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)
 	// A backlog bound below one body would refuse every queued request.
 	if c.QueueMaxBytes < c.MaxBodyBytes {
