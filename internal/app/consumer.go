@@ -58,7 +58,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = srv.Serve(ln) })
 	log.Info("consumer started", "name", d.name, "queue", cfg.QueueType, "concurrency", cfg.WorkerConcurrency, "http", ln.Addr().String(),
-		"provider", cfg.LLMProvider, "pool_size", cfg.ConnectionPoolSize)
+		"provider", cfg.LLMProvider, "upstreams", upstreamURLs(cfg), "pool_size", cfg.ConnectionPoolSize)
 
 	// The background loops outlive the worker, so what its last jobs
 	// reported is flushed.

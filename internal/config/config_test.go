@@ -1204,3 +1204,35 @@ func TestFromEnv(t *testing.T) {
 		t.Errorf("WorkerConcurrency %d SimTokens %d; want 9 from env, 4 from file", c.WorkerConcurrency, c.SimTokens)
 	}
 }
+
+// A bad URL is reported without the password it carries (issue 29): in
+// LLM_BASE_URL (either form of error), the settings file's upstreams,
+// REDIS_URL and KAFKA_BROKERS.
+func TestBadURLErrorsHideThePassword(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cret-pw"
+	for _, environ := range []map[string]string{
+		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "ftp://user:" + secret + "@llm.example/v1"},
+		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "http://user:" + secret + "@llm example/v1"},
+		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "http://user:" + secret + "@a/v1,http://user:" + secret + "@a/v1"},
+		{"REDIS_URL": "redis://:" + secret + "@redis:port/0"},
+		{"REDIS_URL": "redis://:" + secret + "@redis:6379", "QUEUE_TYPE": "kafka", "KAFKA_BROKERS": "kafka:9092,user:" + secret + "@kafka"},
+	} {
+		_, err := Load("", environ)
+		if err == nil {
+			t.Fatalf("%v: Load succeeded, want an error", environ)
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("%v: error %q shows the password", environ, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "spillway.yaml")
+	yaml := "llm_provider: openai\nupstreams:\n  - name: a\n    base_url: ftp://user:" + secret + "@llm.example/v1\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path, nil)
+	if err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("upstreams base_url: error %v, want one without the password", err)
+	}
+}

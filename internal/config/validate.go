@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -15,6 +16,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/redact"
 )
 
 // Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER and CORS_ALLOWED_ORIGINS.
@@ -84,8 +86,8 @@ func (c *Config) Validate() error {
 		v.fail("QUEUE_TYPE", "(%q) must be redis or kafka", c.QueueType)
 	}
 	for _, b := range c.KafkaBrokers {
-		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || port == "" {
-			v.fail("KAFKA_BROKERS", "item %q must be host:port", b)
+		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || !validPort(port) {
+			v.fail("KAFKA_BROKERS", "item %q must be host:port", redact.URL(b))
 		}
 	}
 	if c.QueuePrefix == "" {
@@ -362,6 +364,12 @@ func (v *validator) listenAddr(name, addr string) {
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		v.fail(name, "(%q) must be host:port or :port, e.g. \":8080\"", addr)
 	}
+}
+
+// validPort reports whether port is a TCP port number, 1 to 65535.
+func validPort(port string) bool {
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && n > 0
 }
 
 func checkRedisURL(raw string) error {
