@@ -64,7 +64,7 @@ func InstanceName(role string) string {
 }
 
 // upstreamURLs are the upstreams' base URLs as a log may show them: with
-// no password (docs/OPERATIONS.md, "Secrets in logs").
+// no password (docs/OPERATIONS.md, "Isolation").
 func upstreamURLs(cfg *config.Config) []string {
 	urls := make([]string, len(cfg.Upstreams))
 	for i, u := range cfg.Upstreams {
