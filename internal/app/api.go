@@ -68,7 +68,12 @@ func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 		a.Close()
 		return nil, err
 	}
-	a.engine = a.routes()
+	metricsH, err := a.obs.metricsHandler(cfg)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.engine = a.routes(metricsH)
 	return a, nil
 }
 
@@ -240,7 +245,7 @@ func (a *API) Close() {
 	a.deps.close()
 }
 
-func (a *API) routes() *gin.Engine {
+func (a *API) routes(metricsH http.Handler) *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
@@ -274,7 +279,7 @@ func (a *API) routes() *gin.Engine {
 	e.GET("/v1/models", gin.WrapF(oa.Models))
 	e.GET("/healthz", gin.WrapF(healthz))
 	e.GET("/readyz", a.readyz)
-	e.GET("/metrics", gin.WrapH(a.obs.metricsHandler()))
+	e.GET("/metrics", gin.WrapH(metricsH))
 	if a.cfg.ChatPageEnabled {
 		e.GET("/", gin.WrapH(web.Handler()))
 	}

@@ -47,8 +47,12 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 		return err
 	}
 
+	metricsH, err := d.obs.metricsHandler(cfg)
+	if err != nil {
+		return err
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.obs.metricsHandler())
+	mux.Handle("GET /metrics", metricsH)
 	mux.HandleFunc("GET /healthz", healthz)
 	ln, err := net.Listen("tcp", cfg.ConsumerHTTPAddr)
 	if err != nil {

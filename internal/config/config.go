@@ -176,6 +176,9 @@ type Config struct {
 	// APIKeys are accepted bearer keys, or sha256:<hex> digests of them,
 	// each optionally ending in =high|normal|low; empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
+	// MetricsAuth is who may read /metrics on both processes: none (anyone
+	// who reaches the port) or api-key (a bearer key of API_KEYS). Default none.
+	MetricsAuth string `env:"METRICS_AUTH" envDefault:"none"`
 	// PriorityMax is the highest X-Priority a caller without a key maximum may ask for. Default normal.
 	PriorityMax string `env:"PRIORITY_MAX" envDefault:"normal"`
 	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it). Default true.

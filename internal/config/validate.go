@@ -19,8 +19,13 @@ import (
 	"github.com/spillway-dev/spillway/internal/redact"
 )
 
-// Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER and CORS_ALLOWED_ORIGINS.
+// Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER, CORS_ALLOWED_ORIGINS and
+// METRICS_AUTH.
 const (
+	// MetricsAuthNone serves /metrics to anyone who reaches the port.
+	MetricsAuthNone = "none"
+	// MetricsAuthAPIKey serves /metrics only with a bearer key of API_KEYS.
+	MetricsAuthAPIKey = "api-key"
 	// QueueTypeRedis is the QUEUE_TYPE for Redis Streams.
 	QueueTypeRedis = "redis"
 	// QueueTypeKafka is the QUEUE_TYPE for Kafka.
@@ -193,6 +198,15 @@ func (c *Config) Validate() error {
 		v.fail("QUEUE_MAX_BYTES", "(%d) must be at least MAX_BODY_BYTES (%d)", c.QueueMaxBytes, c.MaxBodyBytes)
 	}
 	// The entries may be secrets: the errors name them by position only.
+	switch c.MetricsAuth {
+	case MetricsAuthNone:
+	case MetricsAuthAPIKey:
+		if len(c.APIKeys) == 0 {
+			v.fail("METRICS_AUTH", "(api-key) needs API_KEYS: the key a scraper sends is one of them")
+		}
+	default:
+		v.fail("METRICS_AUTH", "(%q) must be none or api-key", c.MetricsAuth)
+	}
 	if _, err := identity.ParseKeys(c.APIKeys); err != nil {
 		v.fail("API_KEYS", "has a bad entry (keys, or sha256:<64 hex digits>, optionally ending in =high, =normal or =low): %v", err)
 	}

@@ -209,6 +209,18 @@ func (r *Resolver) Resolve(req *http.Request) (Identity, *protocol.Problem) {
 	return Identity{Name: prefixIP + r.ClientAddr(req).String()}, nil
 }
 
+// Authenticate checks only the request's API key: nil when it carries a
+// configured one, or when none is configured; else the 401 problem. What
+// is not a stream (GET /metrics under METRICS_AUTH=api-key) asks this,
+// with no identity to find.
+func (r *Resolver) Authenticate(req *http.Request) *protocol.Problem {
+	if len(r.cfg.Keys) == 0 {
+		return nil
+	}
+	_, p := r.key(req.Header.Get("Authorization"))
+	return p
+}
+
 // key finds the configured key the Authorization header carries.
 func (r *Resolver) key(auth string) (Key, *protocol.Problem) {
 	scheme, token, ok := strings.Cut(auth, " ")
