@@ -5,6 +5,7 @@ package redact
 
 import (
 	"net/url"
+	"regexp"
 	"strings"
 )
 
@@ -42,6 +43,17 @@ func URL(raw string) string {
 		return raw
 	}
 	return raw[:start] + "xxxxx" + rest[at:]
+}
+
+// userinfo is the user part of a URL inside free text: a scheme, "//",
+// then anything up to an "@" that is not a space or a path.
+var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^\s/@]+@`)
+
+// Text returns s with the user part of every URL in it replaced by
+// "xxxxx": for messages of other code that may quote a URL (an exporter's
+// error naming its endpoint, OTEL_EXPORTER_OTLP_ENDPOINT).
+func Text(s string) string {
+	return userinfo.ReplaceAllString(s, "${1}xxxxx@")
 }
 
 // URLs is URL of each of raws.

@@ -29,6 +29,19 @@ func TestURL(t *testing.T) {
 	}
 }
 
+func TestText(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{`failed to send to http://u:s3cret@otel:4318/v1/traces: 401`, `failed to send to http://xxxxx@otel:4318/v1/traces: 401`},
+		{`dial "redis://:s3cret@r:6379" and https://tok-s3cret@x/y`, `dial "redis://xxxxx@r:6379" and https://xxxxx@x/y`},
+		{`no url here, a@b and http://host/path@x`, `no url here, a@b and http://host/path@x`},
+	} {
+		if got := Text(tc.in); got != tc.want {
+			t.Errorf("Text(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
 func FuzzURL(f *testing.F) {
 	f.Add("http://user:s3cret@llm.example/v1")
 	f.Add("http://u:s3cret@bad host/")
