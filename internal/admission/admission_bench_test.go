@@ -25,7 +25,7 @@ func benchChecks(b *testing.B) (*Overflow, *Breaker, *RateLimiter) {
 		b.Fatal(err)
 	}
 	o.refresh(context.Background(), time.Now())
-	br, err := NewBreaker(BreakerConfig{}, &fakeProvider{fn: func(context.Context, func(string) error) (llm.Result, error) {
+	br, err := NewBreaker(BreakerConfig{}, &fakeProvider{fn: func(context.Context, func(protocol.Chunk) error) (llm.Result, error) {
 		return llm.Result{}, nil
 	}}, m, log)
 	if err != nil {

@@ -241,7 +241,7 @@ func (u *uncounted) Unwrap() error { return u.err }
 // Stream calls the provider through the circuit. While the circuit refuses
 // calls it returns at once an *llm.Error (Retryable, RetryAfter = time
 // left open) wrapping ErrCircuitOpen; otherwise what the provider returned.
-func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (llm.Result, error) {
+func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	res, err := b.cb.Execute(func() (llm.Result, error) {
 		res, err := b.p.Stream(ctx, req, emit)
 		// Only failures that say the provider is unhealthy count

@@ -22,13 +22,13 @@ import (
 
 // fakeProvider answers with whatever fn does and counts calls.
 type fakeProvider struct {
-	fn    func(ctx context.Context, emit func(string) error) (llm.Result, error)
+	fn    func(ctx context.Context, emit func(protocol.Chunk) error) (llm.Result, error)
 	calls atomic.Int64
 }
 
 func (f *fakeProvider) Name() string { return "fake" }
 
-func (f *fakeProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (f *fakeProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	f.calls.Add(1)
 	return f.fn(ctx, emit)
 }
@@ -38,11 +38,11 @@ var errUpstream = &llm.Error{Retryable: true, Status: http.StatusBadGateway, Err
 // scripted returns a provider that fails while fail is true and answers
 // "hi" otherwise.
 func scripted(fail *atomic.Bool) *fakeProvider {
-	return &fakeProvider{fn: func(_ context.Context, emit func(string) error) (llm.Result, error) {
+	return &fakeProvider{fn: func(_ context.Context, emit func(protocol.Chunk) error) (llm.Result, error) {
 		if fail.Load() {
 			return llm.Result{}, errUpstream
 		}
-		if err := emit("hi"); err != nil {
+		if err := emit(protocol.Chunk{Content: "hi"}); err != nil {
 			return llm.Result{}, fmt.Errorf("fake: emit: %w", err)
 		}
 		return llm.Result{FinishReason: "stop"}, nil
@@ -61,7 +61,7 @@ func newTestBreaker(tb testing.TB, cfg BreakerConfig, p llm.Provider) (*Breaker,
 }
 
 func call(b *Breaker) error {
-	_, err := b.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil })
+	_, err := b.Stream(context.Background(), protocol.ChatRequest{}, func(protocol.Chunk) error { return nil })
 	return err
 }
 
@@ -188,7 +188,7 @@ func TestBreakerHalfOpenLimitsTrials(t *testing.T) {
 		release := make(chan struct{})
 		var fail atomic.Bool
 		fail.Store(true)
-		p := &fakeProvider{fn: func(ctx context.Context, emit func(string) error) (llm.Result, error) {
+		p := &fakeProvider{fn: func(ctx context.Context, emit func(protocol.Chunk) error) (llm.Result, error) {
 			if fail.Load() {
 				return llm.Result{}, errUpstream
 			}
@@ -228,17 +228,17 @@ func TestBreakerCountsOnlyProviderFailures(t *testing.T) {
 		{"caller cancelled", func(b *Breaker) error {
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
-			_, err := b.Stream(ctx, protocol.ChatRequest{}, func(string) error { return nil })
+			_, err := b.Stream(ctx, protocol.ChatRequest{}, func(protocol.Chunk) error { return nil })
 			return err
 		}, false, context.Canceled},
 		{"caller deadline passed", func(b *Breaker) error {
 			ctx, cancel := context.WithTimeout(context.Background(), -time.Second)
 			defer cancel()
-			_, err := b.Stream(ctx, protocol.ChatRequest{}, func(string) error { return nil })
+			_, err := b.Stream(ctx, protocol.ChatRequest{}, func(protocol.Chunk) error { return nil })
 			return err
 		}, false, context.DeadlineExceeded},
 		{"client gone during emit", func(b *Breaker) error {
-			_, err := b.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return errClientGone })
+			_, err := b.Stream(context.Background(), protocol.ChatRequest{}, func(protocol.Chunk) error { return errClientGone })
 			return err
 		}, false, errClientGone},
 		{"bad request", func(b *Breaker) error { return call(b) }, false, nil},
@@ -263,14 +263,14 @@ func TestBreakerCountsOnlyProviderFailures(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p := &fakeProvider{fn: func(ctx context.Context, emit func(string) error) (llm.Result, error) {
+			p := &fakeProvider{fn: func(ctx context.Context, emit func(protocol.Chunk) error) (llm.Result, error) {
 				if le, ok := statusOf[tt.name]; ok {
 					return llm.Result{}, le
 				}
 				if err := ctx.Err(); err != nil {
 					return llm.Result{}, fmt.Errorf("fake: %w", err)
 				}
-				if err := emit("x"); err != nil {
+				if err := emit(protocol.Chunk{Content: "x"}); err != nil {
 					return llm.Result{}, fmt.Errorf("fake: emit: %w", err)
 				}
 				return llm.Result{}, errUpstream

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,15 +20,24 @@ import (
 // elevated, high, critical), read once a second (docs/OPERATIONS.md,
 // "Degradation levels"). Thresholds for levels 1 / 2 / 3: backlog
 // 10 / 50 / 80 % of the overflow threshold, queue wait p99 5 / 15 / 25 s,
-// provider error rate 5 / 20 / 50 %, heap 70 / 80 / 90 % of GOMEMLIMIT.
+// request failure rate 5 / 20 / 50 %, heap 70 / 80 / 90 % of GOMEMLIMIT.
 type DegradeSignals struct {
 	// BacklogFraction is the queue backlog over QUEUE_OVERFLOW_THRESHOLD.
 	BacklogFraction float64
 	// QueueWaitP99 is the 99th percentile queue wait over the last minute.
 	QueueWaitP99 time.Duration
-	// ErrorRate is the share of provider calls that failed over the last
-	// minute, 0 to 1.
+	// ErrorRate is the share of the requests that ended over the last
+	// minute which failed for a reason the provider owns, 0 to 1
+	// (Recent.ObserveRequest).
 	ErrorRate float64
+	// Requests is how many requests ended over the last minute, failed or
+	// not: ErrorRate counts only from DegradeConfig.MinRequests of them.
+	Requests int64
+	// LatestErrorRate is ErrorRate over the latest 5 to 10 s only: the
+	// failure rate reaches a level only while this one does too, so the
+	// level is left soon after failures stop, not once they aged out of
+	// the minute.
+	LatestErrorRate float64
 	// HeapFraction is the Go heap over GOMEMLIMIT; 0 when no limit is set.
 	HeapFraction float64
 }
@@ -43,9 +53,18 @@ type DegradeInputs interface {
 // thresholds before that level is left, so the level does not flap.
 const DegradeHold = 30 * time.Second
 
-// DefaultDegradeMaxTokens is the default DegradeConfig.MaxTokens
-// (DEGRADE_MAX_TOKENS).
-const DefaultDegradeMaxTokens = 1024
+// DegradeRaiseAfter is how long the failure rate must stay at or above a
+// level's threshold before it raises the level: a burst the fleet
+// absorbed refuses nobody (docs/OPERATIONS.md, "What does not degrade").
+const DegradeRaiseAfter = 10 * time.Second
+
+// Defaults of DegradeConfig: DEGRADE_MAX_TOKENS, DEGRADE_MIN_REQUESTS and
+// DEGRADE_PROBE_EVERY.
+const (
+	DefaultDegradeMaxTokens   = 1024
+	DefaultDegradeMinRequests = 20
+	DefaultDegradeProbeEvery  = 10
+)
 
 // degradeThresholds are the values at which levels 1, 2 and 3 start.
 var (
@@ -55,12 +74,54 @@ var (
 	heapLevels    = [3]float64{0.70, 0.80, 0.90}
 )
 
-// levelOf is the highest level any signal reaches.
+// The inputs, as named in spillway_degradation_input{input} and in the
+// log line of a level change.
+const (
+	InputBacklog   = "backlog_fraction"
+	InputQueueWait = "queue_wait_p99_seconds"
+	InputErrorRate = "error_rate"
+	InputLatest    = "latest_error_rate"
+	InputRequests  = "requests"
+	InputHeap      = "heap_fraction"
+)
+
+// degradeInputs are the inputs with a gauge, in log order.
+var degradeInputs = [...]string{InputBacklog, InputQueueWait, InputErrorRate, InputLatest, InputRequests, InputHeap}
+
+// inputLevels are the levels the inputs that act at once reach, by name
+// (backlog, queue wait, heap).
+func inputLevels(s DegradeSignals) map[string]int {
+	lv := map[string]int{}
+	for i := range 3 {
+		if s.BacklogFraction >= backlogLevels[i] {
+			lv[InputBacklog] = i + 1
+		}
+		if s.QueueWaitP99 >= waitLevels[i] {
+			lv[InputQueueWait] = i + 1
+		}
+		if s.HeapFraction > 0 && s.HeapFraction >= heapLevels[i] {
+			lv[InputHeap] = i + 1
+		}
+	}
+	return lv
+}
+
+// levelOf is the highest level the inputs that act at once reach; the
+// failure rate is not one of them (Degrader.errorLevel).
 func levelOf(s DegradeSignals) int {
 	lvl := 0
-	for i := range 3 {
-		if s.BacklogFraction >= backlogLevels[i] || s.QueueWaitP99 >= waitLevels[i] ||
-			s.ErrorRate >= errorLevels[i] || (s.HeapFraction > 0 && s.HeapFraction >= heapLevels[i]) {
+	for _, l := range inputLevels(s) {
+		lvl = max(lvl, l)
+	}
+	return lvl
+}
+
+// errorThreshold is the level the failure rate's thresholds put rate at,
+// before the minimum count, the raise delay and the cap.
+func errorThreshold(rate float64) int {
+	lvl := 0
+	for i, t := range errorLevels {
+		if rate >= t {
 			lvl = i + 1
 		}
 	}
@@ -80,9 +141,21 @@ type DegradeConfig struct {
 	// MaxTokens caps a normal request's max_tokens from level 2
 	// (DEGRADE_MAX_TOKENS). Default 1024.
 	MaxTokens int
+	// MinRequests is the fewest requests that must have ended in the
+	// last minute before their failure rate counts toward a level
+	// (DEGRADE_MIN_REQUESTS). Default 20.
+	MinRequests int
+	// ProbeEvery admits one normal request in this many at level 3, so
+	// the last minute keeps learning while the level refuses
+	// (DEGRADE_PROBE_EVERY). Default 10.
+	ProbeEvery int
 	// Hold is how long the signals must stay below a level before it is
 	// left. Default DegradeHold (30s); tests shorten it.
 	Hold time.Duration
+	// RaiseAfter is how long the failure rate must stay at or above a
+	// level's threshold before it raises the level. Default
+	// DegradeRaiseAfter (10s); tests shorten it.
+	RaiseAfter time.Duration
 	// RetryAfterMax bounds the Retry-After of a refusal
 	// (QUEUE_RETRY_AFTER_SECONDS). Default 60s.
 	RetryAfterMax time.Duration
@@ -92,8 +165,17 @@ func (c DegradeConfig) withDefaults() DegradeConfig {
 	if c.MaxTokens == 0 {
 		c.MaxTokens = DefaultDegradeMaxTokens
 	}
+	if c.MinRequests == 0 {
+		c.MinRequests = DefaultDegradeMinRequests
+	}
+	if c.ProbeEvery == 0 {
+		c.ProbeEvery = DefaultDegradeProbeEvery
+	}
 	if c.Hold == 0 {
 		c.Hold = DegradeHold
+	}
+	if c.RaiseAfter == 0 {
+		c.RaiseAfter = DegradeRaiseAfter
 	}
 	if c.RetryAfterMax == 0 {
 		c.RetryAfterMax = DefaultOverflowRetryAfterMax
@@ -107,8 +189,17 @@ func (c DegradeConfig) Validate() error {
 	if c.MaxTokens < 0 {
 		errs = append(errs, fmt.Errorf("admission: degrade MaxTokens %d must not be negative", c.MaxTokens))
 	}
+	if c.MinRequests < 0 {
+		errs = append(errs, fmt.Errorf("admission: degrade MinRequests %d must not be negative", c.MinRequests))
+	}
+	if c.ProbeEvery < 0 {
+		errs = append(errs, fmt.Errorf("admission: degrade ProbeEvery %d must not be negative", c.ProbeEvery))
+	}
 	if c.Hold < 0 {
 		errs = append(errs, fmt.Errorf("admission: degrade Hold %s must not be negative", c.Hold))
+	}
+	if c.RaiseAfter < 0 {
+		errs = append(errs, fmt.Errorf("admission: degrade RaiseAfter %s must not be negative", c.RaiseAfter))
 	}
 	if c.RetryAfterMax < 0 || (c.RetryAfterMax > 0 && c.RetryAfterMax < time.Second) {
 		errs = append(errs, errors.New("admission: degrade RetryAfterMax must be at least 1s"))
@@ -117,26 +208,34 @@ func (c DegradeConfig) Validate() error {
 }
 
 // Degrader computes the degradation level 0–3 from its inputs and applies
-// its effects to admission (docs/OPERATIONS.md, "Degradation levels"): a
-// level is entered at once and left only once the signals stayed below it
-// for Hold, each level on its own clock, so falling from 3 to 1 passes
-// through 2 when the signals were at 2 less than Hold ago. Level 2
-// refuses low priority and caps a normal request's max_tokens, level 3
-// admits only high.
+// its effects to admission (docs/OPERATIONS.md, "Degradation levels").
+// Backlog, queue wait and heap raise a level at once; the failure rate
+// counts only from MinRequests ended requests, raises a level only after
+// staying at or above its threshold for RaiseAfter, and on its own never
+// reaches level 3 ("Degradation must never be the outage"). A level is
+// left only once the signals stayed below it for Hold, each level on its
+// own clock, so falling from 3 to 1 passes through 2 when the signals
+// were at 2 less than Hold ago. Level 2 refuses low priority and caps a
+// normal request's max_tokens, level 3 admits only high and one normal
+// request in ProbeEvery.
 //
-// Level, Check and MaxTokens are safe for concurrent use and read only an
-// atomic; Step and Run must be called from one goroutine.
+// Level, Check and MaxTokens are safe for concurrent use and read only
+// atomics; Step and Run must be called from one goroutine.
 type Degrader struct {
-	cfg   DegradeConfig
-	in    DegradeInputs
-	log   *slog.Logger
-	gauge prometheus.Gauge
+	cfg    DegradeConfig
+	in     DegradeInputs
+	log    *slog.Logger
+	gauge  prometheus.Gauge
+	inputs *prometheus.GaugeVec // spillway_degradation_input{input}; nil without metrics
 	// refused counts refusals, by Priority.Rank.
 	refused [3]prometheus.Counter
 	level   atomic.Int32
+	// probes counts the normal requests Check saw at level 3.
+	probes atomic.Uint64
 
-	mu     sync.Mutex
-	lastAt [3]time.Time // when the signals last reached levels 1, 2, 3
+	mu      sync.Mutex
+	lastAt  [3]time.Time // when the signals last reached levels 1, 2, 3
+	errorAt [3]time.Time // since when the failure rate stayed at levels 1, 2, 3; zero when below
 }
 
 // NewDegrader returns a degrader at level 0. m and log may be nil (no
@@ -153,11 +252,14 @@ func NewDegrader(cfg DegradeConfig, in DegradeInputs, m *metrics.Metrics, log *s
 	}
 	d := &Degrader{cfg: cfg.withDefaults(), in: in, log: log}
 	if m != nil {
-		d.gauge = m.DegradationLevel
+		d.gauge, d.inputs = m.DegradationLevel, m.DegradationInput
 		for _, p := range protocol.Priorities {
 			d.refused[p.Rank()] = m.QueueRejections.WithLabelValues(ReasonDegraded, string(p))
 		}
 		d.gauge.Set(0)
+		for _, name := range degradeInputs {
+			d.inputs.WithLabelValues(name).Set(0)
+		}
 	}
 	return d, nil
 }
@@ -171,16 +273,22 @@ func (d *Degrader) Level() int { return int(d.level.Load()) }
 
 // Check returns nil to admit a request of priority prio at the current
 // level, or a 503 queue-overflow problem: from level 2 for low, at level 3
-// for everything but high. The Retry-After is the hold, since the level
-// is not left sooner, within [1s, RetryAfterMax].
+// for everything but high, except one normal request in ProbeEvery, whose
+// outcome keeps the last minute current while the level refuses. The
+// Retry-After is the hold, since the level is not left sooner, within
+// [1s, RetryAfterMax].
 func (d *Degrader) Check(prio protocol.Priority) *protocol.Problem {
 	lvl := d.Level()
+	prio = prio.OrNormal()
 	refuse := (lvl >= LevelHigh && prio.Rank() < protocol.PriorityNormal.Rank()) ||
 		(lvl >= LevelCritical && prio.Rank() < protocol.PriorityHigh.Rank())
 	if !refuse {
 		return nil
 	}
-	if c := d.refused[prio.OrNormal().Rank()]; c != nil {
+	if prio == protocol.PriorityNormal && d.probes.Add(1)%uint64(d.cfg.ProbeEvery) == 0 {
+		return nil
+	}
+	if c := d.refused[prio.Rank()]; c != nil {
 		c.Inc()
 	}
 	ra := min(d.cfg.Hold, d.cfg.RetryAfterMax)
@@ -197,12 +305,44 @@ func (d *Degrader) MaxTokens(prio protocol.Priority) int {
 	return 0
 }
 
+// errorLevel updates the failure rate's clocks at now and returns the
+// level it raises: the highest whose threshold the rate, of the minute and
+// of its latest seconds alike, stayed at or above for RaiseAfter, with at
+// least MinRequests ended requests behind it, and never level 3 (a second
+// input must be critical too).
+func (d *Degrader) errorLevel(s DegradeSignals, now time.Time) int {
+	at := 0
+	if s.Requests >= int64(d.cfg.MinRequests) {
+		at = min(errorThreshold(s.ErrorRate), errorThreshold(s.LatestErrorRate))
+	}
+	lvl := 0
+	for i := range d.errorAt {
+		switch {
+		case i >= at:
+			d.errorAt[i] = time.Time{}
+		case d.errorAt[i].IsZero():
+			d.errorAt[i] = now
+		}
+		if !d.errorAt[i].IsZero() && now.Sub(d.errorAt[i]) >= d.cfg.RaiseAfter {
+			lvl = i + 1
+		}
+	}
+	return min(lvl, LevelHigh)
+}
+
 // Step reads the signals once at now and updates the level.
 func (d *Degrader) Step(now time.Time) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.in.Signals()
-	target := levelOf(s)
+	levels := inputLevels(s)
+	if l := d.errorLevel(s, now); l > 0 {
+		levels[InputErrorRate] = l
+	}
+	target := 0
+	for _, l := range levels {
+		target = max(target, l)
+	}
 	for i := range target {
 		d.lastAt[i] = now
 	}
@@ -218,12 +358,26 @@ func (d *Degrader) Step(now time.Time) int {
 		if lvl > was {
 			log = d.log.Warn
 		}
-		log("degradation level changed", "level", lvl, "was", was,
+		// The inputs at the new level name why it was entered (or, on
+		// the way down, what holds it; none when only the hold does).
+		var why []string
+		for _, name := range degradeInputs {
+			if l, ok := levels[name]; ok && l == lvl {
+				why = append(why, name)
+			}
+		}
+		log("degradation level changed", "level", lvl, "was", was, "input", strings.Join(why, ","),
 			"backlog_fraction", s.BacklogFraction, "queue_wait_p99", s.QueueWaitP99.String(),
-			"error_rate", s.ErrorRate, "heap_fraction", s.HeapFraction)
+			"error_rate", s.ErrorRate, "latest_error_rate", s.LatestErrorRate, "requests", s.Requests, "heap_fraction", s.HeapFraction)
 	}
 	if d.gauge != nil {
 		d.gauge.Set(float64(lvl))
+		d.inputs.WithLabelValues(InputBacklog).Set(s.BacklogFraction)
+		d.inputs.WithLabelValues(InputQueueWait).Set(s.QueueWaitP99.Seconds())
+		d.inputs.WithLabelValues(InputErrorRate).Set(s.ErrorRate)
+		d.inputs.WithLabelValues(InputLatest).Set(s.LatestErrorRate)
+		d.inputs.WithLabelValues(InputRequests).Set(float64(s.Requests))
+		d.inputs.WithLabelValues(InputHeap).Set(s.HeapFraction)
 	}
 	return lvl
 }

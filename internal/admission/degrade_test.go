@@ -45,14 +45,13 @@ func TestLevelOf(t *testing.T) {
 		{DegradeSignals{QueueWaitP99: 5 * time.Second}, 1},
 		{DegradeSignals{QueueWaitP99: 15 * time.Second}, 2},
 		{DegradeSignals{QueueWaitP99: 25 * time.Second}, 3},
-		{DegradeSignals{ErrorRate: 0.05}, 1},
-		{DegradeSignals{ErrorRate: 0.20}, 2},
-		{DegradeSignals{ErrorRate: 0.50}, 3},
+		// The failure rate does not act at once (Degrader.errorLevel).
+		{DegradeSignals{ErrorRate: 0.50, Requests: 1000}, 0},
 		{DegradeSignals{HeapFraction: 0.70}, 1},
 		{DegradeSignals{HeapFraction: 0.80}, 2},
 		{DegradeSignals{HeapFraction: 0.90}, 3},
 		// The highest input wins.
-		{DegradeSignals{BacklogFraction: 0.2, ErrorRate: 0.6}, 3},
+		{DegradeSignals{BacklogFraction: 0.2, QueueWaitP99: 26 * time.Second}, 3},
 	}
 	for _, tt := range tests {
 		if got := levelOf(tt.s); got != tt.want {
@@ -99,13 +98,13 @@ func TestDegraderHysteresis(t *testing.T) {
 			checkLevel(t, "entering", after(1), lvl+1)
 		}
 		// Below level 3 (at level 1's signals): held at 3 for 30 s.
-		in.set(DegradeSignals{ErrorRate: 0.06})
+		in.set(DegradeSignals{BacklogFraction: 0.2})
 		checkLevel(t, "just below 3", after(1), 3)
 		checkLevel(t, "below 3 for 28 s", after(27), 3)
 		// A spike back to 3 restarts the hold.
 		in.set(DegradeSignals{QueueWaitP99: 30 * time.Second})
 		checkLevel(t, "spike", after(1), 3)
-		in.set(DegradeSignals{ErrorRate: 0.06})
+		in.set(DegradeSignals{BacklogFraction: 0.2})
 		checkLevel(t, "below again 29 s", after(29), 3)
 		checkLevel(t, "below 3 for the hold", after(2), 1)
 		// Back to normal: level 1 is held too, then left.
@@ -160,10 +159,11 @@ func TestDegraderEffects(t *testing.T) {
 		want    map[protocol.Priority]effect
 	}{
 		{DegradeSignals{}, map[protocol.Priority]effect{"low": {}, "normal": {}, "high": {}, "": {}}},
-		{DegradeSignals{ErrorRate: 0.1}, map[protocol.Priority]effect{"low": {}, "normal": {}, "high": {}}},
-		{DegradeSignals{ErrorRate: 0.3}, map[protocol.Priority]effect{"low": {refused: true}, "normal": {cap: 256}, "high": {}, "": {cap: 256}}},
-		// Normal is refused at 3; its cap would apply, were it not.
-		{DegradeSignals{ErrorRate: 0.6}, map[protocol.Priority]effect{"low": {refused: true}, "normal": {refused: true, cap: 256}, "high": {}, "": {refused: true, cap: 256}}},
+		{DegradeSignals{BacklogFraction: 0.1}, map[protocol.Priority]effect{"low": {}, "normal": {}, "high": {}}},
+		{DegradeSignals{BacklogFraction: 0.5}, map[protocol.Priority]effect{"low": {refused: true}, "normal": {cap: 256}, "high": {}, "": {cap: 256}}},
+		// Normal is refused at 3 (the probes aside, one in ten); its cap
+		// would apply, were it not.
+		{DegradeSignals{BacklogFraction: 0.8}, map[protocol.Priority]effect{"low": {refused: true}, "normal": {refused: true, cap: 256}, "high": {}, "": {refused: true, cap: 256}}},
 	}
 	now := time.Now()
 	for lvl, l := range levels {
@@ -224,7 +224,8 @@ func TestGateDegrades(t *testing.T) {
 
 func TestDegradeConfigValidate(t *testing.T) {
 	t.Parallel()
-	for _, c := range []DegradeConfig{{MaxTokens: -1}, {Hold: -time.Second}, {RetryAfterMax: time.Millisecond}} {
+	for _, c := range []DegradeConfig{{MaxTokens: -1}, {Hold: -time.Second}, {RetryAfterMax: time.Millisecond},
+		{MinRequests: -1}, {ProbeEvery: -1}, {RaiseAfter: -time.Second}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
@@ -250,5 +251,94 @@ func TestSourcesSignals(t *testing.T) {
 	}
 	if levelOf(s) != 2 {
 		t.Errorf("level of %+v: %d, want 2", s, levelOf(s))
+	}
+}
+
+// The failure rate raises a level only with MinRequests ended requests
+// behind it and after holding at or above the threshold for RaiseAfter;
+// a dip restarts that clock; alone it stops at level 2, and reaches 3
+// only beside another critical input; once its latest seconds are clean
+// it holds no level, however the minute reads. The log line names the
+// input.
+func TestDegraderFailureRate(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		in := &fakeSignals{}
+		log, logs := newLog(t)
+		m := newMetrics(t)
+		d, err := NewDegrader(DegradeConfig{}, in, m, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := runDegrader(t, d)
+		// One failed request of one, a minute long: nothing.
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 1})
+		checkLevel(t, "1 of 1 failed", after(60), 0)
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: DefaultDegradeMinRequests - 1})
+		checkLevel(t, "19 of 19 failed", after(30), 0)
+		// 30 % of 40: level 2, but only after 10 s.
+		in.set(DegradeSignals{ErrorRate: 0.3, LatestErrorRate: 0.3, Requests: 40})
+		checkLevel(t, "30 % for 9 s", after(9), 0)
+		in.set(DegradeSignals{ErrorRate: 0.04, LatestErrorRate: 0.04, Requests: 40})
+		checkLevel(t, "a dip", after(1), 0)
+		in.set(DegradeSignals{ErrorRate: 0.3, LatestErrorRate: 0.3, Requests: 40})
+		// The first sample at 30 % starts the clock: ten samples later it
+		// has held for 9 s, eleven for 10 s.
+		checkLevel(t, "30 % again, held 9 s", after(10), 0)
+		checkLevel(t, "30 % held 10 s", after(1), 2)
+		if logs.count("input=error_rate") != 1 || logs.count("requests=40") != 1 {
+			t.Errorf("level change logged as %q; want the input and its figures named", logs.String())
+		}
+		if got := promtest.ToFloat64(m.DegradationInput.WithLabelValues(InputErrorRate)); got != 0.3 {
+			t.Errorf("error_rate input gauge %v, want 0.3", got)
+		}
+		if got := promtest.ToFloat64(m.DegradationInput.WithLabelValues(InputRequests)); got != 40 {
+			t.Errorf("requests input gauge %v, want 40", got)
+		}
+		// Every request failing, for minutes: still 2 on its own.
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 400})
+		checkLevel(t, "all failing for 2 min", after(120), 2)
+		// A second input at 3: 3.
+		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 400, BacklogFraction: 0.85})
+		checkLevel(t, "beside a critical backlog", after(1), 3)
+		if logs.count("input=backlog_fraction") != 1 {
+			t.Errorf("level 3 logged as %q; want the backlog named", logs.String())
+		}
+		// The failures stop: the minute still reads 40 %, its latest
+		// seconds none. The level falls through 2 to 0, each after the
+		// hold, as it does when the minute empties.
+		in.set(DegradeSignals{ErrorRate: 0.4, LatestErrorRate: 0, Requests: 400})
+		checkLevel(t, "recovered for 29 s", after(29), 3)
+		checkLevel(t, "recovered for the hold", after(2), 0)
+	})
+}
+
+// At level 3 one normal request in ProbeEvery is admitted, so the last
+// minute keeps learning; high always is, low never.
+func TestDegraderProbes(t *testing.T) {
+	t.Parallel()
+	in := &fakeSignals{}
+	m := newMetrics(t)
+	d, err := NewDegrader(DegradeConfig{ProbeEvery: 5}, in, m, testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	in.set(DegradeSignals{BacklogFraction: 0.9})
+	if lvl := d.Step(time.Now()); lvl != 3 {
+		t.Fatalf("level %d, want 3", lvl)
+	}
+	admitted := map[protocol.Priority]int{}
+	for range 50 {
+		for _, p := range protocol.Priorities {
+			if d.Check(p) == nil {
+				admitted[p]++
+			}
+		}
+	}
+	if admitted[protocol.PriorityNormal] != 10 || admitted[protocol.PriorityHigh] != 50 || admitted[protocol.PriorityLow] != 0 {
+		t.Errorf("admitted of 50 each at level 3: %v; want 10 normal (one in 5), 50 high, no low", admitted)
+	}
+	if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues(ReasonDegraded, "normal")); got != 40 {
+		t.Errorf("degraded normal rejections %v, want the 40 not probed", got)
 	}
 }

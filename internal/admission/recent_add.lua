@@ -1,6 +1,6 @@
 -- recent_add.lua: add one process's counts to the current bucket of the
 -- cluster-wide last minute (the degradation level's queue waits and
--- provider calls). Time comes from Redis TIME, so every process fills the
+-- ended requests). Time comes from Redis TIME, so every process fills the
 -- same bucket.
 --
 -- KEYS[1]  recent HASH: field "<bucket start ms>:<counter>" → count

@@ -8,7 +8,7 @@ import (
 
 // Sources feeds a Degrader from state kept elsewhere, without I/O: the
 // overflow gate's cached backlog (cluster-wide), Recent's last minute of
-// queue waits and provider calls (cluster-wide), and this process's heap
+// queue waits and ended requests (cluster-wide), and this process's heap
 // against GOMEMLIMIT. A nil part reads as zero.
 type Sources struct {
 	Overflow *Overflow
@@ -28,6 +28,8 @@ func (s Sources) Signals() DegradeSignals {
 	if s.Recent != nil {
 		out.QueueWaitP99 = s.Recent.QueueWaitP99()
 		out.ErrorRate = s.Recent.ErrorRate()
+		out.Requests = s.Recent.Requests()
+		out.LatestErrorRate = s.Recent.LatestErrorRate()
 	}
 	if s.Heap != nil {
 		out.HeapFraction = s.Heap()

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,6 +25,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
+	"github.com/spillway-dev/spillway/internal/upstream/models"
 	"github.com/spillway-dev/spillway/internal/web"
 	"github.com/spillway-dev/spillway/internal/web/cors"
 )
@@ -43,6 +45,7 @@ const (
 type API struct {
 	*deps
 	handler *stream.Handler
+	models  *models.Catalog // GET /v1/models and /v1/models/{id}
 	engine  *gin.Engine
 	drain   *drainer                      // the stream routes' requests, for the shutdown
 	ready   []func(context.Context) error // readiness checks
@@ -103,7 +106,9 @@ func (a *API) build() error {
 	// The degradation level reads the backlog the overflow gate caches
 	// and the last minute every process reports (docs/OPERATIONS.md,
 	// "Degradation levels").
-	if gate.Degrader, err = admission.NewDegrader(DegradeConfig(cfg), admission.Sources{Overflow: gate.Overflow, Recent: a.recent},
+	dc := DegradeConfig(cfg)
+	dc.RaiseAfter, dc.Hold = a.degrade.RaiseAfter, a.degrade.Hold
+	if gate.Degrader, err = admission.NewDegrader(dc, admission.Sources{Overflow: gate.Overflow, Recent: a.recent},
 		m, log.With("component", "degrade")); err != nil {
 		return err
 	}
@@ -120,9 +125,12 @@ func (a *API) build() error {
 	a.handler, err = stream.New(StreamConfig(cfg), stream.Deps{
 		Pool: a.pool, Provider: a.provider(), Spiller: spill, Gate: g, Metrics: m, Log: log, Tracing: a.tel,
 		LogWriter: logw, LogReader: logr, Canceller: a.canceller, Positions: a.positions(),
-		Hold: a.drain.hold,
+		Hold: a.drain.hold, Ended: a.requestEnded,
 	})
 	if err != nil {
+		return err
+	}
+	if a.models, err = models.New(ModelsConfig(cfg), log.With("component", "models")); err != nil {
 		return err
 	}
 	// Stops announced by DELETE on another process reach this one's
@@ -159,6 +167,7 @@ func (a *API) positions() failover.Positioner {
 func (a *API) buildStreamLog() (*streamlog.Appender, *streamlog.Reader, error) {
 	lc := StreamLogConfig(a.cfg)
 	lc.OnDrop = a.obs.m.StreamLogDropped.Inc
+	lc.Producer, lc.Liveness = a.name, streamLogLiveness(a.cfg)
 	logw, err := streamlog.NewAppender(lc, a.rdb, a.log.With("component", "streamlog"))
 	if err != nil {
 		return nil, nil, err
@@ -222,7 +231,7 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 		}
 		w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 			Consumer: q.Consumer, Pool: a.pool, Provider: a.workerProvider(), Results: pub, Cancels: pub,
-			Metrics: a.workerMetrics(), Log: log.With("component", "worker"), Tracing: a.tel,
+			Metrics: a.workerMetrics(), Log: log.With("component", "worker"), Tracing: a.tel, Ended: a.requestEnded,
 		})
 		if err != nil {
 			return nil, nil, err
@@ -274,9 +283,15 @@ func (a *API) routes(metricsH http.Handler) *gin.Engine {
 	e.POST("/stream", streamHandler)
 	e.GET("/v1/streams/:id", func(c *gin.Context) { a.handler.Resume(c.Writer, c.Request, c.Param("id")) })
 	e.DELETE("/v1/streams/:id", func(c *gin.Context) { a.handler.Stop(c.Writer, c.Request, c.Param("id")) })
-	oa := stream.NewOpenAI(a.handler, OpenAIModels(a.cfg))
+	oa := stream.NewOpenAI(a.handler, alwaysListed(a.cfg))
 	e.POST("/v1/chat/completions", gin.WrapF(oa.ChatCompletions))
-	e.GET("/v1/models", gin.WrapF(oa.Models))
+	e.POST("/v1/responses", gin.WrapF(oa.Responses))
+	e.GET("/v1/models", gin.WrapH(oa.Guard(http.HandlerFunc(a.models.ServeList))))
+	// A catch-all: model ids may hold slashes (meta-llama/Llama-3.1-8B),
+	// which the SDKs send as %2F and net/http decodes.
+	e.GET("/v1/models/*id", gin.WrapH(oa.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.models.ServeModel(w, r, strings.TrimPrefix(r.URL.Path, "/v1/models/"))
+	}))))
 	e.GET("/healthz", gin.WrapF(healthz))
 	e.GET("/readyz", a.readyz)
 	e.GET("/metrics", gin.WrapH(metricsH))

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -29,6 +30,24 @@ import (
 type Options struct {
 	// Provider replaces the one LLM_PROVIDER names.
 	Provider llm.Provider
+	// DegradeTimes, when its fields are set, replaces the degradation
+	// level's times, so that tests need not wait minutes.
+	DegradeTimes DegradeTimes
+}
+
+// DegradeTimes are the degradation level's times (docs/OPERATIONS.md,
+// "Degradation levels"); a zero field keeps its default. Every process
+// of a cluster must use the same Window.
+type DegradeTimes struct {
+	// Window is "the last minute" of ended requests and queue waits
+	// (admission.RecentWindow).
+	Window time.Duration
+	// RaiseAfter is how long the failure rate holds above a threshold
+	// before it raises a level (admission.DegradeRaiseAfter, 10 s).
+	RaiseAfter time.Duration
+	// Hold is how long the inputs stay below a level before it is left
+	// (admission.DegradeHold, 30 s).
+	Hold time.Duration
 }
 
 // Process roles, which name a process in the consumer group, the pool's

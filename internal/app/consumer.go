@@ -41,7 +41,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	}
 	w, err := worker.New(WorkerConfig(cfg), worker.Deps{
 		Consumer: d.queue.Consumer, Pool: d.pool, Provider: d.workerProvider(), Results: pub, Cancels: pub,
-		Metrics: d.workerMetrics(), Log: log, Tracing: d.tel,
+		Metrics: d.workerMetrics(), Log: log, Tracing: d.tel, Ended: d.requestEnded,
 	})
 	if err != nil {
 		return err

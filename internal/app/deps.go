@@ -39,9 +39,11 @@ type deps struct {
 	queue   *OpenedQueue
 	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
 	name    string              // this process in the consumer group
-	// recent is the cluster-wide last minute of provider calls and queue
+	// recent is the cluster-wide last minute of ended requests and queue
 	// waits this process adds to (the degradation level's inputs).
 	recent *admission.Recent
+	// degrade are the degradation level's times (Options.DegradeTimes).
+	degrade DegradeTimes
 	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off
 	// or when each upstream has its own (newBalancer).
 	adaptive *adaptive.Controller
@@ -56,7 +58,7 @@ type deps struct {
 func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role string, opts Options) (d *deps, err error) {
 	// Log lines written with a span in their context carry its ids.
 	log = slog.New(telemetry.NewLogHandler(log.Handler()))
-	d = &deps{cfg: cfg, log: log, obs: newObservability(), name: InstanceName(role)}
+	d = &deps{cfg: cfg, log: log, obs: newObservability(), name: InstanceName(role), degrade: opts.DegradeTimes}
 	defer func() {
 		if err != nil {
 			d.close()
@@ -84,10 +86,12 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	if d.rdb, err = d.connectRedis(role); err != nil {
 		return nil, err
 	}
-	// Every call's outcome feeds the cluster-wide error rate of the
-	// degradation level (docs/OPERATIONS.md, "Degradation levels") and,
-	// when on, the adaptive limit (newPool builds it).
-	if d.recent, err = admission.NewRecent(cfg.QueuePrefix, d.rdb, log.With("component", "degrade")); err != nil {
+	// Every request's end, as its client saw it, feeds the cluster-wide
+	// failure rate of the degradation level (docs/OPERATIONS.md,
+	// "Degradation levels"); every call's outcome, when on, the adaptive
+	// limit (newPool builds it).
+	if d.recent, err = admission.NewRecent(admission.RecentConfig{Prefix: cfg.QueuePrefix, Window: opts.DegradeTimes.Window},
+		d.rdb, log.With("component", "degrade")); err != nil {
 		return nil, err
 	}
 	d.runs = append(d.runs, d.recent.Run)
@@ -200,16 +204,20 @@ func (d *deps) newPool(role string, perUpstream bool) (pool.Pool, error) {
 }
 
 // observeCall takes one provider call's outcome (llm.Observe): the
-// adaptive limit learns from every call, the error rate from those that
-// count.
+// adaptive limit learns from every call. The degradation level does not:
+// it counts requests once, when they end (requestEnded), so a call that
+// failed and was then served by a retry or another upstream is no failure
+// there (docs/OPERATIONS.md, "What does not degrade").
 func (d *deps) observeCall(c llm.Call) {
 	if d.adaptive != nil {
 		d.adaptive.Observe(c)
 	}
-	if c.Counted() {
-		d.recent.ObserveCall(c.Failed())
-	}
 }
+
+// requestEnded takes how a request ended, once, where its last call was
+// made (the direct path, or the worker that ran its job): the input of
+// the degradation level's failure rate (admission.RequestOutcome).
+func (d *deps) requestEnded(err error) { d.recent.ObserveRequest(err) }
 
 // workerMetrics is what the workers count through: the metrics, with
 // each queue wait also added to the degradation level's inputs.

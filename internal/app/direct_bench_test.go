@@ -32,7 +32,7 @@ func BenchmarkTimeToFirstChunk(b *testing.B) {
 		measure(b, func() {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			_, _ = client.Stream(ctx, req, func(string) error { return errFirst })
+			_, _ = client.Stream(ctx, req, func(protocol.Chunk) error { return errFirst })
 		})
 	})
 	b.Run("api-direct", func(b *testing.B) {

@@ -72,7 +72,13 @@ func testConfig(tb testing.TB, env map[string]string) *config.Config {
 // the test too, and only once.
 func startAPI(tb testing.TB, cfg *config.Config) (a *API, url string, stop func() error) {
 	tb.Helper()
-	a, err := NewAPI(cfg, testLog(tb), Options{})
+	return startAPIWith(tb, cfg, Options{})
+}
+
+// startAPIWith is startAPI with opts.
+func startAPIWith(tb testing.TB, cfg *config.Config, opts Options) (a *API, url string, stop func() error) {
+	tb.Helper()
+	a, err := NewAPI(cfg, testLog(tb), opts)
 	if err != nil {
 		tb.Fatalf("NewAPI: %v", err)
 	}

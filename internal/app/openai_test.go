@@ -13,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/testutil"
@@ -210,17 +211,16 @@ func TestOpenAISDKRefusals(t *testing.T) {
 		for _, p := range []openai.ChatCompletionNewParams{
 			{Model: "sim", Messages: []openai.ChatCompletionMessageParamUnion{}},
 			{Model: "sim", Messages: hi.Messages, MaxTokens: openai.Int(1 << 30)},
-			{Model: "sim", Messages: hi.Messages, N: openai.Int(2)},
+			{Model: "sim", Messages: hi.Messages, N: openai.Int(9)},
 		} {
 			_, err := client.Chat.Completions.New(t.Context(), p)
 			if e := apiError(t, err, http.StatusBadRequest); e.Type != "invalid_request_error" || e.Code != "invalid_request" {
 				t.Fatalf("error %s", e.RawJSON())
 			}
 		}
-		// With an upstream the api lists no model: it takes whatever the
-		// upstream does.
+		// With an upstream the api lists the upstream's own models.
 		page, err := client.Models.List(t.Context())
-		if err != nil || len(page.Data) != 0 {
+		if err != nil || len(page.Data) != 1 || page.Data[0].ID != simserver.ModelID {
 			t.Fatalf("models with an upstream: %+v, %v", page, err)
 		}
 	})

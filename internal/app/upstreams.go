@@ -194,6 +194,6 @@ func (d *deps) upstreamLimits(specs []upstream.Spec, caps limitSetter, m *upstre
 type waitingProvider struct{ llm.Provider }
 
 // Stream calls the provider with a context that asks it to wait.
-func (w waitingProvider) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (w waitingProvider) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	return w.Provider.Stream(llm.WithCapacityWait(ctx), req, emit)
 }

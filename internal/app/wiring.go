@@ -18,6 +18,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/upstream/models"
 )
 
 // The mapping from settings to each component's Config, in one place
@@ -41,7 +42,7 @@ func SimConfig(cfg *config.Config) llm.SimConfig {
 
 // OpenAIConfig is the upstream configuration the LLM_* settings give.
 func OpenAIConfig(cfg *config.Config) llm.OpenAIConfig {
-	return llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Timeout: cfg.LLMTimeout(),
+	return llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel, Timeout: cfg.LLMTimeout(),
 		FirstTokenTimeout: cfg.LLMFirstTokenTimeout(), IdleTimeout: cfg.LLMIdleTimeout()}
 }
 
@@ -77,10 +78,11 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	}
 }
 
-// DegradeConfig is the degradation level the DEGRADE_MAX_TOKENS and
+// DegradeConfig is the degradation level the DEGRADE_* and
 // QUEUE_RETRY_AFTER_SECONDS settings give.
 func DegradeConfig(cfg *config.Config) admission.DegradeConfig {
-	return admission.DegradeConfig{MaxTokens: cfg.DegradeMaxTokens, RetryAfterMax: cfg.QueueRetryAfter()}
+	return admission.DegradeConfig{MaxTokens: cfg.DegradeMaxTokens, MinRequests: cfg.DegradeMinRequests,
+		ProbeEvery: cfg.DegradeProbeEvery, RetryAfterMax: cfg.QueueRetryAfter()}
 }
 
 // QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
@@ -208,7 +210,7 @@ func queueTraceName(cfg *config.Config) (system, name string) {
 func StreamConfig(cfg *config.Config) stream.Config {
 	return stream.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
-		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit},
+		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit, MaxChoices: cfg.MaxChoices},
 		Heartbeat:         cfg.HeartbeatInterval(),
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
@@ -236,13 +238,13 @@ func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
 // LLM_UPSTREAM_PROBE_SECONDS settings give.
 func BalancerConfig(cfg *config.Config) upstream.Config {
 	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
-		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe()}
+		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe(), NonTextPartTokens: cfg.NonTextPartTokens}
 }
 
-// OpenAIModels are the models GET /v1/models lists: the simulator's name
-// with LLM_PROVIDER=sim; with upstreams, the union of the models they list
-// (none when every upstream takes any model it knows; docs/API.md,
-// "OpenAI-compatible API").
+// OpenAIModels are the models the configuration names: the simulator's
+// name with LLM_PROVIDER=sim; with upstreams, the union of the `models`
+// the YAML upstreams list (none when every upstream takes any model it
+// knows). GET /v1/models always lists them (docs/API.md, "Models").
 func OpenAIModels(cfg *config.Config) []string {
 	if cfg.LLMProvider == "sim" {
 		return []string{"sim"}
@@ -256,6 +258,28 @@ func OpenAIModels(cfg *config.Config) []string {
 		}
 	}
 	return models
+}
+
+// alwaysListed are the models GET /v1/models lists whatever the upstreams'
+// own lists say: LLM_MODEL first (the model an answer names when the
+// request names none), then OpenAIModels.
+func alwaysListed(cfg *config.Config) []string {
+	ids := OpenAIModels(cfg)
+	if m := cfg.LLMModel; m != "" {
+		ids = append([]string{m}, slices.DeleteFunc(ids, func(id string) bool { return id == m })...)
+	}
+	return ids
+}
+
+// ModelsConfig is the model list of GET /v1/models: the upstreams' own
+// lists (none with the simulator), cached MODELS_CACHE_SECONDS, with
+// alwaysListed and the LLM_MODELS allow-list.
+func ModelsConfig(cfg *config.Config) models.Config {
+	var ups []upstream.Spec
+	if cfg.LLMProvider == config.ProviderOpenAI {
+		ups = cfg.Upstreams
+	}
+	return models.Config{Upstreams: ups, Always: alwaysListed(cfg), Allow: cfg.LLMModels, TTL: cfg.ModelsCacheTTL()}
 }
 
 // ServedModels are the models the upstreams serve when every upstream
@@ -277,3 +301,7 @@ func ServedModels(cfg *config.Config) []string {
 func StreamLogConfig(cfg *config.Config) streamlog.Config {
 	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL()}
 }
+
+// streamLogLiveness is how long an api's streams stay resumable after it
+// died: three SSE heartbeats (docs/API.md, "Resume and stop").
+func streamLogLiveness(cfg *config.Config) time.Duration { return 3 * cfg.HeartbeatInterval() }

@@ -103,6 +103,10 @@ type Config struct {
 	PriorityAgingSeconds int `env:"PRIORITY_AGING_SECONDS" envDefault:"30"`
 	// DegradeMaxTokens caps a normal request's max_tokens from degradation level 2. Default 1024.
 	DegradeMaxTokens int `env:"DEGRADE_MAX_TOKENS" envDefault:"1024"`
+	// DegradeMinRequests is the fewest requests ended in the last minute before their failure rate counts toward a degradation level. Default 20.
+	DegradeMinRequests int `env:"DEGRADE_MIN_REQUESTS" envDefault:"20"`
+	// DegradeProbeEvery admits one normal request in this many at degradation level 3. Default 10.
+	DegradeProbeEvery int `env:"DEGRADE_PROBE_EVERY" envDefault:"10"`
 	// QueueRetryAfterSeconds is the upper bound of Retry-After on overflow. Default 60.
 	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
 	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
@@ -144,12 +148,19 @@ type Config struct {
 
 	// HeartbeatIntervalSeconds is the SSE `: ping` period. Default 15.
 	HeartbeatIntervalSeconds int `env:"HEARTBEAT_INTERVAL_SECONDS" envDefault:"15"`
-	// MaxBodyBytes bounds the request body. Default 1048576.
-	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"1048576"`
+	// MaxBodyBytes bounds the request body. Default 16777216 (16 MiB:
+	// images travel inline).
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"16777216"`
 	// MaxMessages bounds messages per request. Default 1000.
 	MaxMessages int `env:"MAX_MESSAGES" envDefault:"1000"`
-	// MaxTokensLimit bounds max_tokens. Default 32768.
-	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"32768"`
+	// MaxTokensLimit bounds max_tokens and max_completion_tokens. Default
+	// 1048576: above every real model's output, below nonsense.
+	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"1048576"`
+	// MaxChoices bounds n, the choices one request asks for. Default 8.
+	MaxChoices int `env:"MAX_CHOICES" envDefault:"8"`
+	// NonTextPartTokens is what one content part that is not text (an
+	// image, audio, a file) counts in token estimates. Default 1000.
+	NonTextPartTokens int `env:"NONTEXT_PART_TOKENS" envDefault:"1000"`
 	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
 	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
 	// StreamLogTTLSeconds is how long a stream's event log (for resume)
@@ -207,6 +218,14 @@ type Config struct {
 	LLMAPIKey string `env:"LLM_API_KEY"`
 	// LLMModels, when set, are the only models a request may ask for. Default empty (any).
 	LLMModels []string `env:"LLM_MODELS" envSeparator:","`
+	// LLMModel is the model sent upstream when a request names none, and
+	// always listed by GET /v1/models. Default empty (the request is sent
+	// without one).
+	LLMModel string `env:"LLM_MODEL"`
+	// ModelsCacheSeconds is how long GET /v1/models serves the upstreams'
+	// lists before asking them again; 0 asks on every request. Default 60
+	// (models.DefaultTTL).
+	ModelsCacheSeconds int `env:"MODELS_CACHE_SECONDS" envDefault:"60"`
 	// LLMFirstTokenTimeoutSeconds is the longest wait for an upstream
 	// call's first chunk. Default 60.
 	LLMFirstTokenTimeoutSeconds int `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS" envDefault:"60"`
@@ -353,6 +372,9 @@ func (c *Config) DeadLetterTTL() time.Duration {
 // QueueRetryAfter is the upper bound of Retry-After on overflow
 // (QUEUE_RETRY_AFTER_SECONDS).
 func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
+
+// ModelsCacheTTL is MODELS_CACHE_SECONDS.
+func (c *Config) ModelsCacheTTL() time.Duration { return seconds(c.ModelsCacheSeconds) }
 
 // StreamLogTTL is STREAM_LOG_TTL_SECONDS.
 func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSeconds) }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/upstream/models"
 
 	"errors"
 	"io/fs"
@@ -109,6 +110,8 @@ func TestDefaults(t *testing.T) {
 		{"METRICS_AUTH", c.MetricsAuth, "none"},
 		{"PRIORITY_AGING_SECONDS", c.PriorityAgingSeconds, 30},
 		{"DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1024},
+		{"DEGRADE_MIN_REQUESTS", c.DegradeMinRequests, 20},
+		{"DEGRADE_PROBE_EVERY", c.DegradeProbeEvery, 10},
 		{"QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 60},
 		{"QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, 1000},
 		{"QUEUE_PREFIX", c.QueuePrefix, "queue:"},
@@ -132,9 +135,11 @@ func TestDefaults(t *testing.T) {
 		{"REDIS_POOL_TIMEOUT_MS", c.RedisPoolTimeoutMS, 1000},
 		{"REDIS_DOWN_AFTER_MS", c.RedisDownAfterMS, 3000},
 		{"HEARTBEAT_INTERVAL_SECONDS", c.HeartbeatIntervalSeconds, 15},
-		{"MAX_BODY_BYTES", c.MaxBodyBytes, int64(1048576)},
+		{"MAX_BODY_BYTES", c.MaxBodyBytes, int64(16777216)},
 		{"MAX_MESSAGES", c.MaxMessages, 1000},
-		{"MAX_TOKENS_LIMIT", c.MaxTokensLimit, 32768},
+		{"MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1048576},
+		{"MAX_CHOICES", c.MaxChoices, 8},
+		{"NONTEXT_PART_TOKENS", c.NonTextPartTokens, 1000},
 		{"SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 25},
 		{"STREAM_LOG_TTL_SECONDS", c.StreamLogTTLSeconds, 300},
 		{"STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindowSeconds, 10},
@@ -149,6 +154,8 @@ func TestDefaults(t *testing.T) {
 		{"MAX_CONNECTIONS", c.MaxConnections, 20000},
 		{"HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeoutSeconds, 120},
 		{"LLM_MODELS", c.LLMModels, []string(nil)},
+		{"LLM_MODEL", c.LLMModel, ""},
+		{"MODELS_CACHE_SECONDS", c.ModelsCacheSeconds, int(models.DefaultTTL / time.Second)},
 		{"BREAKER_FAILURES", c.BreakerFailures, 5},
 		{"BREAKER_WINDOW_SECONDS", c.BreakerWindowSeconds, 60},
 		{"BREAKER_OPEN_SECONDS", c.BreakerOpenSeconds, 30},
@@ -225,6 +232,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"METRICS_AUTH":                          "api-key",
 		"PRIORITY_AGING_SECONDS":                "31",
 		"DEGRADE_MAX_TOKENS":                    "512",
+		"DEGRADE_MIN_REQUESTS":                  "21",
+		"DEGRADE_PROBE_EVERY":                   "11",
 		"QUEUE_RETRY_AFTER_SECONDS":             "61",
 		"QUEUE_DEPTH_CACHE_TTL_MS":              "1001",
 		"QUEUE_PREFIX":                          "sw:",
@@ -251,6 +260,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"MAX_BODY_BYTES":                        "2048",
 		"MAX_MESSAGES":                          "1001",
 		"MAX_TOKENS_LIMIT":                      "32769",
+		"MAX_CHOICES":                           "4",
+		"NONTEXT_PART_TOKENS":                   "765",
 		"SHUTDOWN_GRACE_SECONDS":                "26",
 		"STREAM_LOG_TTL_SECONDS":                "301",
 		"STREAM_RESUME_WINDOW_SECONDS":          "11",
@@ -292,6 +303,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"MAX_CONNECTIONS":                       "500",
 		"HTTP_IDLE_TIMEOUT_SECONDS":             "61",
 		"LLM_MODELS":                            "gpt-a, gpt-b",
+		"LLM_MODEL":                             " gpt-b ",
+		"MODELS_CACHE_SECONDS":                  "61",
 	}
 	// DIRECT_PATH_ENABLED=false and QUEUE_FAILOVER_ENABLED=false together are
 	// invalid, so each bool is overridden in its own load below.
@@ -327,6 +340,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		MetricsAuth:                      "api-key",
 		PriorityAgingSeconds:             31,
 		DegradeMaxTokens:                 512,
+		DegradeMinRequests:               21,
+		DegradeProbeEvery:                11,
 		QueueRetryAfterSeconds:           61,
 		QueueDepthCacheTTLMS:             1001,
 		QueuePrefix:                      "sw:",
@@ -353,6 +368,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		MaxBodyBytes:                     2048,
 		MaxMessages:                      1001,
 		MaxTokensLimit:                   32769,
+		MaxChoices:                       4,
+		NonTextPartTokens:                765,
 		ShutdownGraceSeconds:             26,
 		StreamLogTTLSeconds:              301,
 		StreamResumeWindowSeconds:        11,
@@ -395,6 +412,8 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		MaxConnections:         500,
 		HTTPIdleTimeoutSeconds: 61,
 		LLMModels:              []string{"gpt-a", "gpt-b"},
+		LLMModel:               "gpt-b",
+		ModelsCacheSeconds:     61,
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load with every var set:\n got %+v\nwant %+v", c, want)
@@ -816,13 +835,16 @@ func TestValidateRules(t *testing.T) {
 		{"cors origin with query", func(c *Config) { c.CORSAllowedOrigins = []string{"https://a.example?x=1"} }, []string{"CORS_ALLOWED_ORIGINS"}, "no user, path"},
 		{"cors star with others", func(c *Config) { c.CORSAllowedOrigins = []string{"*", "https://a.example"} }, []string{"CORS_ALLOWED_ORIGINS"}, `lists "*" with other origins`},
 		{"queue max per identity", func(c *Config) { c.QueueMaxPerIdentity = 0 }, []string{"QUEUE_MAX_PER_IDENTITY"}, "QUEUE_MAX_PER_IDENTITY (0) must be at least 1"},
-		{"queue max bytes below a body", func(c *Config) { c.QueueMaxBytes = 1000 }, []string{"QUEUE_MAX_BYTES"}, "QUEUE_MAX_BYTES (1000) must be at least MAX_BODY_BYTES (1048576)"},
+		{"queue max bytes below a body", func(c *Config) { c.QueueMaxBytes = 1000 }, []string{"QUEUE_MAX_BYTES"}, "QUEUE_MAX_BYTES (1000) must be at least MAX_BODY_BYTES (16777216)"},
 		{"body read timeout", func(c *Config) { c.BodyReadTimeoutSeconds = 0 }, []string{"BODY_READ_TIMEOUT_SECONDS"}, "BODY_READ_TIMEOUT_SECONDS (0) must be at least 1"},
 		{"max connections", func(c *Config) { c.MaxConnections = 0 }, []string{"MAX_CONNECTIONS"}, "MAX_CONNECTIONS (0) must be at least 1"},
 		{"http idle timeout", func(c *Config) { c.HTTPIdleTimeoutSeconds = 0 }, []string{"HTTP_IDLE_TIMEOUT_SECONDS"}, "HTTP_IDLE_TIMEOUT_SECONDS (0) must be at least 1"},
 		{"api key bad digest", func(c *Config) { c.APIKeys = []string{"ok", "sha256:s3cret"} }, []string{"API_KEYS"}, "API_KEYS has a bad entry"},
 		{"trusted proxy not a cidr", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "proxy.local"} }, []string{"TRUSTED_PROXIES"}, `"proxy.local" is not a CIDR`},
 		{"model name too long", func(c *Config) { c.LLMModels = []string{strings.Repeat("m", 257)} }, []string{"LLM_MODELS"}, "LLM_MODELS item of 257 bytes"},
+		{"default model too long", func(c *Config) { c.LLMModel = strings.Repeat("m", 257) }, []string{"LLM_MODEL"}, "LLM_MODEL (257 bytes) is longer"},
+		{"default model not allowed", func(c *Config) { c.LLMModel, c.LLMModels = "gpt-c", []string{"gpt-a"} }, []string{"LLM_MODEL"}, `LLM_MODEL ("gpt-c") must be one of LLM_MODELS`},
+		{"models cache negative", func(c *Config) { c.ModelsCacheSeconds = -1 }, []string{"MODELS_CACHE_SECONDS"}, "MODELS_CACHE_SECONDS (-1) must be at least 0"},
 		{"pool size", func(c *Config) { c.ConnectionPoolSize = 0 }, []string{"CONNECTION_POOL_SIZE"}, "CONNECTION_POOL_SIZE (0) must be at least 1"},
 		{"pool per user", func(c *Config) { c.ConnectionPoolPerUser = 0 }, []string{"CONNECTION_POOL_PER_USER"}, "CONNECTION_POOL_PER_USER (0) must be at least 1"},
 		{"lease ttl", func(c *Config) { c.PoolLeaseTTLSeconds = 1 }, []string{"POOL_LEASE_TTL_SECONDS"}, "POOL_LEASE_TTL_SECONDS (1) must be at least 2"},
@@ -851,6 +873,8 @@ func TestValidateRules(t *testing.T) {
 		{"metrics auth without keys", func(c *Config) { c.MetricsAuth = "api-key"; c.APIKeys = nil }, []string{"METRICS_AUTH"}, "METRICS_AUTH (api-key) needs API_KEYS"},
 		{"priority aging", func(c *Config) { c.PriorityAgingSeconds = 0 }, []string{"PRIORITY_AGING_SECONDS"}, "PRIORITY_AGING_SECONDS (0) must be at least 1"},
 		{"degrade max tokens", func(c *Config) { c.DegradeMaxTokens = 0 }, []string{"DEGRADE_MAX_TOKENS"}, "DEGRADE_MAX_TOKENS (0) must be at least 1"},
+		{"degrade min requests", func(c *Config) { c.DegradeMinRequests = 0 }, []string{"DEGRADE_MIN_REQUESTS"}, "DEGRADE_MIN_REQUESTS (0) must be at least 1"},
+		{"degrade probe every", func(c *Config) { c.DegradeProbeEvery = -1 }, []string{"DEGRADE_PROBE_EVERY"}, "DEGRADE_PROBE_EVERY (-1) must be at least 1"},
 		{"adaptive floor zero", func(c *Config) { c.AdaptiveConcurrencyFloor = 0 }, []string{"ADAPTIVE_CONCURRENCY_FLOOR"}, "ADAPTIVE_CONCURRENCY_FLOOR (0) must be at least 1"},
 		{"adaptive floor above pool", func(c *Config) { c.AdaptiveConcurrencyFloor = 3 }, []string{"ADAPTIVE_CONCURRENCY_FLOOR"}, "ADAPTIVE_CONCURRENCY_FLOOR (3) must be at most CONNECTION_POOL_SIZE (2)"},
 		{"adaptive target negative", func(c *Config) { c.AdaptiveFirstTokenTargetMS = -1 }, []string{"ADAPTIVE_FIRST_TOKEN_TARGET_MS"}, "ADAPTIVE_FIRST_TOKEN_TARGET_MS (-1) must be at least 0"},
@@ -861,6 +885,8 @@ func TestValidateRules(t *testing.T) {
 		{"max body", func(c *Config) { c.MaxBodyBytes = 1023 }, []string{"MAX_BODY_BYTES"}, "MAX_BODY_BYTES (1023) must be at least 1024"},
 		{"max messages", func(c *Config) { c.MaxMessages = 0 }, []string{"MAX_MESSAGES"}, "MAX_MESSAGES (0) must be at least 1"},
 		{"max tokens", func(c *Config) { c.MaxTokensLimit = 0 }, []string{"MAX_TOKENS_LIMIT"}, "MAX_TOKENS_LIMIT (0) must be at least 1"},
+		{"max choices", func(c *Config) { c.MaxChoices = 0 }, []string{"MAX_CHOICES"}, "MAX_CHOICES (0) must be at least 1"},
+		{"max body over a job", func(c *Config) { c.MaxBodyBytes = 64 << 20; c.QueueMaxBytes = 1 << 30 }, []string{"MAX_BODY_BYTES"}, "a queued job carries the body whole"},
 		{"shutdown grace", func(c *Config) { c.ShutdownGraceSeconds = -1 }, []string{"SHUTDOWN_GRACE_SECONDS"}, "SHUTDOWN_GRACE_SECONDS (-1) must be at least 0"},
 		{"resume window", func(c *Config) { c.StreamResumeWindowSeconds = -1 }, []string{"STREAM_RESUME_WINDOW_SECONDS"}, "STREAM_RESUME_WINDOW_SECONDS (-1) must be at least 0"},
 		{"log ttl below window", func(c *Config) { c.StreamLogTTLSeconds = 10 }, []string{"STREAM_LOG_TTL_SECONDS"}, "STREAM_LOG_TTL_SECONDS (10) must exceed STREAM_RESUME_WINDOW_SECONDS (10): a resume needs the log"},

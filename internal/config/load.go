@@ -85,6 +85,7 @@ func Load(path string, environ map[string]string) (*Config, error) {
 	c.APIKeys = cleanList(c.APIKeys)
 	c.TrustedProxies = cleanList(c.TrustedProxies)
 	c.LLMModels = cleanList(c.LLMModels)
+	c.LLMModel = strings.TrimSpace(c.LLMModel)
 	c.CORSAllowedOrigins = cleanList(c.CORSAllowedOrigins)
 	if c.CORSAllowedOrigins == nil && c.Embedded() {
 		c.CORSAllowedOrigins = []string{CORSAnyOrigin}

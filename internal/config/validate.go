@@ -8,6 +8,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -175,6 +176,8 @@ func (c *Config) Validate() error {
 	}
 	v.atLeast("PRIORITY_AGING_SECONDS", c.PriorityAgingSeconds, 1)
 	v.atLeast("DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1)
+	v.atLeast("DEGRADE_MIN_REQUESTS", c.DegradeMinRequests, 1)
+	v.atLeast("DEGRADE_PROBE_EVERY", c.DegradeProbeEvery, 1)
 	v.atLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 1)
 	v.atLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, minDepthCacheTTLMS)
 
@@ -182,6 +185,12 @@ func (c *Config) Validate() error {
 	atLeast(&v, "MAX_BODY_BYTES", c.MaxBodyBytes, minMaxBodyBytes)
 	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
 	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
+	v.atLeast("MAX_CHOICES", c.MaxChoices, 1)
+	v.atLeast("NONTEXT_PART_TOKENS", c.NonTextPartTokens, 0)
+	// A queued job carries the body whole.
+	if c.MaxBodyBytes > protocol.MaxJobBytes-(1<<20) {
+		v.fail("MAX_BODY_BYTES", "(%d) must be at most %d: a queued job carries the body whole", c.MaxBodyBytes, protocol.MaxJobBytes-(1<<20))
+	}
 	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
 	v.atLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindowSeconds, 0)
 	if v.atLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTLSeconds, 1) &&
@@ -218,6 +227,13 @@ func (c *Config) Validate() error {
 			v.fail("LLM_MODELS", "item of %d bytes is longer than a model name may be (%d)", len(m), maxModelName)
 		}
 	}
+	if len(c.LLMModel) > maxModelName {
+		v.fail("LLM_MODEL", "(%d bytes) is longer than a model name may be (%d)", len(c.LLMModel), maxModelName)
+	}
+	if c.LLMModel != "" && len(c.LLMModels) > 0 && !slices.Contains(c.LLMModels, c.LLMModel) {
+		v.fail("LLM_MODEL", "(%q) must be one of LLM_MODELS, or requests that name no model would be sent one they may not ask for", c.LLMModel)
+	}
+	v.atLeast("MODELS_CACHE_SECONDS", c.ModelsCacheSeconds, 0)
 
 	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
 		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)

@@ -15,6 +15,7 @@ package failover
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -115,4 +116,21 @@ type Consumer interface {
 	Ack(ctx context.Context, d Delivery) error
 	Touch(ctx context.Context, d Delivery) error
 	DeadLetter(ctx context.Context, d Delivery, reason string) error
+}
+
+// Reclaimer is an optional ability of a Consumer, found by type
+// assertion: taking over the jobs of dead members apart from Fetch, so a
+// worker takes them over as soon as their member is known dead (its
+// claim not refreshed for the reclaim time), whatever room it has for new
+// jobs, and before them (docs/QUEUE.md, "Takeover").
+//
+// Reclaim does not block: it returns at once up to max deliveries whose
+// claim went idle, oldest first within a line, each with its grown
+// Attempt, and none when there are none. They must end as Fetch's do. On
+// failure it returns an error and no delivery; an entry it claimed before
+// failing stays pending and is taken over again later. ReclaimInterval is
+// how often a worker should call it. Safe for concurrent use with Fetch.
+type Reclaimer interface {
+	Reclaim(ctx context.Context, max int) ([]Delivery, error)
+	ReclaimInterval() time.Duration
 }

@@ -27,7 +27,7 @@ type counted struct {
 
 func (c *counted) Name() string { return c.p.Name() }
 
-func (c *counted) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+func (c *counted) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error) {
 	res, err := c.p.Stream(ctx, req, emit)
 	if code, ok := ResponseCode(err); ok {
 		c.count(code)
@@ -98,20 +98,22 @@ type observed struct {
 
 func (o *observed) Name() string { return o.p.Name() }
 
-func (o *observed) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+func (o *observed) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error) {
 	return o.call(ctx, req, emit, o.p.Stream)
 }
 
 // call makes one call through stream and observes it.
-func (o *observed) call(ctx context.Context, req protocol.ChatRequest, emit func(string) error,
-	stream func(context.Context, protocol.ChatRequest, func(string) error) (Result, error)) (Result, error) {
+func (o *observed) call(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error,
+	stream func(context.Context, protocol.ChatRequest, func(protocol.Chunk) error) (Result, error)) (Result, error) {
 	start := time.Now()
 	var c Call
-	res, err := stream(ctx, req, func(content string) error {
-		if !c.Chunks {
+	res, err := stream(ctx, req, func(ch protocol.Chunk) error {
+		// A role-only preamble, as some servers send before the model
+		// ran, is no first chunk.
+		if !c.Chunks && ch.Output() {
 			c.Chunks, c.FirstChunk = true, time.Since(start)
 		}
-		return emit(content)
+		return emit(ch)
 	})
 	c.Err = err
 	o.observe(c)
@@ -139,7 +141,7 @@ type observedReservation struct {
 	res Reservation
 }
 
-func (r *observedReservation) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+func (r *observedReservation) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error) {
 	return r.o.call(ctx, req, emit, r.res.Stream)
 }
 

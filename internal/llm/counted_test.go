@@ -21,7 +21,7 @@ type scripted struct {
 
 func (s *scripted) Name() string { return "scripted" }
 
-func (s *scripted) Stream(context.Context, protocol.ChatRequest, func(string) error) (llm.Result, error) {
+func (s *scripted) Stream(context.Context, protocol.ChatRequest, func(protocol.Chunk) error) (llm.Result, error) {
 	s.n++
 	if s.n <= len(s.errs) {
 		return llm.Result{}, s.errs[s.n-1]
@@ -44,7 +44,7 @@ func TestCountResponsesCountsOncePerCallWithAResponse(t *testing.T) {
 		t.Errorf("Name %q, want the wrapped provider's", p.Name())
 	}
 	for range 6 {
-		_, _ = p.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil })
+		_, _ = p.Stream(context.Background(), protocol.ChatRequest{}, func(protocol.Chunk) error { return nil })
 	}
 	if want := []string{"429", "404", "200", "200"}; !slices.Equal(codes, want) {
 		t.Errorf("counted codes %q, want %q", codes, want)
@@ -59,10 +59,10 @@ type chunky struct {
 
 func (c chunky) Name() string { return "chunky" }
 
-func (c chunky) Stream(_ context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (c chunky) Stream(_ context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	time.Sleep(c.pause)
 	for _, s := range []string{"a", "b"} {
-		if err := emit(s); err != nil {
+		if err := emit(protocol.Chunk{Content: s}); err != nil {
 			return llm.Result{}, err
 		}
 	}
@@ -78,7 +78,11 @@ func TestObserveReportsEachCall(t *testing.T) {
 		t.Errorf("Name %q, want the wrapped provider's", p.Name())
 	}
 	var got []string
-	if _, err := p.Stream(context.Background(), protocol.ChatRequest{}, func(s string) error { got = append(got, s); return nil }); err != nil {
+	if _, err := p.Stream(context.Background(), protocol.ChatRequest{}, func(chunk protocol.Chunk) error {
+		s := chunk.Content
+		got = append(got, s)
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if len(calls) != 1 || !calls[0].Chunks || calls[0].FirstChunk < 20*time.Millisecond || calls[0].Err != nil || !slices.Equal(got, []string{"a", "b"}) {
@@ -99,7 +103,7 @@ func TestObserveReportsEachCall(t *testing.T) {
 	calls = nil
 	p = llm.Observe(inner, observe)
 	for range 9 {
-		_, _ = p.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil })
+		_, _ = p.Stream(context.Background(), protocol.ChatRequest{}, func(protocol.Chunk) error { return nil })
 	}
 	type class struct{ throttled, counted, failed bool }
 	want := []class{
@@ -154,7 +158,7 @@ func TestObserveKeepsReserver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := res.Stream(context.Background(), protocol.ChatRequest{}, func(string) error { return nil }); err != nil {
+	if _, err := res.Stream(context.Background(), protocol.ChatRequest{}, func(protocol.Chunk) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	res.Release()

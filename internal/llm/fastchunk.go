@@ -42,6 +42,10 @@ type fastEvent struct {
 	// false).
 	usage    protocol.Usage
 	hasUsage bool
+	// extra reports what a /v1/stream event shows besides content
+	// (protocol.Chunk.Extra): a choice of another index, logprobs, a
+	// refusal, audio or a function call.
+	extra bool
 }
 
 // fastChunk reads event d into ev when d is a chunk of the common shapes:
@@ -51,7 +55,7 @@ type fastEvent struct {
 // means "decode it in full": d may be of another shape, or malformed.
 func fastChunk(d []byte, ev *fastEvent) bool {
 	ev.content, ev.finish = ev.content[:0], ev.finish[:0]
-	ev.hasFinish, ev.usage, ev.hasUsage = false, protocol.Usage{}, false
+	ev.hasFinish, ev.usage, ev.hasUsage, ev.extra = false, protocol.Usage{}, false, false
 	p := fastParser{d: d}
 	p.ws()
 	if !p.eat('{') {
@@ -199,13 +203,34 @@ func (p *fastParser) choices(ev *fastEvent) bool {
 	if !p.eat('{') {
 		return false
 	}
-	var seenDelta, seenFinish bool
+	var seenDelta, seenFinish, seenIndex, seenLogprobs bool
 	ok := p.object(func(key []byte) bool {
 		switch {
+		case string(key) == "index" && !seenIndex:
+			// Choice 0 without logprobs is plain; anything else is shown
+			// by /v1/stream from the raw chunk.
+			seenIndex = true
+			start := p.i
+			if !p.skip(0) {
+				return false
+			}
+			if string(p.d[start:p.i]) != "0" {
+				ev.extra = true
+			}
+			return true
+		case string(key) == "logprobs" && !seenLogprobs:
+			seenLogprobs = true
+			if p.null() {
+				return true
+			}
+			ev.extra = true
+			return p.skip(0)
+		case foldsTo(key, "index", "logprobs"):
+			return false
 		case string(key) == "delta" && !seenDelta:
 			seenDelta = true
 			var ok bool
-			ev.content, ok = p.delta(ev.content)
+			ev.content, ok = p.delta(ev.content, &ev.extra)
 			return ok
 		case string(key) == "finish_reason" && !seenFinish:
 			seenFinish = true
@@ -242,7 +267,21 @@ func (p *fastParser) usage(u *protocol.Usage) bool {
 		case string(key) == "total_tokens" && !seenT:
 			seenT = true
 			return p.integer(&u.TotalTokens)
-		case foldsTo(key, "prompt_tokens", "completion_tokens", "total_tokens"):
+		case string(key) == "prompt_tokens_details" || string(key) == "completion_tokens_details":
+			if p.null() {
+				return true
+			}
+			start := p.i
+			if !p.skip(0) {
+				return false
+			}
+			if key[0] == 'p' {
+				u.PromptTokensDetails = protocol.RawJSON(p.d[start:p.i])
+			} else {
+				u.CompletionTokensDetails = protocol.RawJSON(p.d[start:p.i])
+			}
+			return true
+		case foldsTo(key, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details"):
 			return false
 		}
 		return p.skip(0)
@@ -281,11 +320,12 @@ func (p *fastParser) integer(n *int) bool {
 // delta reads a delta object: its content (a string or null), its role
 // and other fields the client ignores. The reasoning fields are accepted
 // only as null; tool calls not at all.
-func (p *fastParser) delta(dst []byte) ([]byte, bool) {
+func (p *fastParser) delta(dst []byte, extra *bool) ([]byte, bool) {
 	if !p.eat('{') {
 		return dst, false
 	}
 	var seenContent, seenRC, seenR bool
+	var seenOther [3]bool // refusal, audio, function_call
 	content := dst
 	ok := p.object(func(key []byte) bool {
 		switch {
@@ -305,10 +345,33 @@ func (p *fastParser) delta(dst []byte) ([]byte, bool) {
 			return p.null()
 		case foldsTo(key, "content", "reasoning_content", "reasoning", "tool_calls"):
 			return false
+		case otherDelta(key) >= 0 && !seenOther[otherDelta(key)]:
+			seenOther[otherDelta(key)] = true
+			if p.null() {
+				return true
+			}
+			*extra = true
+		case foldsTo(key, "refusal", "audio", "function_call"):
+			return false
 		}
 		return p.skip(0)
 	})
 	return content, ok
+}
+
+// otherDelta numbers the delta members besides content and reasoning
+// that /v1/stream shows: refusal 0, audio 1, function_call 2; -1 for any
+// other key.
+func otherDelta(key []byte) int {
+	switch string(key) {
+	case "refusal":
+		return 0
+	case "audio":
+		return 1
+	case "function_call":
+		return 2
+	}
+	return -1
 }
 
 // str reads a string, appending its value to dst as encoding/json
@@ -452,12 +515,17 @@ func (p *fastParser) number() bool {
 // written again once a string points into it, so the strings stay
 // immutable; a block lives as long as any of its strings.
 func slabString(slab *[]byte, b []byte) string {
+	return slabStringUpTo(slab, b, slabMax)
+}
+
+// slabStringUpTo is slabString with blocks of at most maxBlock bytes.
+func slabStringUpTo(slab *[]byte, b []byte, maxBlock int) string {
 	if len(b) == 0 {
 		return ""
 	}
 	s := *slab
 	if cap(s)-len(s) < len(b) {
-		size := min(max(2*cap(s), slabMin), slabMax)
+		size := min(max(2*cap(s), slabMin), maxBlock)
 		s = make([]byte, 0, max(size, len(b)))
 	}
 	start := len(s)
@@ -471,4 +539,7 @@ func slabString(slab *[]byte, b []byte) string {
 const (
 	slabMin = 256
 	slabMax = 4 << 10
+	// slabRawMax bounds the blocks of a call whose raw chunks are kept
+	// too (an OpenAI-dialect client's): about 150 bytes a chunk.
+	slabRawMax = 16 << 10
 )

@@ -229,7 +229,12 @@ func TestReadAllocationsDoNotGrowWithChunks(t *testing.T) {
 			r.Reset(body)
 			emitted = 0
 			c := &openAICall{o: o, ctx: context.Background(), callCtx: context.Background(),
-				emit: func(string) error { emitted++; return nil }, timer: time.NewTimer(time.Hour),
+				emit: func(c protocol.Chunk) error {
+					if c.Content != "" {
+						emitted++
+					}
+					return nil
+				}, timer: time.NewTimer(time.Hour),
 				span: trace.SpanFromContext(context.Background())}
 			if _, err := c.read(r); err != nil || emitted != n {
 				t.Fatalf("read %d chunks: emitted %d, err %v", n, emitted, err)

@@ -22,7 +22,7 @@ import (
 // provider knows whether a retry may help.
 type Provider interface {
 	Name() string
-	Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error)
+	Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error)
 }
 
 // Result describes a completed answer.
@@ -48,6 +48,10 @@ type Error struct {
 	RetryAfter time.Duration
 	// Err is the cause, for logs.
 	Err error
+	// Body is the upstream's response body when it refused the request
+	// (IsClientError), bounded: the client gets it as it was sent
+	// (protocol.ProviderRejected). Nil otherwise.
+	Body []byte
 }
 
 // Error describes the failure for logs; it is never shown to clients.
@@ -145,6 +149,6 @@ type Reserver interface {
 // Reservation is used by one goroutine: Release must not run while Stream
 // does.
 type Reservation interface {
-	Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error)
+	Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error)
 	Release()
 }

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -31,6 +32,9 @@ const (
 	// maxErrorBody bounds how much of an upstream error body is kept for
 	// logs.
 	maxErrorBody = 512
+	// maxClientErrorBody bounds an upstream's refusal of a request
+	// (IsClientError) kept to be passed on to the client as it was sent.
+	maxClientErrorBody = 64 << 10
 )
 
 // Defaults of OpenAIConfig's timeouts (docs/TIMEOUTS.md).
@@ -124,6 +128,7 @@ func (c OpenAIConfig) Validate() error {
 // endpoint. It is safe for concurrent use.
 type OpenAI struct {
 	endpoint   string
+	responses  string // the Responses API's endpoint
 	apiKey     string
 	model      string
 	firstToken time.Duration
@@ -154,6 +159,7 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	o := &OpenAI{
 		tracing:    cfg.Tracing,
 		endpoint:   strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
+		responses:  strings.TrimRight(cfg.BaseURL, "/") + "/responses",
 		apiKey:     cfg.APIKey,
 		model:      cfg.Model,
 		firstToken: cfg.FirstTokenTimeout,
@@ -208,24 +214,35 @@ type openAIStreamOpts struct {
 
 type openAIChunk struct {
 	Choices []struct {
+		Index int `json:"index"`
 		Delta struct {
 			Content string `json:"content"`
-			// Read only to tell that the model has started: reasoning
-			// models (vLLM's reasoning_content, OpenRouter's and Ollama's
-			// reasoning) and tool calls produce output without content.
+			// Reasoning models (vLLM's reasoning_content, OpenRouter's and
+			// Ollama's reasoning) and tool calls produce output without
+			// content.
 			ReasoningContent string          `json:"reasoning_content"`
 			Reasoning        string          `json:"reasoning"`
 			ToolCalls        json.RawMessage `json:"tool_calls"`
+			Refusal          json.RawMessage `json:"refusal"`
+			Audio            json.RawMessage `json:"audio"`
+			FunctionCall     json.RawMessage `json:"function_call"`
 		} `json:"delta"`
-		FinishReason *string `json:"finish_reason"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+		FinishReason *string         `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *protocol.Usage  `json:"usage"`
 	Error *json.RawMessage `json:"error"`
 }
 
-// Stream posts req with "stream": true and emits each non-empty
-// choices[0].delta.content of the answer's server-sent events until
-// `data: [DONE]`.
+// present reports a member that was sent and is not null.
+func present(b json.RawMessage) bool { return len(b) > 0 && string(b) != "null" }
+
+// Stream posts req with "stream": true and emits each chunk of the
+// answer's server-sent events until `data: [DONE]`: every chunk the
+// upstream sent, its JSON in Chunk.Raw as it came (on one line), with
+// choices[0].delta.content in Chunk.Content. A request with a Body is
+// sent as it is, with only the fields Spillway owns changed
+// (protocol.ChatRequest.UpstreamBody).
 //
 // Failures are *Error: HTTP 429 and 5xx are retryable and carry
 // Retry-After; other statuses and malformed streams are permanent;
@@ -234,8 +251,10 @@ type openAIChunk struct {
 // ErrTotalTimeout) are retryable. When ctx ends, Stream closes the
 // connection and returns an error wrapping ctx.Err(); a timeout closes it
 // too, so the upstream stops generating. Upstream body text appears,
-// truncated, only in error text meant for logs.
-func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+// truncated, only in error text meant for logs; an upstream's refusal of
+// the request (IsClientError) keeps its whole body in Error.Body, for the
+// client.
+func (o *OpenAI) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error) {
 	model := req.Model
 	if model == "" {
 		model = o.model
@@ -266,19 +285,28 @@ func endCall(ctx context.Context, span trace.Span, res Result, err error) {
 }
 
 // stream is Stream for model, under span (a no-op span when untraced).
-func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequest, emit func(content string) error, span trace.Span) (Result, error) {
-	body, err := json.Marshal(openAIRequest{
-		Model:         model,
-		Messages:      req.Messages,
-		MaxTokens:     req.MaxTokens,
-		Temperature:   req.Temperature,
-		Stream:        true,
-		StreamOptions: openAIStreamOpts{IncludeUsage: true},
-	})
-	if err != nil {
-		return Result{}, &Error{Err: fmt.Errorf("openai: encode request: %w", err)}
+func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequest, emit func(protocol.Chunk) error, span trace.Span) (Result, error) {
+	body, ok := req.UpstreamBody(o.model)
+	if !ok {
+		var err error
+		body, err = json.Marshal(openAIRequest{
+			Model:         model,
+			Messages:      req.Messages,
+			MaxTokens:     req.MaxTokens,
+			Temperature:   req.Temperature,
+			Stream:        true,
+			StreamOptions: openAIStreamOpts{IncludeUsage: true},
+		})
+		if err != nil {
+			return Result{}, &Error{Err: fmt.Errorf("openai: encode request: %w", err)}
+		}
 	}
-	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span}
+	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span, plainRaw: !protocol.Native(req.Route),
+		responses: req.Route == protocol.RouteResponses}
+	endpoint := o.endpoint
+	if c.responses {
+		endpoint = o.responses
+	}
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
 		c.callCtx, cancel = context.WithTimeoutCause(c.callCtx, o.timeout, errCallTime)
@@ -294,7 +322,7 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 	c.timer = time.AfterFunc(o.firstToken, func() { cancel(errStalled) })
 	defer c.timer.Stop()
 
-	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, o.endpoint, bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &Error{Err: fmt.Errorf("openai: build request: %w", err)}
 	}
@@ -348,7 +376,7 @@ type openAICall struct {
 	o       *OpenAI
 	ctx     context.Context // the caller's
 	callCtx context.Context // ctx bounded by the call's timeouts
-	emit    func(string) error
+	emit    func(protocol.Chunk) error
 	span    trace.Span  // the provider-call span, for its first_chunk event
 	timer   *time.Timer // fires errStalled on callCtx
 	// started is set at the first chunk; from then on the timer measures
@@ -357,10 +385,96 @@ type openAICall struct {
 	emitted int // chunks passed to emit
 	status  int // HTTP status of the response, once it arrived
 	// fast is the fast path's reading of one event, its buffers reused;
-	// slab is where the strings passed to emit are carved from
-	// (slabString).
+	// slab is where the strings and raw chunks passed to emit are carved
+	// from (slabString).
 	fast fastEvent
 	slab []byte
+	// plainRaw: the client relays chunks of plain content raw too (the
+	// OpenAI dialect); a /v1/stream client needs the raw chunk only with
+	// extra deltas, so the others are not copied.
+	plainRaw bool
+	// responses: the call is the Responses API's, whose events are
+	// relayed as they come (responsesEvent).
+	responses bool
+}
+
+// responsesEvent is what the client reads of a Responses API event.
+type responsesEvent struct {
+	Type     string `json:"type"`
+	Delta    string `json:"delta"`
+	Response *struct {
+		Status string `json:"status"`
+		Usage  *struct {
+			InputTokens  int `json:"input_tokens"`
+			OutputTokens int `json:"output_tokens"`
+			TotalTokens  int `json:"total_tokens"`
+		} `json:"usage"`
+	} `json:"response"`
+}
+
+// responsesEvent handles one event of a Responses API stream: every event
+// is relayed as it came (its type names its SSE event); the text deltas
+// are its content; response.completed and response.incomplete end the
+// answer, response.failed and error fail it.
+func (c *openAICall) responsesEvent(d []byte, finish *string, usage **protocol.Usage) error {
+	var ev responsesEvent
+	if err := json.Unmarshal(d, &ev); err != nil || ev.Type == "" {
+		return &Error{Status: c.status, Err: fmt.Errorf("openai: malformed Responses API event: %s", logText(d))}
+	}
+	switch ev.Type {
+	case "response.failed", "error":
+		return &Error{Retryable: true, Status: c.status,
+			Err: fmt.Errorf("openai: %w: %s", errStreamErrorEvent, logText(d))}
+	case "response.completed", "response.incomplete":
+		*finish = "stop"
+		if ev.Type == "response.incomplete" {
+			*finish = "length"
+		}
+		if ev.Response != nil && ev.Response.Usage != nil {
+			u := ev.Response.Usage
+			*usage = &protocol.Usage{PromptTokens: u.InputTokens, CompletionTokens: u.OutputTokens, TotalTokens: u.TotalTokens}
+		}
+	}
+	// Every event past the response's creation is output: the client
+	// sees it as it comes.
+	output := ev.Type != "response.created" && ev.Type != "response.in_progress"
+	if output {
+		c.start()
+	}
+	content := []byte(nil)
+	if ev.Type == "response.output_text.delta" {
+		content = []byte(ev.Delta)
+	}
+	return c.chunk(d, content, output)
+}
+
+// chunk emits one chunk: its raw JSON and its content, carved from the
+// slab, so they outlive the read buffer.
+func (c *openAICall) chunk(d, content []byte, extra bool) error {
+	block := slabMax
+	if c.plainRaw {
+		block = slabRawMax
+	}
+	ch := protocol.Chunk{Content: slabStringUpTo(&c.slab, content, block), Extra: extra}
+	if extra || c.plainRaw {
+		if bytes.IndexAny(d, "\r\n") >= 0 {
+			// Data lines joined by line breaks: JSON white space that an
+			// SSE data line cannot carry on.
+			var buf bytes.Buffer
+			if err := json.Compact(&buf, d); err == nil {
+				d = buf.Bytes()
+			}
+		}
+		raw := slabStringUpTo(&c.slab, d, block)
+		ch.Raw = unsafe.Slice(unsafe.StringData(raw), len(raw))
+	}
+	if err := c.emit(ch); err != nil {
+		return fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)
+	}
+	if len(content) > 0 {
+		c.emitted++
+	}
+	return nil
 }
 
 // start ends the first-token phase. The timer stays stopped until the
@@ -421,10 +535,13 @@ func (c *openAICall) fail(doing string, err error) error {
 }
 
 func statusError(resp *http.Response, now time.Time) error {
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody+1))
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxClientErrorBody))
 	e := &Error{
 		Status: resp.StatusCode,
-		Err:    fmt.Errorf("openai: upstream status %s: %s", resp.Status, logText(snippet)),
+		Err:    fmt.Errorf("openai: upstream status %s: %s", resp.Status, logText(body)),
+	}
+	if IsClientError(e) {
+		e.Body = body
 	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode >= 500 {
 		e.Retryable = true
@@ -506,18 +623,18 @@ func (c *openAICall) read(body io.Reader) (Result, error) {
 		if string(d) == "[DONE]" {
 			return true, nil
 		}
+		if c.responses {
+			return false, c.responsesEvent(d, &finish, &usage)
+		}
 		// The common shapes are read without a full decode
 		// (fastchunk.go), to the same effect as the full decode below;
 		// the rest is decoded in full.
 		if ev := &c.fast; fastChunk(d, ev) {
-			if len(ev.content) > 0 || ev.hasFinish || ev.hasUsage {
+			if len(ev.content) > 0 || ev.hasFinish || ev.hasUsage || ev.extra {
 				c.start()
 			}
-			if len(ev.content) > 0 {
-				if err := c.emit(slabString(&c.slab, ev.content)); err != nil {
-					return false, fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)
-				}
-				c.emitted++
+			if err := c.chunk(d, ev.content, ev.extra); err != nil {
+				return false, err
 			}
 			switch string(ev.finish) {
 			case "":
@@ -542,21 +659,24 @@ func (c *openAICall) read(body io.Reader) (Result, error) {
 			return false, &Error{Retryable: true, Status: c.status,
 				Err: fmt.Errorf("openai: %w: %s", errStreamErrorEvent, logText(*ch.Error))}
 		}
-		if len(ch.Choices) > 0 {
-			cc := ch.Choices[0]
-			if cc.Delta.Content != "" || cc.Delta.ReasoningContent != "" || cc.Delta.Reasoning != "" ||
-				len(cc.Delta.ToolCalls) > 0 || cc.FinishReason != nil {
+		var content string
+		extra := len(ch.Choices) > 1
+		for _, cc := range ch.Choices {
+			shows := cc.Delta.ReasoningContent != "" || cc.Delta.Reasoning != "" || present(cc.Delta.ToolCalls) ||
+				present(cc.Delta.Refusal) || present(cc.Delta.Audio) || present(cc.Delta.FunctionCall) || present(cc.Logprobs)
+			if cc.Delta.Content != "" || shows || cc.FinishReason != nil {
 				c.start()
 			}
-			if cc.Delta.Content != "" {
-				if err := c.emit(cc.Delta.Content); err != nil {
-					return false, fmt.Errorf("openai: emit chunk %d: %w", c.emitted+1, err)
+			extra = extra || shows || cc.Index != 0
+			if cc.Index == 0 {
+				content = cc.Delta.Content
+				if cc.FinishReason != nil && *cc.FinishReason != "" {
+					finish = *cc.FinishReason
 				}
-				c.emitted++
 			}
-			if cc.FinishReason != nil && *cc.FinishReason != "" {
-				finish = *cc.FinishReason
-			}
+		}
+		if err := c.chunk(d, []byte(content), extra); err != nil {
+			return false, err
 		}
 		if ch.Usage != nil {
 			c.start()

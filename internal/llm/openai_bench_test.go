@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // BenchmarkOpenAIStream measures one whole stream of 48 chunks through the
@@ -14,7 +15,7 @@ func BenchmarkOpenAIStream(b *testing.B) {
 	_, hs := startSimServer(b, llm.SimConfig{Tokens: 48, Seed: 1})
 	c := newClient(b, llm.OpenAIConfig{BaseURL: hs.URL + "/v1", Timeout: time.Minute})
 	req := userReq("benchmark the stream")
-	emit := func(string) error { return nil }
+	emit := func(protocol.Chunk) error { return nil }
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

@@ -45,8 +45,12 @@ func newClient(tb testing.TB, cfg llm.OpenAIConfig) *llm.OpenAI {
 func stream(tb testing.TB, ctx context.Context, p llm.Provider, req protocol.ChatRequest) ([]string, llm.Result, error) {
 	tb.Helper()
 	var got []string
-	res, err := p.Stream(ctx, req, func(c string) error {
-		got = append(got, c)
+	res, err := p.Stream(ctx, req, func(chunk protocol.Chunk) error {
+		// The content chunks; the others (role preamble, finish, usage)
+		// travel as raw only.
+		if chunk.Content != "" {
+			got = append(got, chunk.Content)
+		}
 		return nil
 	})
 	return got, res, err
@@ -456,7 +460,7 @@ func TestOpenAICancel(t *testing.T) {
 			seen := make(chan struct{}, tc.cfg.Tokens)
 			done := make(chan error, 1)
 			go func() {
-				_, err := c.Stream(ctx, userReq("hi"), func(string) error {
+				_, err := c.Stream(ctx, userReq("hi"), func(protocol.Chunk) error {
 					seen <- struct{}{}
 					return nil
 				})
@@ -496,7 +500,7 @@ func TestOpenAIEmitError(t *testing.T) {
 	c := newClient(t, llm.OpenAIConfig{BaseURL: hs.URL + "/v1"})
 	boom := errors.New("downstream gone")
 	n := 0
-	_, err := c.Stream(t.Context(), userReq("hi"), func(string) error {
+	_, err := c.Stream(t.Context(), userReq("hi"), func(protocol.Chunk) error {
 		if n++; n == 2 {
 			return boom
 		}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // The timeouts are tested twice: inside a synctest bubble at the real
@@ -135,7 +136,7 @@ func TestOpenAIIdleTimeoutSynctest(t *testing.T) {
 		c := pipeClient(t, tr, llm.OpenAIConfig{})
 		var last time.Time
 		n := 0
-		_, err := c.Stream(t.Context(), userReq("hi"), func(string) error { n++; last = time.Now(); return nil })
+		_, err := c.Stream(t.Context(), userReq("hi"), func(protocol.Chunk) error { n++; last = time.Now(); return nil })
 		if d := time.Since(last); d != llm.DefaultIdleTimeout {
 			t.Errorf("returned %v after the last chunk, want %v", d, llm.DefaultIdleTimeout)
 		}
@@ -250,7 +251,8 @@ func TestOpenAIIdleResetByKeepalives(t *testing.T) {
 		})
 		c := pipeClient(t, tr, llm.OpenAIConfig{})
 		var got []string
-		_, err := c.Stream(t.Context(), userReq("hi"), func(s string) error {
+		_, err := c.Stream(t.Context(), userReq("hi"), func(chunk protocol.Chunk) error {
+			s := chunk.Content
 			got = append(got, s)
 			if s == "b" { // a slow consumer: longer than IdleTimeout per chunk
 				<-time.After(2 * llm.DefaultIdleTimeout)
@@ -343,7 +345,7 @@ func TestOpenAIStallOverHTTP(t *testing.T) {
 	c := newClient(t, llm.OpenAIConfig{BaseURL: url, FirstTokenTimeout: time.Second, IdleTimeout: idle})
 	var last time.Time
 	n := 0
-	_, err := c.Stream(t.Context(), userReq("hi"), func(string) error { n++; last = time.Now(); return nil })
+	_, err := c.Stream(t.Context(), userReq("hi"), func(protocol.Chunk) error { n++; last = time.Now(); return nil })
 	d := time.Since(last)
 	checkTimeout(t, err, llm.ErrIdleTimeout, false)
 	if n != 3 || d < idle || d > idle+time.Second {

@@ -139,7 +139,7 @@ func (s *Sim) Name() string { return "sim" }
 // req.Model and req.Temperature do not change the text. Usage counts the
 // words of all message contents as prompt tokens (at least 1) and the
 // emitted chunks as completion tokens.
-func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(content string) error) (Result, error) {
+func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error) {
 	if err := ctx.Err(); err != nil {
 		return Result{}, fmt.Errorf("sim: %w", err)
 	}
@@ -167,11 +167,31 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(co
 		chunks = chunks[:req.MaxTokens]
 		finish = "length"
 	}
+	prompt := max(1, simPromptTokens(req.Messages))
+	usage := protocol.Usage{PromptTokens: prompt, CompletionTokens: len(chunks), TotalTokens: prompt + len(chunks)}
+	var steps []protocol.Chunk
+	if req.Route == protocol.RouteResponses {
+		steps = responsesSteps(req, chunks, usage, finish)
+	} else if rich(req) {
+		steps, finish = richSteps(req, chunks, finish)
+		out := 0
+		for _, c := range steps {
+			if c.Output() {
+				out++
+			}
+		}
+		usage.CompletionTokens, usage.TotalTokens = out, prompt+out
+	} else {
+		steps = make([]protocol.Chunk, len(chunks))
+		for i, c := range chunks {
+			steps[i] = protocol.Chunk{Content: c}
+		}
+	}
 	failAt := -1 // index of the chunk the call fails before
 	if s.cfg.FailMidstreamRate > 0 && rand.Float64() < s.cfg.FailMidstreamRate {
-		failAt = max(1, len(chunks)/2)
+		failAt = max(1, len(steps)/2)
 	}
-	for i, c := range chunks {
+	for i, c := range steps {
 		if i > 0 && i == s.cfg.StallAfter {
 			<-ctx.Done()
 			return Result{}, fmt.Errorf("sim: stalled after %d chunks: %w", i, ctx.Err())
@@ -191,19 +211,17 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(co
 			return Result{}, fmt.Errorf("sim: emit chunk %d: %w", i+1, err)
 		}
 	}
-	if failAt >= len(chunks) { // a one-chunk answer fails after its only chunk
+	if failAt >= len(steps) { // a one-chunk answer fails after its only chunk
 		return Result{}, &Error{Retryable: true, Status: 502,
-			Err: fmt.Errorf("sim: fail after %d chunks: %w", len(chunks), ErrSimulatedFault)}
+			Err: fmt.Errorf("sim: fail after %d chunks: %w", len(steps), ErrSimulatedFault)}
 	}
-	prompt := max(1, simPromptTokens(req.Messages))
-	return Result{
-		FinishReason: finish,
-		Usage: protocol.Usage{
-			PromptTokens:     prompt,
-			CompletionTokens: len(chunks),
-			TotalTokens:      prompt + len(chunks),
-		},
-	}, nil
+	if rich(req) && req.Route != protocol.RouteResponses {
+		// As an upstream asked for usage: a last chunk of no choices.
+		if err := emit(protocol.Chunk{Raw: newSimChunkWriter(req.Model).usage(usage)}); err != nil {
+			return Result{}, fmt.Errorf("sim: emit usage: %w", err)
+		}
+	}
+	return Result{FinishReason: finish, Usage: usage}, nil
 }
 
 // admit takes an in-flight place if fewer than MaxConcurrency are taken.

@@ -125,7 +125,8 @@ func fastSim(tokens int) SimConfig {
 func collect(tb testing.TB, p Provider, ctx context.Context, req protocol.ChatRequest) ([]string, Result, error) {
 	tb.Helper()
 	var got []string
-	res, err := p.Stream(ctx, req, func(c string) error {
+	res, err := p.Stream(ctx, req, func(chunk protocol.Chunk) error {
+		c := chunk.Content
 		got = append(got, c)
 		return nil
 	})
@@ -181,7 +182,7 @@ func TestSimPacing(t *testing.T) {
 		s := newTestSim(t, SimConfig{FirstToken: 150 * time.Millisecond, TokenInterval: 20 * time.Millisecond, Tokens: 5, Seed: 1})
 		start := time.Now()
 		var at []time.Duration
-		_, err := s.Stream(t.Context(), protocol.ChatRequest{Messages: userMsg("hi")}, func(string) error {
+		_, err := s.Stream(t.Context(), protocol.ChatRequest{Messages: userMsg("hi")}, func(protocol.Chunk) error {
 			at = append(at, time.Since(start))
 			return nil
 		})
@@ -229,7 +230,7 @@ func TestSimCancel(t *testing.T) {
 			done := make(chan outcome, 1)
 			go func() {
 				n := 0
-				_, err := s.Stream(ctx, protocol.ChatRequest{Messages: userMsg("hi")}, func(string) error {
+				_, err := s.Stream(ctx, protocol.ChatRequest{Messages: userMsg("hi")}, func(protocol.Chunk) error {
 					n++
 					if n == tc.cancelAfter {
 						// Cancel from inside emit: without waits the
@@ -346,7 +347,7 @@ func TestSimEmitError(t *testing.T) {
 	s := newTestSim(t, fastSim(10))
 	boom := errors.New("client gone")
 	n := 0
-	_, err := s.Stream(t.Context(), protocol.ChatRequest{Messages: userMsg("hi")}, func(string) error {
+	_, err := s.Stream(t.Context(), protocol.ChatRequest{Messages: userMsg("hi")}, func(protocol.Chunk) error {
 		n++
 		if n == 3 {
 			return boom

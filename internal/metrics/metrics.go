@@ -63,6 +63,7 @@ type Metrics struct {
 	StreamLogDropped  prometheus.Counter       // spillway_stream_log_dropped_total
 	TraceInvalid      prometheus.Counter       // spillway_trace_context_invalid_total
 	DegradationLevel  prometheus.Gauge         // spillway_degradation_level
+	DegradationInput  *prometheus.GaugeVec     // spillway_degradation_input{input}
 	RedisCommand      *prometheus.HistogramVec // spillway_redis_command_seconds{op}
 }
 
@@ -156,12 +157,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		DegradationLevel: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "spillway_degradation_level", Help: "Degradation level: 0 normal, 1 elevated, 2 high, 3 critical.",
 		}),
+		DegradationInput: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "spillway_degradation_input", Help: "The inputs of the degradation level as last read, by input (its unit in its name).",
+		}, []string{"input"}),
 	}
 	reg.MustRegister(m.StreamsTotal, m.ActiveStreams, m.TimeToFirstChunk, m.PoolSlotsInUse,
 		m.PoolSlotsCapacity, m.PoolFallback, m.PoolRefusals, m.QueueDepth, m.QueueThreshold,
 		m.QueueRejections, m.QueueWait, m.WorkerJobs, m.WorkerRetries, m.UpstreamResponses, m.DeadLetterDepth,
 		m.CircuitState, m.RateLimited, m.MalformedMessages, m.SubscriptionsLost, m.ResultsDropped, m.StreamGaps,
-		m.TraceInvalid, m.RedisCommand, m.PoolLimit, m.DegradationLevel, m.StreamLogDropped)
+		m.TraceInvalid, m.RedisCommand, m.PoolLimit, m.DegradationLevel, m.DegradationInput, m.StreamLogDropped)
 	// Pre-create label sets so dashboards see zeros rather than gaps.
 	for _, p := range []string{protocol.PathDirect, protocol.PathQueued} {
 		m.ActiveStreams.WithLabelValues(p)

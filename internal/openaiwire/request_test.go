@@ -10,132 +10,139 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-var testLimits = protocol.Limits{MaxMessages: 3, MaxTokens: 100}
+// A tool conversation's next turn, as the SDKs send it: an assistant
+// message with tool_calls and null content, then the tool's answer; an
+// image part; parameters Spillway does not read.
+const toolTurn = `{"model":"gpt-4o","messages":[` +
+	`{"role":"developer","content":"Be brief.","name":"ops"},` +
+	`{"role":"user","content":[{"type":"text","text":"What is in this picture?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]},` +
+	`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"look","arguments":"{}"}}]},` +
+	`{"role":"tool","tool_call_id":"call_1","content":"a cat"}],` +
+	`"tools":[{"type":"function","function":{"name":"look","parameters":{"type":"object","properties":{}}}}],` +
+	`"tool_choice":"auto","parallel_tool_calls":false,"response_format":{"type":"json_object"},` +
+	`"max_completion_tokens":65536,"n":2,"seed":7,"stop":["\n\n"],"logprobs":true,"top_logprobs":2,` +
+	`"reasoning_effort":"low","metadata":{"k":"v"},"store":true,"service_tier":"auto","user":"u1",` +
+	`"stream":true,"stream_options":{"include_usage":true},"x_unknown":{"kept":[1,2]}}`
 
-func TestDecodeRequestAccepts(t *testing.T) {
+func TestDecodeRequestKeepsTheBody(t *testing.T) {
 	t.Parallel()
-	temp := 0.5
-	tests := []struct {
-		name string
-		body string
-		want Request
-	}{
-		{"string content", `{"model":"sim","messages":[{"role":"user","content":"Hi"}]}`,
-			Request{Chat: protocol.ChatRequest{Model: "sim", Messages: []protocol.Message{{Role: "user", Content: "Hi"}}}}},
-		{"text parts joined by a line break, developer is system",
-			`{"messages":[{"role":"developer","content":"Be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}`,
-			Request{Chat: protocol.ChatRequest{Messages: []protocol.Message{{Role: "system", Content: "Be brief"}, {Role: "user", Content: "a\nb"}}}}},
-		{"stream with usage, limits, unknown and ignored fields",
-			`{"model":"m","messages":[{"role":"user","content":"x","name":"bob"}],"stream":true,"stream_options":{"include_usage":true},
-			  "max_tokens":7,"temperature":0.5,"n":1,"tools":[],"seed":3,"user":"u","frequency_penalty":0,"logprobs":null,"whatever":{"a":[1]}}`,
-			Request{Stream: true, IncludeUsage: true,
-				Chat: protocol.ChatRequest{Model: "m", MaxTokens: 7, Temperature: &temp, Messages: []protocol.Message{{Role: "user", Content: "x"}}}}},
-		{"max_completion_tokens wins over max_tokens", `{"messages":[{"role":"user","content":"x"}],"max_tokens":7,"max_completion_tokens":9}`,
-			Request{Chat: protocol.ChatRequest{MaxTokens: 9, Messages: []protocol.Message{{Role: "user", Content: "x"}}}}},
-		{"nulls are absent", `{"messages":[{"role":"user","content":"x"}],"max_tokens":null,"max_completion_tokens":null,"stream":null,"stream_options":null,"n":null,"temperature":null}`,
-			Request{Chat: protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "x"}}}}},
-		{"stream false", `{"messages":[{"role":"assistant","content":"x"}],"stream":false}`,
-			Request{Chat: protocol.ChatRequest{Messages: []protocol.Message{{Role: "assistant", Content: "x"}}}}},
+	req, err := DecodeRequest([]byte(toolTurn), protocol.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		got, err := DecodeRequest([]byte(tt.body), testLimits)
-		if err != nil {
-			t.Errorf("%s: %v", tt.name, err)
-			continue
-		}
-		if !reflect.DeepEqual(got, tt.want) {
-			t.Errorf("%s:\n got %+v\nwant %+v", tt.name, got, tt.want)
-		}
+	c := req.Chat
+	if string(c.Body) != toolTurn {
+		t.Errorf("body changed:\n got %s\nwant %s", c.Body, toolTurn)
+	}
+	want := protocol.ChatRequest{
+		Messages: []protocol.Message{
+			{Role: "developer", Content: "Be brief."}, {Role: "user", Content: "What is in this picture?"},
+			{Role: "assistant", Content: ""}, {Role: "tool", Content: "a cat"},
+		},
+		Model: "gpt-4o", MaxTokens: 65536, Body: c.Body, Route: protocol.RouteChat, TokensField: "max_completion_tokens",
+		N: 2, Stream: true, IncludeUsage: true, Tools: []string{"look"}, ReasoningEffort: "low",
+		TextBytes: len("Be brief.") + len("What is in this picture?") + len("a cat"), NonTextParts: 1,
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Errorf("read\n %+v\nwant\n %+v", c, want)
+	}
+	if !req.Stream || !req.IncludeUsage {
+		t.Errorf("Stream %v IncludeUsage %v, want both", req.Stream, req.IncludeUsage)
+	}
+}
+
+func TestUpstreamBodyChangesOnlyWhatSpillwayOwns(t *testing.T) {
+	t.Parallel()
+	body := `{"messages":[{"role":"user","content":"hi"}],"stream":false,"stream_options":{"other":1},"max_tokens":9000,"seed":3}`
+	req, err := DecodeRequest([]byte(body), protocol.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Chat.CapTokens(1024)
+	up, ok := req.Chat.UpstreamBody("default-model")
+	if !ok {
+		t.Fatal("no upstream body")
+	}
+	want := `{"messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"other":1,"include_usage":true},"max_tokens":1024,"seed":3,"model":"default-model"}`
+	if string(up) != want {
+		t.Errorf("upstream body\n got %s\nwant %s", up, want)
+	}
+	// The cap goes in the field the client used, and none is added under
+	// another name.
+	req, _ = DecodeRequest([]byte(`{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":5000,"model":"m"}`), protocol.DefaultLimits)
+	req.Chat.CapTokens(1024)
+	up, _ = req.Chat.UpstreamBody("default-model")
+	if want := `{"messages":[{"role":"user","content":"hi"}],"max_completion_tokens":1024,"model":"m","stream":true,"stream_options":{"include_usage":true}}`; string(up) != want {
+		t.Errorf("upstream body\n got %s\nwant %s", up, want)
 	}
 }
 
 func TestDecodeRequestRefuses(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name, body, says string
-	}{
-		{"not an object", `[1]`, "JSON object"},
-		{"empty", ``, "JSON object"},
-		{"malformed", `{"messages":`, "malformed JSON"},
-		{"wrong type", `{"messages":"hi"}`, "malformed JSON"},
-		{"invalid UTF-8", "{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}", "UTF-8"},
+	tests := []struct{ name, body, want string }{
+		{"not JSON", `{"messages":`, "malformed JSON"},
+		{"array", `[1]`, "JSON object"},
 		{"no messages", `{"model":"m"}`, "messages is required"},
 		{"empty messages", `{"messages":[]}`, "must not be empty"},
-		{"too many messages", `{"messages":[` + strings.Repeat(`{"role":"user","content":"x"},`, 5) + `{"role":"user","content":"x"}]}`, "at most 3 messages"},
-		{"null content", `{"messages":[{"role":"assistant","content":null}]}`, "needs role and content"},
-		{"no role", `{"messages":[{"content":"x"}]}`, "needs role and content"},
-		{"bad role", `{"messages":[{"role":"robot","content":"x"}]}`, "role must be"},
-		{"empty content", `{"messages":[{"role":"user","content":""}]}`, "non-empty"},
-		{"image part", `{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, "only text"},
-		{"number content", `{"messages":[{"role":"user","content":5}]}`, "string or an array of text parts"},
-		{"NUL", `{"messages":[{"role":"user","content":"a\u0000b"}]}`, "NUL"},
-		{"max_tokens over the limit", `{"messages":[{"role":"user","content":"x"}],"max_tokens":101}`, "between 1 and 100"},
-		{"max_completion_tokens zero", `{"messages":[{"role":"user","content":"x"}],"max_completion_tokens":0}`, "between 1 and 100"},
-		{"max_tokens not an integer", `{"messages":[{"role":"user","content":"x"}],"max_tokens":1.5}`, "integer"},
-		{"temperature", `{"messages":[{"role":"user","content":"x"}],"temperature":3}`, "temperature"},
-		{"n", `{"messages":[{"role":"user","content":"x"}],"n":2}`, "n must be 1"},
-		{"long model", `{"model":"` + strings.Repeat("m", 257) + `","messages":[{"role":"user","content":"x"}]}`, "model is longer"},
+		{"message not an object", `{"messages":[1]}`, "must be an object"},
+		{"no role", `{"messages":[{"content":"x"}]}`, "role must be one of"},
+		{"number content", `{"messages":[{"role":"user","content":3}]}`, "content must be a string, null or an array"},
+		{"part not an object", `{"messages":[{"role":"user","content":["x"]}]}`, "content[0] must be an object"},
+		{"n", `{"messages":[{"role":"user","content":"x"}],"n":9}`, "n must be an integer between 1 and 8"},
+		{"max_tokens", `{"messages":[{"role":"user","content":"x"}],"max_tokens":1.5}`, "max_tokens must be an integer"},
+		{"temperature", `{"messages":[{"role":"user","content":"x"}],"temperature":3}`, "temperature must be"},
+		{"stream", `{"messages":[{"role":"user","content":"x"}],"stream":"yes"}`, "stream must be"},
+		{"stream_options", `{"messages":[{"role":"user","content":"x"}],"stream_options":[]}`, "stream_options must be"},
+		{"tools", `{"messages":[{"role":"user","content":"x"}],"tools":{}}`, "tools must be"},
+		{"escaped NUL", `{"messages":[{"role":"user","content":"a\u0000"}]}`, "NUL"},
+		{"prompt is not ours here", `{"prompt":"x"}`, "messages is required"},
 	}
 	for _, tt := range tests {
-		_, err := DecodeRequest([]byte(tt.body), testLimits)
-		if !errors.Is(err, protocol.ErrInvalidRequest) || !strings.Contains(err.Error(), tt.says) {
-			t.Errorf("%s: error %v, want one saying %q", tt.name, err, tt.says)
+		_, err := DecodeRequest([]byte(tt.body), protocol.DefaultLimits)
+		if !errors.Is(err, protocol.ErrInvalidRequest) || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: error %v, want one saying %q", tt.name, err, tt.want)
 		}
 	}
 }
 
-// A body both endpoints read gives the same request as /v1/stream's
-// decoder: one set of rules.
-func TestDecodeRequestAgreesWithStream(t *testing.T) {
-	t.Parallel()
-	for _, body := range []string{
-		`{"messages":[{"role":"system","content":"s"},{"role":"user","content":"naïve ☕"}],"model":"m","max_tokens":5,"temperature":1}`,
-		`{"messages":[{"role":"tool","content":"{\"a\":1}"}]}`,
-	} {
-		want, err := protocol.DecodeChatRequest([]byte(body), testLimits)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := DecodeRequest([]byte(body), testLimits)
-		if err != nil || !reflect.DeepEqual(got.Chat, want) {
-			t.Fatalf("%s: got %+v, %v; want %+v", body, got.Chat, err, want)
-		}
-	}
-}
-
-// FuzzDecodeRequest: any body either decodes to a request within the
-// limits, or is refused with ErrInvalidRequest; never a panic.
 func FuzzDecodeRequest(f *testing.F) {
-	for _, seed := range []string{
-		// What openai-go v3 sends for a streamed request with usage.
-		`{"messages":[{"content":"Tell me about spillways","role":"user"}],"model":"sim","stream_options":{"include_usage":true},"stream":true}`,
-		`{"messages":[{"content":[{"text":"a","type":"text"},{"text":"b","type":"text"}],"role":"user"}],"model":"gpt-4o","max_completion_tokens":16,"temperature":0.2}`,
-		`{"messages":[{"role":"developer","content":"x"},{"role":"assistant","content":null,"tool_calls":[]}],"n":2}`,
-		`{"messages":[{"role":"user","content":"\u0000"}],"max_tokens":"7"}`,
-		`{"messages":[],"stream":1}`,
-		"{\"messages\":[{\"role\":\"user\",\"content\":\"\xc3\"}]}",
-	} {
-		f.Add([]byte(seed))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := DecodeRequest(body, testLimits)
+	f.Add([]byte(toolTurn))
+	f.Add([]byte(`{"messages":[{"role":"user","content":"hi"}],"stream":true}`))
+	f.Add([]byte(`{"messages":[{"role":"assistant","content":""}],"model":null}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		req, err := DecodeRequest(b, protocol.DefaultLimits)
 		if err != nil {
 			if !errors.Is(err, protocol.ErrInvalidRequest) {
 				t.Fatalf("error %v does not wrap ErrInvalidRequest", err)
 			}
 			return
 		}
-		msgs := req.Chat.Messages
-		if len(msgs) == 0 || len(msgs) > testLimits.MaxMessages || req.Chat.MaxTokens < 0 || req.Chat.MaxTokens > testLimits.MaxTokens {
-			t.Fatalf("accepted out of limits: %+v", req)
+		if string(req.Chat.Body) != string(b) {
+			t.Fatalf("accepted body changed: %q", req.Chat.Body)
 		}
-		for _, m := range msgs {
-			if m.Content == "" || strings.ContainsRune(m.Content, 0) {
-				t.Fatalf("accepted message %+v", m)
+		up, ok := req.Chat.UpstreamBody("m")
+		if !ok {
+			t.Fatalf("no upstream body for %q", b)
+		}
+		var sent, got map[string]any
+		if err := json.Unmarshal(b, &sent); err != nil {
+			t.Fatalf("accepted %q, which encoding/json refuses: %v", b, err)
+		}
+		if err := json.Unmarshal(up, &got); err != nil {
+			t.Fatalf("upstream body %q of %q: %v", up, b, err)
+		}
+		if got["stream"] != true {
+			t.Fatalf("upstream body %q: stream not true", up)
+		}
+		// Every member Spillway does not own is sent as it came.
+		for k, v := range sent {
+			switch k {
+			case "stream", "stream_options", "model":
+				continue
 			}
-		}
-		if req.IncludeUsage && !json.Valid(body) {
-			t.Fatal("accepted invalid JSON")
+			if !reflect.DeepEqual(got[k], v) {
+				t.Fatalf("member %q changed: %v, sent %v", k, got[k], v)
+			}
 		}
 	})
 }

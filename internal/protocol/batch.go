@@ -24,6 +24,10 @@ func appendBatch(dst []byte, chunks []Chunk) []byte {
 		dst = strconv.AppendInt(dst, int64(c.Seq), 10)
 		dst = append(dst, `,"content":`...)
 		dst = appendJSONString(dst, c.Content, false)
+		if c.Raw != nil {
+			dst = append(dst, `,"raw":`...)
+			dst = append(dst, c.Raw...)
+		}
 		dst = append(dst, '}')
 	}
 	return append(dst, ']')
@@ -34,7 +38,7 @@ func appendBatch(dst []byte, chunks []Chunk) []byte {
 func batchLen(chunks []Chunk) int {
 	n := len("BATCH:999999999:[]")
 	for _, c := range chunks {
-		n += len(`{"seq":,"content":""},`) + 10 + len(c.Content) + len(c.Content)/8
+		n += len(`{"seq":,"content":"","raw":},`) + 10 + len(c.Content) + len(c.Content)/8 + len(c.Raw)
 	}
 	return n
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 )
 
-// MaxJobBytes bounds one encoded job; DecodeJob refuses larger input.
-const MaxJobBytes = 4 << 20
+// MaxJobBytes bounds one encoded job; DecodeJob refuses larger input. A
+// job carries its request body whole (images travel inline), so the api's
+// MAX_BODY_BYTES is held under it (config validation).
+const MaxJobBytes = 64 << 20
 
 // EncodeJob returns the wire form of j, stamping the current JobVersion. It
 // refuses a job larger than MaxJobBytes, which DecodeJob would refuse. A
@@ -14,9 +16,22 @@ const MaxJobBytes = 4 << 20
 func EncodeJob(j Job) ([]byte, error) {
 	j.Version = JobVersion
 	j.Trace, _ = normalizeTrace(j.Trace)
+	body := j.Payload.Body
+	if body != nil {
+		// The body travels as it is, byte for byte, spliced in after the
+		// rest is encoded (encoding/json would compact it); the payload's
+		// fields are read from it again by DecodeJob.
+		j.Route = j.Payload.Route
+		j.Payload = ChatRequest{}
+	}
+	j.Body = nil
 	b, err := appendJSON(nil, j)
 	if err != nil {
 		return nil, fmt.Errorf("protocol: encode job %s: %w", j.RequestID, err)
+	}
+	if body != nil {
+		b = append(b[:len(b)-1], `,"body":`...)
+		b = append(append(b, body...), '}')
 	}
 	if len(b) > MaxJobBytes {
 		return nil, fmt.Errorf("protocol: encode job %s: %d bytes exceeds %d", j.RequestID, len(b), MaxJobBytes)
@@ -37,8 +52,8 @@ func DecodeJob(b []byte) (Job, error) {
 	if err := strictUnmarshal(b, &j); err != nil {
 		return Job{}, fmt.Errorf("%w: job: %v", ErrMalformed, err)
 	}
-	if j.Version != JobVersion {
-		return Job{}, fmt.Errorf("%w: job version %d, want %d", ErrMalformed, j.Version, JobVersion)
+	if j.Version != 1 && j.Version != JobVersion {
+		return Job{}, fmt.Errorf("%w: job version %d, want 1 or %d", ErrMalformed, j.Version, JobVersion)
 	}
 	if j.RequestID == "" || len(j.RequestID) > 128 || !validIDChars(j.RequestID) {
 		// Quote at most 128 bytes: a request_id can be megabytes long.
@@ -47,7 +62,27 @@ func DecodeJob(b []byte) (Job, error) {
 	if j.Deadline.IsZero() || j.EnqueueTime.IsZero() {
 		return Job{}, fmt.Errorf("%w: job %s lacks enqueue_time or deadline", ErrMalformed, j.RequestID)
 	}
-	if err := validateMessages(j.Payload.Messages, maxMessagesHardLimit); err != nil {
+	if j.Body != nil {
+		var (
+			req ChatRequest
+			err error
+		)
+		switch j.Route {
+		case RouteStream, RouteChat:
+			// The api turned a /v1/stream body into a chat request
+			// before it enqueued it: both are read as one.
+			req, err = decodeChat(j.Body, hardLimits, j.Route, false)
+		case RouteResponses:
+			req, err = DecodeResponses(j.Body, hardLimits)
+		default:
+			return Job{}, fmt.Errorf("%w: job %s: route %.32q is not one this version serves", ErrMalformed, j.RequestID, j.Route)
+		}
+		if err != nil {
+			return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
+		}
+		req.ThreadID = j.ThreadID
+		j.Payload, j.Body = req, nil
+	} else if err := validateMessages(j.Payload.Messages, maxMessagesHardLimit); err != nil {
 		return Job{}, fmt.Errorf("%w: job %s: %v", ErrMalformed, j.RequestID, err)
 	}
 	if j.SessionID != "" && !ValidUserID(j.SessionID) {

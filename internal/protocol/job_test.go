@@ -34,7 +34,7 @@ func sampleJob() Job {
 	}
 }
 
-const sampleJobWire = `{"v":1,"request_id":"req-01J9Z8","user_id":"alice@example.com","thread_id":"t-42",` +
+const sampleJobWire = `{"v":2,"request_id":"req-01J9Z8","user_id":"alice@example.com","thread_id":"t-42",` +
 	`"payload":{"messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello"}],` +
 	`"model":"sim-1","max_tokens":256,"temperature":0.7,"thread_id":"t-42"},` +
 	`"enqueue_time":"2025-03-14T15:09:26.535897Z","deadline":"2025-03-14T15:09:56.535897Z"}`
@@ -57,12 +57,12 @@ func TestEncodeJobGolden(t *testing.T) {
 		{
 			// Version is stamped by EncodeJob whatever the caller set.
 			"minimal", minimal,
-			`{"v":1,"request_id":"r1","user_id":"10.0.0.1","payload":{"messages":[{"role":"user","content":"Hi <b> & \"you\"\n"}]},` +
+			`{"v":2,"request_id":"r1","user_id":"10.0.0.1","payload":{"messages":[{"role":"user","content":"Hi <b> & \"you\"\n"}]},` +
 				`"enqueue_time":"2025-01-02T03:04:05Z","deadline":"2025-01-02T03:04:35Z"}`,
 		},
 		{
 			"temperature zero is kept", func() Job { j := minimal; j.Payload.Temperature = ptr(0.0); return j }(),
-			`{"v":1,"request_id":"r1","user_id":"10.0.0.1","payload":{"messages":[{"role":"user","content":"Hi <b> & \"you\"\n"}],"temperature":0},` +
+			`{"v":2,"request_id":"r1","user_id":"10.0.0.1","payload":{"messages":[{"role":"user","content":"Hi <b> & \"you\"\n"}],"temperature":0},` +
 				`"enqueue_time":"2025-01-02T03:04:05Z","deadline":"2025-01-02T03:04:35Z"}`,
 		},
 	}
@@ -254,10 +254,10 @@ func TestDecodeJobRejects(t *testing.T) {
 		{"trailing brace", sampleJobWire + `}`},
 		{"trailing bracket", sampleJobWire + `]`},
 		{"trailing garbage", sampleJobWire + `xyz`},
-		{"version missing", edit(`"v":1,`, ``)},
-		{"version 0", edit(`"v":1`, `"v":0`)},
-		{"version 2", edit(`"v":1`, `"v":2`)},
-		{"version string", edit(`"v":1`, `"v":"1"`)},
+		{"version missing", edit(`"v":2,`, ``)},
+		{"version 0", edit(`"v":2`, `"v":0`)},
+		{"version 3", edit(`"v":2`, `"v":3`)},
+		{"version string", edit(`"v":2`, `"v":"2"`)},
 		{"request_id missing", edit(`"request_id":"req-01J9Z8",`, ``)},
 		{"request_id empty", edit(`"req-01J9Z8"`, `""`)},
 		{"request_id space", edit(`"req-01J9Z8"`, `"req 1"`)},
@@ -278,7 +278,6 @@ func TestDecodeJobRejects(t *testing.T) {
 		{"role bad", edit(`"role":"system"`, `"role":"root"`)},
 		{"role upper case", edit(`"role":"system"`, `"role":"System"`)},
 		{"role empty", edit(`"role":"system"`, `"role":""`)},
-		{"content empty", edit(`"content":"Hello"`, `"content":""`)},
 		{"content NUL", edit(`"content":"Hello"`, `"content":"Hel\u0000lo"`)},
 		{"content number", edit(`"content":"Hello"`, `"content":5`)},
 		{"priority unknown", strings.TrimSuffix(sampleJobWire, `}`) + `,"priority":"urgent"}`},

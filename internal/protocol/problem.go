@@ -1,6 +1,9 @@
 package protocol
 
-import "fmt"
+import (
+	"encoding/json"
+	"fmt"
+)
 
 // ProblemTypeBase prefixes every problem `type` URI Spillway writes.
 const ProblemTypeBase = "https://spillway.dev/errors/"
@@ -46,6 +49,11 @@ type Problem struct {
 	Detail            string `json:"detail,omitempty"`
 	Instance          string `json:"instance,omitempty"`
 	RetryAfterSeconds int    `json:"retry_after_seconds,omitempty"`
+	// UpstreamError is the upstream's own error object when it refused
+	// the request (provider-rejected): what an OpenAI-dialect client gets
+	// as it was sent, and a problem document carries as an extension
+	// member.
+	UpstreamError json.RawMessage `json:"upstream_error,omitempty"`
 }
 
 // NewProblem returns a problem of the given slug, title, status and detail.

@@ -1,6 +1,8 @@
 package protocol
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"net/http"
 )
@@ -160,12 +162,33 @@ func ProviderUnavailable(retryAfterSeconds int) *Problem {
 // ProviderRejected ends a stream whose provider refused this request's
 // content (upstream 400, 404, 413, 415 or 422; llm.IsClientError): sending
 // it again would meet the same answer, so it advises no retry and is never
-// retried or dead-lettered. upstreamStatus is the provider's HTTP status,
-// which helps the caller (404 usually names an unknown model).
-func ProviderRejected(upstreamStatus int) *Problem {
-	return problem(ProblemProviderRejected, fmt.Sprintf(
-		"The model provider refused this request (HTTP %d): check the model name, the messages and max_tokens; sending it again unchanged will not help.",
+// retried or dead-lettered. The problem has the upstream's status, and
+// carries the upstream's error body (upstreamBody, when it is a JSON
+// object) whole, so an OpenAI-dialect client gets the upstream's error as
+// the upstream sent it (docs/API.md, "Upstream client errors are the client's").
+func ProviderRejected(upstreamStatus int, upstreamBody []byte) *Problem {
+	p := problem(ProblemProviderRejected, fmt.Sprintf(
+		"The model provider refused this request (HTTP %d): check the model name, the messages and the parameters; sending it again unchanged will not help.",
 		upstreamStatus), 0)
+	if upstreamStatus >= 400 && upstreamStatus < 500 {
+		p.Status = upstreamStatus
+	}
+	body := bytes.TrimSpace(upstreamBody)
+	if len(body) > 0 && body[0] == '{' && json.Valid(body) {
+		p.UpstreamError = json.RawMessage(body)
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+			Message string `json:"message"`
+		}
+		if json.Unmarshal(body, &e) == nil {
+			if m := cmpOr(e.Error.Message, e.Message); m != "" {
+				p.Detail = fmt.Sprintf("The model provider refused this request (HTTP %d): %s", upstreamStatus, m)
+			}
+		}
+	}
+	return p
 }
 
 // WorkerLost ends a queued request whose worker went silent and no other

@@ -4,6 +4,7 @@
 package protocol
 
 import (
+	"encoding/json"
 	"time"
 )
 
@@ -13,28 +14,130 @@ type Message struct {
 	Content string `json:"content"`
 }
 
-// ChatRequest is a validated streaming request: the body of POST /v1/stream
-// after DecodeChatRequest, and the payload of a queued Job.
+// ChatRequest is a validated request: the body of POST /v1/stream or
+// /v1/chat/completions after its decoder, and the payload of a queued Job.
+// Body is what travels: the request as the client sent it, byte for byte,
+// with only what Spillway owns changed (docs/API.md, "What passes
+// untouched"); the other fields are what Spillway reads of it.
 type ChatRequest struct {
-	Messages    []Message `json:"messages"`
+	// Messages is the text view of the messages: their roles, and text
+	// parts joined by line breaks. The simulator answers from it and the
+	// token estimates count it. Every other part of a message travels in
+	// Body only.
+	Messages    []Message `json:"messages,omitempty"`
 	Model       string    `json:"model,omitempty"`
 	MaxTokens   int       `json:"max_tokens,omitempty"`
 	Temperature *float64  `json:"temperature,omitempty"`
 	ThreadID    string    `json:"thread_id,omitempty"`
+
+	// Body is the request as it is forwarded (UpstreamBody adds the
+	// streaming fields). Nil for a request built in code, whose provider
+	// call is built from the fields above.
+	Body []byte `json:"-"`
+	// Route is where the request came in (RouteStream, RouteChat).
+	Route string `json:"-"`
+	// TokensField is the field the client capped the answer with,
+	// max_tokens or max_completion_tokens; empty when neither.
+	TokensField string `json:"-"`
+	// N is how many choices the client asked for (n), at least 1.
+	N int `json:"-"`
+	// Stream is the client's `stream`: on the OpenAI routes, chunks
+	// rather than one object.
+	Stream bool `json:"-"`
+	// IncludeUsage is the client's stream_options.include_usage: the
+	// upstream is always asked for usage, the client gets its chunk only
+	// when it asked.
+	IncludeUsage bool `json:"-"`
+	// Tools names the tools offered, in order (the simulator calls the
+	// first).
+	Tools []string `json:"-"`
+	// ReasoningEffort is the client's reasoning_effort, if any.
+	ReasoningEffort string `json:"-"`
+	// TextBytes counts the bytes of the text in the messages, and
+	// NonTextParts the content parts that are not text (images, audio,
+	// files): token estimates count the first by bytes/4 and each of the
+	// second as NONTEXT_PART_TOKENS, never their base64 bytes.
+	TextBytes    int `json:"-"`
+	NonTextParts int `json:"-"`
 }
 
-// Usage counts tokens of one answer, in the OpenAI shape.
+// Usage counts tokens of one answer, in the OpenAI shape, with the
+// upstream's details passed on as it sent them.
 type Usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	TotalTokens      int `json:"total_tokens"`
+	PromptTokens            int     `json:"prompt_tokens"`
+	CompletionTokens        int     `json:"completion_tokens"`
+	TotalTokens             int     `json:"total_tokens"`
+	PromptTokensDetails     RawJSON `json:"prompt_tokens_details,omitempty"`
+	CompletionTokensDetails RawJSON `json:"completion_tokens_details,omitempty"`
+}
+
+// RawJSON is a JSON value kept as it came. It is a string, so the structs
+// that hold one stay comparable; empty means absent (or null).
+type RawJSON string
+
+// MarshalJSON returns the value as it came.
+func (r RawJSON) MarshalJSON() ([]byte, error) {
+	if r == "" {
+		return []byte("null"), nil
+	}
+	return []byte(r), nil
+}
+
+// UnmarshalJSON keeps b; null is kept as empty.
+func (r *RawJSON) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		*r = ""
+		return nil
+	}
+	*r = RawJSON(b)
+	return nil
 }
 
 // Chunk is one piece of an answer with its sequence number, counted from 1
 // within one attempt.
 type Chunk struct {
-	Seq     int    `json:"seq"`
+	Seq int `json:"seq"`
+	// Content is the text of choices[0].delta.content.
 	Content string `json:"content"`
+	// Raw is the upstream's chunk as it came (a chat.completion.chunk),
+	// when it must travel whole: always for an OpenAI-dialect client,
+	// and for any client when the chunk carries more than Content
+	// (Extra). Nil for a chunk of plain content on /v1/stream, and for a
+	// provider that makes its own chunks (the simulator's plain text).
+	Raw json.RawMessage `json:"raw,omitempty"`
+	// Extra reports that Raw carries deltas a /v1/stream event shows
+	// besides Content: another choice, reasoning, tool calls, a refusal,
+	// audio or logprobs. It does not travel: a receiver that finds Raw
+	// reads it.
+	Extra bool `json:"-"`
+}
+
+// Output reports whether c carries model output: content or extra
+// deltas. A role-only preamble, a finish reason or usage alone is none:
+// the first chunk, for time to first chunk and for whether a retry is
+// still invisible to the client, is the first with output.
+func (c Chunk) Output() bool { return c.Content != "" || c.Extra }
+
+// NeededBy reports whether a client on route gets chunk c: an
+// OpenAI-dialect client every chunk the upstream sent (its role preamble,
+// its finish and usage chunks included), a /v1/stream client only a chunk
+// with content or extra deltas (its done event carries the finish reason
+// and the usage).
+func (c Chunk) NeededBy(route string) bool {
+	return !Native(route) || c.Content != "" || c.Extra
+}
+
+// Native reports whether route writes /v1/stream's events: RouteStream,
+// or none (a version 1 job's, a request built in code).
+func Native(route string) bool { return route == RouteStream || route == "" }
+
+// For returns c as it travels to a client on route: a /v1/stream client
+// gets Raw only with extra deltas.
+func (c Chunk) For(route string) Chunk {
+	if Native(route) && !c.Extra {
+		c.Raw = nil
+	}
+	return c
 }
 
 // Path values: which way a request was answered, sent in the `done`
@@ -84,7 +187,7 @@ type Retrying struct {
 }
 
 // JobVersion is the version of the Job wire format this package writes.
-const JobVersion = 1
+const JobVersion = 2
 
 // Job is a queued request as it travels through Redis Streams or Kafka.
 type Job struct {
@@ -94,8 +197,17 @@ type Job struct {
 	ThreadID  string `json:"thread_id,omitempty"`
 	// SessionID is the request's X-Session-ID, the affinity key of
 	// several upstreams (docs/UPSTREAMS.md, "Routing"). Optional.
-	SessionID string      `json:"session_id,omitempty"`
-	Payload   ChatRequest `json:"payload"`
+	SessionID string `json:"session_id,omitempty"`
+	// Payload is the request. A version 2 job carries its Body and Route
+	// in Body and Route below, and DecodeJob reads Payload from them; a
+	// version 1 job (written before the transparent proxy) carries the
+	// text view here.
+	Payload ChatRequest `json:"payload,omitzero"`
+	// Route is the request's route (RouteStream, RouteChat); version 2.
+	Route string `json:"route,omitempty"`
+	// Body is the request body as the api forwards it, byte for byte;
+	// version 2. EncodeJob writes Payload.Body here.
+	Body json.RawMessage `json:"body,omitempty"`
 	// EnqueueTime is when the api accepted the job.
 	EnqueueTime time.Time `json:"enqueue_time"`
 	// Deadline is the latest time a worker may start the job; after it the

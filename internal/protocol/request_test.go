@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -125,7 +126,7 @@ func TestDecodeChatRequestAccepts(t *testing.T) {
 			if err != nil {
 				t.Fatalf("DecodeChatRequest(%s): %v", tt.body, err)
 			}
-			if !reflect.DeepEqual(got, tt.want) {
+			if !reflect.DeepEqual(textView(got), tt.want) {
 				t.Errorf("DecodeChatRequest(%s) =\n%+v\nwant\n%+v", tt.body, got, tt.want)
 			}
 		})
@@ -147,7 +148,7 @@ func TestPromptEqualsOneUserMessage(t *testing.T) {
 			if err != nil {
 				t.Fatalf("messages form: %v", err)
 			}
-			if !reflect.DeepEqual(short, long) {
+			if !reflect.DeepEqual(textView(short), textView(long)) || !jsonEqual(t, short.Body, long.Body) {
 				t.Errorf("prompt form %+v differs from messages form %+v", short, long)
 			}
 			if len(short.Messages) != 1 || short.Messages[0].Role != "user" {
@@ -195,22 +196,26 @@ func TestDecodeChatRequestRejects(t *testing.T) {
 		{"message null", Limits{}, `{"messages":[null]}`},
 		{"content a number", Limits{}, `{"messages":[{"role":"user","content":42}]}`},
 		{"content an array", Limits{}, `{"messages":[{"role":"user","content":["` + secret + `"]}]}`},
-		{"content null", Limits{}, `{"messages":[{"role":"user","content":null}]}`},
 		{"role a number", Limits{}, `{"messages":[{"role":1,"content":"` + secret + `"}]}`},
 		{"prompt a number", Limits{}, `{"prompt":7}`},
 		{"prompt empty", Limits{}, `{"prompt":""}`},
 		{"empty messages", Limits{}, `{"messages":[]}`},
 		{"missing role", Limits{}, `{"messages":[{"content":"` + secret + `"}]}`},
-		{"missing content", Limits{}, `{"messages":[{"role":"user"}]}`},
 		{"unknown role", Limits{}, `{"messages":[` + msg(secret, "hi") + `]}`},
 		{"role wrong case", Limits{}, `{"messages":[` + msg("User", secret) + `]}`},
-		{"role developer", Limits{}, `{"messages":[` + msg("developer", secret) + `]}`},
-		{"empty content", Limits{}, `{"messages":[` + msg("user", secret) + `,` + msg("assistant", "") + `]}`},
 		{"too many messages (custom limit)", Limits{MaxMessages: 2, MaxTokens: 10}, many(3)},
 		{"too many messages (default limit)", Limits{}, many(1001)},
 		{"max_tokens 0", Limits{}, ok + `,"max_tokens":0}`},
 		{"max_tokens negative", Limits{}, ok + `,"max_tokens":-1}`},
-		{"max_tokens over limit", Limits{}, ok + `,"max_tokens":32769}`},
+		{"max_tokens over limit", Limits{}, ok + `,"max_tokens":1048577}`},
+		{"max_completion_tokens zero", Limits{}, ok + `,"max_completion_tokens":0}`},
+		{"n over MAX_CHOICES", Limits{}, ok + `,"n":9}`},
+		{"n zero", Limits{}, ok + `,"n":0}`},
+		{"role unknown", Limits{}, `{"messages":[` + msg("robot", secret) + `]}`},
+		{"content a number", Limits{}, `{"messages":[{"role":"user","content":7}]}`},
+		{"content part not an object", Limits{}, `{"messages":[{"role":"user","content":["` + secret + `"]}]}`},
+		{"nested 65 deep", Limits{}, ok + `,"x":` + strings.Repeat("[", 64) + strings.Repeat("]", 64) + `}`},
+		{"message not an object", Limits{}, `{"messages":["` + secret + `"]}`},
 		{"max_tokens over custom limit", Limits{MaxMessages: 10, MaxTokens: 100}, ok + `,"max_tokens":101}`},
 		{"max_tokens huge", Limits{}, ok + `,"max_tokens":99999999999999999999999}`},
 		{"max_tokens string", Limits{}, ok + `,"max_tokens":"256"}`},
@@ -264,5 +269,49 @@ func TestDecodeChatRequestRejects(t *testing.T) {
 				t.Errorf("DecodeChatRequest returned %+v alongside an error", got)
 			}
 		})
+	}
+}
+
+// textView is req less what the decoders keep besides the fields the
+// tests compare: the body and what is read of it for the provider.
+func textView(req ChatRequest) ChatRequest {
+	return ChatRequest{Messages: req.Messages, Model: req.Model, MaxTokens: req.MaxTokens, Temperature: req.Temperature, ThreadID: req.ThreadID}
+}
+
+// jsonEqual reports whether a and b are the same JSON value.
+func jsonEqual(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var va, vb any
+	if err := json.Unmarshal(a, &va); err != nil {
+		t.Fatalf("%s: %v", a, err)
+	}
+	if err := json.Unmarshal(b, &vb); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return reflect.DeepEqual(va, vb)
+}
+
+func TestDecodeResponses(t *testing.T) {
+	t.Parallel()
+	body := `{"model":"gpt-up","input":[{"role":"user","content":[{"type":"input_text","text":"hi"},{"type":"input_image","image_url":"data:image/png;base64,AAAA"}]},{"type":"function_call_output","call_id":"c1","output":"21"}],"previous_response_id":"resp_1","store":true,"max_output_tokens":9000,"tools":[{"type":"function","name":"get_weather"}],"stream":true}`
+	req, err := DecodeResponses([]byte(body), DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(req.Body) != body || req.Route != RouteResponses || !req.Stream || req.MaxTokens != 9000 ||
+		req.TokensField != "max_output_tokens" || len(req.Tools) != 1 || req.Tools[0] != "get_weather" || req.NonTextParts != 1 {
+		t.Fatalf("read %+v", req)
+	}
+	req.CapTokens(1024)
+	up, ok := req.UpstreamBody("m")
+	var got map[string]any
+	if !ok || json.Unmarshal(up, &got) != nil || got["max_output_tokens"] != float64(1024) || got["stream"] != true ||
+		got["previous_response_id"] != "resp_1" || got["stream_options"] != nil {
+		t.Fatalf("upstream body %s", up)
+	}
+	for _, bad := range []string{`{}`, `{"input":3}`, `{"input":[]}`, `{"input":[1]}`, `{"input":"x","max_output_tokens":0}`, `[1]`} {
+		if _, err := DecodeResponses([]byte(bad), DefaultLimits); !errors.Is(err, ErrInvalidRequest) {
+			t.Errorf("%s: error %v, want a 400", bad, err)
+		}
 	}
 }

@@ -174,8 +174,17 @@ func checkBatch(chunks []Chunk) error {
 		if i > 0 && c.Seq != chunks[i-1].Seq+1 {
 			return fmt.Errorf("batch seq %d follows %d", c.Seq, chunks[i-1].Seq)
 		}
+		if c.Raw != nil && !rawChunkOK(c.Raw) {
+			return fmt.Errorf("batch chunk %d: raw is not one compact JSON object", c.Seq)
+		}
 	}
 	return nil
+}
+
+// rawChunkOK reports whether raw is a JSON object on one line, as an
+// SSE data line carries it.
+func rawChunkOK(raw []byte) bool {
+	return len(raw) > 1 && raw[0] == '{' && bytes.IndexAny(raw, "\r\n") < 0 && json.Valid(raw)
 }
 
 func checkProblem(p *Problem) error {

@@ -65,3 +65,34 @@ func Classify(err error) State {
 	// Refused, reset, EOF, broken pipe, a closed client, anything else.
 	return Gone
 }
+
+// Exec runs pipe and makes every command's error say what happened to
+// it. go-redis stamps a pipeline's failure on its commands only when the
+// failure is not an error reply: a connection whose AUTH is refused
+// (WRONGPASS after a rotated requirepass, NOAUTH) fails the whole pipeline
+// with commands that carry neither an error nor a value, and reading such
+// a command's value as a reply dereferences nil. When Exec fails and no
+// command carries an error, Exec puts that error on every command, so the
+// caller may check each command alone. It returns Exec's error.
+func Exec(ctx context.Context, pipe redis.Pipeliner) error {
+	cmds, err := pipe.Exec(ctx)
+	Stamp(cmds, err)
+	return err
+}
+
+// Stamp is Exec's repair for commands a pipeline already ran (Pipelined,
+// TxPipelined): when err is set and no command carries an error, it puts
+// err on every command.
+func Stamp(cmds []redis.Cmder, err error) {
+	if err == nil {
+		return
+	}
+	for _, c := range cmds {
+		if c.Err() != nil {
+			return
+		}
+	}
+	for _, c := range cmds {
+		c.SetErr(err)
+	}
+}

@@ -67,3 +67,61 @@ func TestClassifyReplies(t *testing.T) {
 		t.Fatalf("write on a replica: %v classified %v, want gone", err, Classify(err))
 	}
 }
+
+// TestExecStampsARefusedPipeline: a client whose password the server
+// refuses gets a pipeline error and commands without one (go-redis
+// stamps only non-reply errors); Exec puts the error on each command.
+func TestExecStampsARefusedPipeline(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	ctx := context.Background()
+	if err := s.Client(t).ConfigSet(ctx, "requirepass", "right").Err(); err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: "wrong", MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+
+	raw := c.Pipeline()
+	bare := raw.XLen(ctx, "k")
+	_, err := raw.Exec(ctx)
+	if err == nil || !redis.HasErrorPrefix(err, "WRONGPASS") {
+		t.Fatalf("pipeline with a wrong password: %v, want WRONGPASS", err)
+	}
+	t.Logf("go-redis leaves the command's error %v (value %d)", bare.Err(), bare.Val())
+
+	pipe := c.Pipeline()
+	xlen, get := pipe.XLen(ctx, "k"), pipe.Get(ctx, "g")
+	if err := Exec(ctx, pipe); err == nil {
+		t.Fatal("Exec: no error with a wrong password")
+	}
+	for _, cmd := range []redis.Cmder{xlen, get} {
+		if !redis.HasErrorPrefix(cmd.Err(), "WRONGPASS") {
+			t.Errorf("%s after Exec: error %v, want WRONGPASS", cmd.Name(), cmd.Err())
+		}
+	}
+}
+
+// TestExecKeepsEachCommandsOwnReply: a pipeline that ran keeps each
+// command's own outcome, the failed one's error and the others' values.
+func TestExecKeepsEachCommandsOwnReply(t *testing.T) {
+	t.Parallel()
+	c := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	if err := c.Set(ctx, "s", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	pipe := c.Pipeline()
+	bad, good, missing := pipe.XLen(ctx, "s"), pipe.Get(ctx, "s"), pipe.Get(ctx, "none")
+	if err := Exec(ctx, pipe); err == nil {
+		t.Fatal("Exec: no error for XLEN of a string")
+	}
+	if !redis.HasErrorPrefix(bad.Err(), "WRONGTYPE") {
+		t.Errorf("XLEN of a string: %v, want WRONGTYPE", bad.Err())
+	}
+	if v, err := good.Result(); err != nil || v != "v" {
+		t.Errorf("GET s: %q, %v; want v", v, err)
+	}
+	if err := missing.Err(); err != redis.Nil {
+		t.Errorf("GET of a missing key: %v, want redis.Nil", err)
+	}
+}

@@ -124,7 +124,14 @@ func TestDirectPathAllocatesNothingPerChunk(t *testing.T) {
 		}
 		// 1,000 more chunks of about 12 bytes: a handful of 4 KiB blocks
 		// (the client's strings, the log's data) and write-buffer growth.
-		if many-few > 20 {
+		// The OpenAI dialect relays each upstream chunk as it came, so
+		// its client keeps about 140 KB more of raw chunks, in blocks of
+		// 16 KiB: ten more.
+		bound := 20.0
+		if ep.name == "openai" {
+			bound += 10
+		}
+		if many-few > bound {
 			t.Errorf("%s: %v allocations for 10 chunks, %v for 1,010: the direct path allocates per chunk", ep.name, few, many)
 		}
 	}

@@ -34,8 +34,9 @@ type opener func(w http.ResponseWriter, writeTimeout time.Duration) Sink
 type eventWriter interface {
 	// Start opens the answer on path, with the request id.
 	Start(requestID, path string) error
-	// Chunk writes the chunk numbered seq within the current attempt.
-	Chunk(seq int, content string) error
+	// Chunk writes the chunk numbered seq within the current attempt:
+	// the upstream's raw chunk when it has one, else plain content.
+	Chunk(seq int, content string, raw []byte) error
 	// Reset voids the chunks so far: another attempt starts.
 	Reset(protocol.Reset) error
 	// Retrying says the provider call failed before any chunk and is
@@ -74,7 +75,7 @@ func (s eventSink) Flush() error {
 func (s eventSink) Event(e Event) error {
 	switch e.Name {
 	case "":
-		return s.ew.Chunk(int(e.ID), e.Content)
+		return s.ew.Chunk(int(e.ID), e.Content, e.Raw)
 	case protocol.EventReset:
 		return s.ew.Reset(*e.Reset)
 	case protocol.EventRetrying:

@@ -81,13 +81,46 @@ func (p *directProducer) run(ctx context.Context) {
 	if p.res != nil {
 		call = p.res.Stream
 	}
-	result, err := call(ctx, p.req, func(content string) error {
+	route := p.req.Route
+	one := func(c protocol.Chunk) error {
 		seq++
+		c.Seq = seq
 		i := seq % len(ring)
-		ring[i] = protocol.Chunk{Seq: seq, Content: content}
+		ring[i] = c
 		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: ring[i : i+1 : i+1]})
+	}
+	// Chunks without output (a role preamble) wait for the first that
+	// has some: a failure before it stays invisible to the client, so
+	// the request can still go to the queue.
+	var held []protocol.Chunk
+	sendHeld := func() error {
+		for _, h := range held {
+			if err := one(h); err != nil {
+				return err
+			}
+		}
+		held = nil
+		return nil
+	}
+	result, err := call(ctx, p.req, func(c protocol.Chunk) error {
+		if !c.NeededBy(route) {
+			return nil
+		}
+		c = c.For(route)
+		if seq == 0 && !c.Output() {
+			held = append(held, c)
+			return nil
+		}
+		if err := sendHeld(); err != nil {
+			return err
+		}
+		return one(c)
 	})
 	if err == nil {
+		err = sendHeld()
+	}
+	if err == nil {
+		h.requestEnded(nil)
 		usage := result.Usage
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
 			RequestID: p.requestID, FinishReason: result.FinishReason, Path: protocol.PathDirect, Usage: &usage,
@@ -101,7 +134,8 @@ func (p *directProducer) run(ctx context.Context) {
 	switch {
 	case seq == 0 && llm.IsClientError(err) && errors.As(err, &le):
 		h.log.Info("provider refused the request", "request_id", p.requestID, "path", protocol.PathDirect, "status", le.Status)
-		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status)})
+		h.requestEnded(err)
+		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status, le.Body)})
 		return
 	case seq == 0 && llm.IsRetryable(err) && h.spill != nil:
 		h.log.Info("provider failed before the first chunk; handing the request to the queue",
@@ -110,6 +144,7 @@ func (p *directProducer) run(ctx context.Context) {
 		return
 	}
 	h.log.Warn("provider failed", "request_id", p.requestID, "path", protocol.PathDirect, "chunks", seq, "err", err)
+	h.requestEnded(err)
 	// Advise the retry policy's delay when the failure is retryable (an
 	// upstream Retry-After, the throttled backoff), else none.
 	prob := protocol.ProviderFailed(0)
@@ -117,6 +152,14 @@ func (p *directProducer) run(ctx context.Context) {
 		prob.RetryAfterSeconds = max(1, int((d+time.Second-1)/time.Second))
 	}
 	_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
+}
+
+// requestEnded tells Deps.Ended how a request the direct path answered
+// ended.
+func (h *Handler) requestEnded(err error) {
+	if h.ended != nil {
+		h.ended(err)
+	}
 }
 
 // handOff continues a request whose provider call failed retryably before

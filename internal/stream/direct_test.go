@@ -180,3 +180,67 @@ func TestHandlerDirectHandOffRefusedByFullQueue(t *testing.T) {
 		}
 	})
 }
+
+// Deps.Ended is told once how each request the direct path answered
+// itself ended: nil when served, the provider's error when it failed; a
+// request handed to the queue is not told here (its worker tells).
+func TestHandlerDirectTellsHowRequestsEnded(t *testing.T) {
+	t.Parallel()
+	errMid := &llm.Error{Retryable: true, Status: http.StatusBadGateway, Err: errors.New("fake: cut")}
+	errThrottled := &llm.Error{Retryable: true, Status: http.StatusTooManyRequests, RetryAfter: time.Second, Err: errors.New("fake: 429")}
+	tests := []struct {
+		name  string
+		prov  *fakeProvider
+		spill bool
+		want  []error
+	}{
+		{"served", &fakeProvider{chunks: []string{"Hel", "lo"}}, true, []error{nil}},
+		{"failed after a chunk", &fakeProvider{chunks: []string{"Hel"}, err: errMid}, true, []error{errMid}},
+		{"failed before a chunk, no queue", &fakeProvider{err: errThrottled}, false, []error{errThrottled}},
+		{"handed to the queue", &fakeProvider{err: errThrottled}, true, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				var ends []error
+				d := stream.Deps{Pool: &fakePool{free: 1}, Provider: tt.prov, Gate: &fakeGate{}, Log: testutil.DiscardLogger(),
+					Ended: func(err error) {
+						mu.Lock()
+						ends = append(ends, err)
+						mu.Unlock()
+					}}
+				sp := &fakeSpiller{relay: newFakeRelay(
+					protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{FinishReason: "stop", Path: protocol.PathQueued}})}
+				if tt.spill {
+					d.Spiller = sp
+				}
+				h, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+					DirectPathEnabled: true}, d)
+				if err != nil {
+					t.Fatal(err)
+				}
+				w := post(h, validBody, map[string]string{"X-User-ID": "u1"})
+				if w.Code != http.StatusOK {
+					t.Fatalf("HTTP %d", w.Code)
+				}
+				h.Wait()
+				synctest.Wait()
+				if handed := len(sp.jobs) == 1; handed != (tt.spill && tt.want == nil) {
+					t.Fatalf("handed to the queue: %v; body %q", handed, w.Body.String())
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if len(ends) != len(tt.want) {
+					t.Fatalf("told %v, want %v", ends, tt.want)
+				}
+				for i := range ends {
+					if ends[i] != tt.want[i] {
+						t.Errorf("told %v, want %v", ends, tt.want)
+					}
+				}
+			})
+		})
+	}
+}

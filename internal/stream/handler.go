@@ -56,6 +56,11 @@ type Deps struct {
 	// called once the stream ended. A server counts the stream as open in
 	// between, as it counted its request.
 	Hold func() (release func())
+	// Ended, when set, is told how each request the direct path answered
+	// itself ended: the provider's last error, nil for a complete answer.
+	// A request handed to the queue is told by its worker instead, and
+	// one whose client left is not told. It must not block.
+	Ended func(err error)
 }
 
 // LogWriter appends to the per-request stream log without waiting for
@@ -70,7 +75,7 @@ type LogWriter interface {
 type LogReader interface {
 	Owner(ctx context.Context, requestID string) (string, error)
 	Read(ctx context.Context, requestID string, cur streamlog.Cursor, block time.Duration) ([]streamlog.Event, streamlog.Cursor, error)
-	Exists(ctx context.Context, requestID string) (bool, error)
+	Live(ctx context.Context, requestID string) (bool, error)
 	Attach(ctx context.Context, requestID string, ttl time.Duration) error
 	Attached(ctx context.Context, requestID string) (bool, error)
 }
@@ -96,6 +101,7 @@ type Handler struct {
 	progress  *progress // nil without Deps.Positions
 	tel       *telemetry.Provider
 	hold      func() func()
+	ended     func(err error)
 
 	liveMu sync.Mutex
 	// live holds the streams of this process by request id, each with a
@@ -145,7 +151,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	}
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
 		m: deps.Metrics, log: deps.Log, ids: ids, models: models, served: served, tel: deps.Tracing, draining: make(chan struct{}),
-		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, hold: deps.Hold,
+		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, hold: deps.Hold, ended: deps.Ended,
 		progress: newProgress(deps.Positions)}, nil
 }
 
@@ -325,8 +331,10 @@ func (h *Handler) admitted(w http.ResponseWriter, r *http.Request, d dialect) *e
 	}
 	// Under degradation a request may get fewer tokens than it asked
 	// for, on either path (docs/OPERATIONS.md, "Degradation levels").
-	if c := h.gate.MaxTokens(x.prio); c > 0 && (x.req.MaxTokens == 0 || x.req.MaxTokens > c) {
-		x.req.MaxTokens = c
+	// The cap goes into the forwarded body, in the field the client used
+	// (docs/API.md, "What passes untouched").
+	if c := h.gate.MaxTokens(x.prio); c > 0 {
+		x.req.CapTokens(c)
 	}
 	return x
 }

@@ -74,10 +74,10 @@ type fakeProvider struct {
 
 func (f *fakeProvider) Name() string { return "fake" }
 
-func (f *fakeProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (f *fakeProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	f.calls++
 	for _, c := range f.chunks {
-		if err := emit(c); err != nil {
+		if err := emit(protocol.Chunk{Content: c}); err != nil {
 			return llm.Result{}, err
 		}
 	}

@@ -1,11 +1,11 @@
 package stream
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/openaiwire"
@@ -13,42 +13,73 @@ import (
 )
 
 // OpenAI serves the OpenAI-compatible endpoints, POST /v1/chat/completions
-// and GET /v1/models (docs/API.md, "OpenAI-compatible API"), through the
-// Handler's steps: the same identity, admission, pool, path choice, queue
-// and overload as /v1/stream; only the request body and the output
-// format differ. The Handler's Drain and Wait cover its streams.
+// and the credentials of GET /v1/models (docs/API.md, "OpenAI-compatible
+// API"), through the Handler's steps: the same identity, admission, pool,
+// path choice, queue and overload as /v1/stream; only the request body
+// and the output format differ. The Handler's Drain and Wait cover its
+// streams.
 type OpenAI struct {
-	h       *Handler
-	d       openaiDialect
-	models  []byte // the GET /v1/models body
-	started int64
+	h *Handler
+	d openaiDialect
 }
 
-// NewOpenAI returns the OpenAI-compatible endpoints of h. models are the
-// model ids GET /v1/models lists; the first one is the model named in
-// answers to requests that name none.
+// NewOpenAI returns the OpenAI-compatible endpoints of h. The first of
+// models is the model named in answers to requests that name none.
 func NewOpenAI(h *Handler, models []string) *OpenAI {
-	started := time.Now().Unix()
-	body, _ := json.Marshal(openaiwire.NewModelList(models, started)) // strings and ints only
 	d := openaiDialect{}
 	if len(models) > 0 {
 		d.defaultModel = models[0]
 	}
-	return &OpenAI{h: h, d: d, models: append(body, '\n'), started: started}
+	return &OpenAI{h: h, d: d}
 }
 
 // ChatCompletions serves POST /v1/chat/completions.
 func (o *OpenAI) ChatCompletions(w http.ResponseWriter, r *http.Request) { o.h.serve(w, r, o.d) }
 
-// Models serves GET /v1/models. It asks for the same credentials as the
-// other endpoints, as OpenAI's does.
-func (o *OpenAI) Models(w http.ResponseWriter, r *http.Request) {
-	if _, p := o.h.identity(r); p != nil {
-		o.d.refuse(w, p, r.URL.Path)
-		return
+// Responses serves POST /v1/responses, OpenAI's Responses API: the same
+// admission, pool, queue and overload as chat completions; the upstream's
+// events (streamed) or its response object (not) relayed as they came.
+func (o *OpenAI) Responses(w http.ResponseWriter, r *http.Request) {
+	o.h.serve(w, r, responsesDialect{})
+}
+
+// responsesDialect reads a Responses API request and relays the
+// upstream's events, or the response object of the last one.
+type responsesDialect struct{}
+
+func (responsesDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatRequest, opener, error) {
+	req, err := protocol.DecodeResponses(body, lim)
+	if err != nil {
+		return protocol.ChatRequest{}, nil, err
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(o.models)
+	if req.Stream {
+		return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: req.Model, responses: true}}
+		}, nil
+	}
+	return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, responses: true}}
+	}, nil
+}
+
+// resumable is false, as for chat completions.
+func (responsesDialect) resumable() bool { return false }
+
+func (responsesDialect) refuse(w http.ResponseWriter, p *protocol.Problem, _ string) {
+	writeOpenAIError(w, p)
+}
+
+// Guard serves next (GET /v1/models, /v1/models/{id}) to the callers the
+// other endpoints take, as OpenAI asks for the same credentials there, and
+// refuses the others in OpenAI's error shape.
+func (o *OpenAI) Guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, p := o.h.identity(r); p != nil {
+			o.d.refuse(w, p, r.URL.Path)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // openaiDialect reads OpenAI's chat completion request and answers with
@@ -93,12 +124,17 @@ func writeOpenAIError(w http.ResponseWriter, p *protocol.Problem) {
 	_, _ = w.Write(b)
 }
 
-// openAIError sets h for p's OpenAI error response and returns its body.
+// openAIError sets h for p's OpenAI error response and returns its body:
+// the upstream's own error body, as it sent it, when the upstream refused
+// the request (docs/API.md, "Upstream client errors are the client's").
 func openAIError(h http.Header, p *protocol.Problem) []byte {
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
 	if p.RetryAfterSeconds > 0 {
 		h.Set("Retry-After", strconv.Itoa(p.RetryAfterSeconds))
+	}
+	if p.UpstreamError != nil {
+		return append(append([]byte(nil), p.UpstreamError...), '\n')
 	}
 	b, _ := json.Marshal(openaiwire.ErrorBody{Error: openaiwire.ErrorOf(p)}) // strings only
 	return append(b, '\n')
@@ -120,6 +156,7 @@ type openaiChunks struct {
 	sw           *Writer // SSE framing, flushes and write deadlines
 	w            http.ResponseWriter
 	enc          *openaiwire.ChunkEncoder
+	id           []byte // the answer's id as a JSON string, for raw chunks
 	buf          []byte
 	model        string
 	includeUsage bool
@@ -127,11 +164,19 @@ type openaiChunks struct {
 	path         string
 	started      bool // the 200 was sent
 	sentContent  bool // a chunk with content was sent
+	// raw: the answer's chunks are the upstream's (relayed, with their
+	// own finish and usage chunks), not made from plain content.
+	raw bool
+	// responses: the answer is the Responses API's: its events are
+	// relayed as they came, each under its type's SSE event name, with
+	// no [DONE] after them (POST /v1/responses).
+	responses bool
 }
 
 func (c *openaiChunks) Start(requestID, path string) error {
 	c.requestID, c.path = requestID, path
 	c.enc = openaiwire.NewChunkEncoder(requestID, c.model, time.Now().Unix())
+	c.id = protocol.AppendJSONString(nil, openaiwire.CompletionID(requestID))
 	h := c.w.Header()
 	setRequestID(h, requestID)
 	h.Set("X-Stream-Path", path)
@@ -155,10 +200,68 @@ func (c *openaiChunks) write(b []byte, terminal bool) error {
 	return c.sw.write(b, terminal)
 }
 
-func (c *openaiChunks) Chunk(_ int, content string) error {
-	b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
-	c.sentContent = true
-	return c.write(b, false)
+// Chunk relays an upstream chunk as it came, with only its id made ours
+// (stable across a takeover); a usage chunk only when the client asked
+// for one. Plain content (a provider without chunks of its own) is
+// written as a chunk of ours.
+func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
+	if c.responses {
+		return c.responsesEvent(raw)
+	}
+	if raw == nil {
+		b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
+		c.sentContent = true
+		return c.write(b, false)
+	}
+	c.raw = true
+	if !c.includeUsage && usageOnly(raw) {
+		return nil
+	}
+	if content != "" || !c.sentContent && !openaiwire.IsPreamble(raw) {
+		c.sentContent = true
+	}
+	return c.write(openaiwire.AppendChunkEvent(c.buf[:0], raw, c.id), false)
+}
+
+// responsesEvent relays one Responses API event as it came: its ids are
+// the upstream's, which a later previous_response_id names.
+func (c *openaiChunks) responsesEvent(raw []byte) error {
+	var typ string
+	if raw == nil || json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) != nil || typ == "" {
+		return nil
+	}
+	if typ != "response.created" && typ != "response.in_progress" {
+		c.sentContent = true
+	}
+	b := append(c.buf[:0], "event: "...)
+	b = append(b, typ...)
+	b = append(b, "\ndata: "...)
+	b = append(b, raw...)
+	return c.write(append(b, "\n\n"...), false)
+}
+
+// errorLine is the line that ends a stream which failed after it started:
+// `data: {"error":{…}}`, or the Responses API's error event.
+func (c *openaiChunks) errorLine(p *protocol.Problem) []byte {
+	if !c.responses {
+		return openaiwire.AppendErrorEvent(c.buf[:0], p)
+	}
+	e := openaiwire.ErrorOf(p)
+	b, _ := json.Marshal(struct {
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Message string  `json:"message"`
+		Param   *string `json:"param"`
+	}{"error", e.Code, e.Message, nil}) // strings only
+	out := append(c.buf[:0], "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}
+
+// usageOnly reports a chunk of usage and no choices.
+func usageOnly(raw []byte) bool {
+	return (bytes.Contains(raw, []byte(`"choices":[]`)) || bytes.Contains(raw, []byte(`"choices": []`))) &&
+		openaiwire.IsUsageChunk(raw)
 }
 
 // Reset continues seamlessly while nothing of the answer was sent; after
@@ -167,7 +270,7 @@ func (c *openaiChunks) Reset(protocol.Reset) error {
 	if !c.sentContent {
 		return nil
 	}
-	if err := c.write(openaiwire.AppendErrorEvent(c.buf[:0], answerRestarted()), true); err != nil {
+	if err := c.write(c.errorLine(answerRestarted()), true); err != nil {
 		return err
 	}
 	return errAnswerEnded
@@ -184,6 +287,14 @@ func (c *openaiChunks) Done(d protocol.Done) error {
 		c.path = d.Path
 	}
 	b := c.buf[:0]
+	if c.responses {
+		// The upstream's response.completed went out as it came.
+		return c.write(b, true)
+	}
+	if c.raw {
+		// The upstream's finish and usage chunks went out as they came.
+		return c.write(append(b, openaiwire.DoneFrame...), true)
+	}
 	if !c.sentContent {
 		// The first delta carries the role, even of an empty answer.
 		b = c.enc.AppendContent(b, "", true)
@@ -208,7 +319,7 @@ func (c *openaiChunks) Error(p *protocol.Problem) error {
 		writeOpenAIError(c.w, p)
 		return nil
 	}
-	return c.write(openaiwire.AppendErrorEvent(c.buf[:0], p), true)
+	return c.write(c.errorLine(p), true)
 }
 
 // Hold and Flush gather the chunks ready at the same moment into one
@@ -232,28 +343,45 @@ type openaiCompletion struct {
 	model        string
 	requestID    string
 	created      int64
-	content      strings.Builder
+	asm          *openaiwire.Assembler
 	ended        bool
+	// responses: the answer is the response object of the Responses
+	// API's last response.completed (or .incomplete) event.
+	responses bool
+	response  []byte
 }
 
 func (c *openaiCompletion) Start(requestID, path string) error {
 	c.requestID, c.created = requestID, time.Now().Unix()
+	c.asm = openaiwire.NewAssembler(requestID, c.model, c.created)
 	h := c.w.Header()
 	setRequestID(h, requestID)
 	h.Set("X-Stream-Path", path)
 	return nil
 }
 
-func (c *openaiCompletion) Chunk(_ int, content string) error {
+func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
 	if c.ended {
 		return ErrTerminated
 	}
-	c.content.WriteString(content)
+	switch {
+	case c.responses:
+		var typ string
+		if raw != nil && json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) == nil &&
+			(typ == "response.completed" || typ == "response.incomplete") {
+			c.response = append(c.response[:0], protocol.MemberValue(raw, "response")...)
+		}
+	case raw != nil:
+		c.asm.Chunk(raw)
+	default:
+		c.asm.Content(content)
+	}
 	return nil
 }
 
 func (c *openaiCompletion) Reset(protocol.Reset) error {
-	c.content.Reset()
+	c.asm.Reset()
+	c.response = nil
 	return nil
 }
 
@@ -269,9 +397,14 @@ func (c *openaiCompletion) Done(d protocol.Done) error {
 		return ErrTerminated
 	}
 	c.ended = true
-	b, err := json.Marshal(openaiwire.NewCompletion(c.requestID, c.model, c.created, c.content.String(), d.FinishReason, d.Usage))
-	if err != nil {
-		return fmt.Errorf("stream: encode completion: %w", err)
+	c.asm.Finish(d.FinishReason, d.Usage)
+	b := c.asm.Object()
+	if c.responses {
+		if c.response == nil {
+			writeOpenAIError(c.w, protocol.StreamFailed())
+			return nil
+		}
+		b = c.response
 	}
 	c.w.Header().Set("Content-Type", "application/json")
 	// A direct request handed to the queue was answered by a worker

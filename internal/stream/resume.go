@@ -231,7 +231,13 @@ func (h *Handler) tail(ctx context.Context, sw *Writer, requestID string, after 
 			lastAttach = time.Now()
 		}
 		if len(evs) == 0 {
-			if ok, err := h.logr.Exists(ctx, requestID); err == nil && !ok {
+			// The log expired, or its producer died (docs/API.md,
+			// "Resume and stop"): nothing more will come, but what it
+			// wrote just before it stopped.
+			if ok, err := h.logr.Live(ctx, requestID); err == nil && !ok {
+				if more, _, err := h.logr.Read(ctx, requestID, cur, 0); err == nil && len(more) > 0 {
+					continue
+				}
 				_ = sw.Event(errorEvent(last+1, protocol.StreamExpired()))
 				return
 			}

@@ -19,7 +19,10 @@ type Event struct {
 	// Data is the event's JSON data, on one line.
 	Data []byte
 
-	Content  string // a chunk's content
+	Content string // a chunk's content
+	// Raw is a chunk's upstream JSON, for a sink that relays it (the
+	// OpenAI dialect); nil for a chunk of plain content.
+	Raw      []byte
 	Reset    *protocol.Reset
 	Queued   *protocol.Queued
 	Retrying *protocol.Retrying

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/openaiwire"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
@@ -33,6 +34,13 @@ type session struct {
 	h         *Handler
 	sink      Sink
 	resumable bool // the stream is logged and may outlive its client (native dialect only)
+	// native: the client reads /v1/stream's events, which show an
+	// upstream chunk's extra deltas (reasoning, tool calls, …) in the
+	// event's data; otherwise the sink relays the raw chunks.
+	native bool
+	// choices: the request asked for several (n > 1), so every native
+	// chunk event says its choice.
+	choices   bool
 	requestID string
 	owner     string
 	path      string // protocol.PathDirect or PathQueued
@@ -87,7 +95,7 @@ type session struct {
 // newSession returns the session of a /v1/stream stream; the caller fills
 // in its source.
 func (h *Handler) newSession(w http.ResponseWriter, requestID, owner, path string, start time.Time) *session {
-	return &session{h: h, sink: NewWriter(w, h.cfg.WriteTimeout), resumable: true,
+	return &session{h: h, sink: NewWriter(w, h.cfg.WriteTimeout), resumable: true, native: true,
 		requestID: requestID, owner: owner, path: path, start: start}
 }
 
@@ -101,6 +109,8 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 		open = openNative
 	}
 	return &session{h: h, sink: open(x.w, h.cfg.WriteTimeout), resumable: x.d.resumable(),
+		native:    x.req.Route == protocol.RouteStream || x.req.Route == "",
+		choices:   x.req.N > 1,
 		requestID: x.requestID, owner: x.user, path: path, start: x.start}
 }
 
@@ -497,7 +507,7 @@ func (s *session) emit(ev Event) error {
 	switch {
 	case ev.Name != "":
 		ev = ev.encoded()
-	case logged:
+	case logged && ev.Data == nil:
 		// A chunk's data is encoded for the log only; the sink encodes
 		// it again into its own buffer. The log keeps the bytes until
 		// its next batch is written, so they come from the session's
@@ -530,6 +540,36 @@ func (s *session) chunkData(content string) []byte {
 	return s.slab[start:len(s.slab):len(s.slab)]
 }
 
+// emitDeltas emits the /v1/stream events of an upstream chunk with extra
+// deltas: one per choice that shows something (docs/API.md, "The native
+// /v1/stream dialect"). Their data is carved from the slab, as
+// chunkData's. The first failed write to the client is returned; the
+// rest are still numbered and logged.
+func (s *session) emitDeltas(raw []byte) error {
+	if cap(s.slab)-len(s.slab) < 2*len(raw) {
+		s.slab = make([]byte, 0, max(slabBlock, 2*len(raw)))
+	}
+	var spans [][2]int
+	s.slab, spans = openaiwire.AppendNativeEvents(s.slab, raw, s.choices)
+	var err error
+	for _, sp := range spans {
+		data := s.slab[sp[0]:sp[1]:sp[1]]
+		if e := s.emit(Event{Data: data}); e != nil && err == nil {
+			err = e
+		}
+	}
+	return err
+}
+
+// choiceData is chunkData with "choice":0, carved from the slab.
+func (s *session) choiceData(content string) []byte {
+	d := s.chunkData(content)
+	start := len(s.slab)
+	s.slab = append(s.slab, d[:len(d)-1]...)
+	s.slab = append(s.slab, `,"choice":0}`...)
+	return s.slab[start:len(s.slab):len(s.slab)]
+}
+
 // slabBlock is the size of one block of a session's chunk data.
 const slabBlock = 4 << 10
 
@@ -544,7 +584,22 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 		}
 		attached := s.attached
 		for _, c := range res.Chunks {
-			if e := s.emit(Event{Content: c.Content}); e != nil && err == nil {
+			var e error
+			switch {
+			case !s.native:
+				e = s.emit(Event{Content: c.Content, Raw: c.Raw})
+			case c.Raw != nil:
+				e = s.emitDeltas(c.Raw)
+			case c.Content == "":
+				continue // nothing a /v1/stream event shows
+			case s.choices:
+				// Plain content of the first choice, which says so when
+				// the request asked for several.
+				e = s.emit(Event{Data: s.choiceData(c.Content)})
+			default:
+				e = s.emit(Event{Content: c.Content})
+			}
+			if e != nil && err == nil {
 				// Keep numbering and logging the rest: a resume wants them.
 				err = e
 				s.attached = false

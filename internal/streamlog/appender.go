@@ -21,6 +21,10 @@ const (
 	fieldData  = "d"
 )
 
+// fieldProducer, in the owner entry, names the process writing the log
+// (Config.Producer).
+const fieldProducer = "p"
+
 // Defaults of zero Config fields.
 const (
 	// DefaultFlushInterval is the longest an event waits in the appender
@@ -58,6 +62,15 @@ type Config struct {
 	Buffer        int
 	// OnDrop, if not nil, is called for every entry dropped (a metric).
 	OnDrop func()
+	// Producer names this process in the logs it opens, and Liveness is
+	// the TTL of its liveness marker (ProducerKey), which Run refreshes
+	// every Liveness/3 and deletes when it returns: a resume of a log
+	// whose producer died ends within Liveness of the death
+	// (Reader.Live). Zero Liveness writes no marker and names no producer,
+	// and a resume of such a log waits for the log's TTL. Liveness, when
+	// set, is at least 3ms and needs a Producer.
+	Producer string
+	Liveness time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -81,6 +94,9 @@ func (c Config) Validate() error {
 	}
 	if c.FlushInterval < 0 || c.MaxBatch < 1 || c.Buffer < 1 {
 		return errors.New("streamlog: FlushInterval must not be negative, MaxBatch and Buffer positive")
+	}
+	if c.Liveness != 0 && (c.Liveness < 3*time.Millisecond || c.Producer == "") {
+		return fmt.Errorf("streamlog: Liveness %s must be 0, or at least 3ms with a Producer", c.Liveness)
 	}
 	return nil
 }
@@ -178,8 +194,20 @@ func (a *Appender) Run(ctx context.Context) {
 	// at most FlushInterval however busy the process is.
 	tick := time.NewTimer(time.Hour)
 	tick.Stop()
+	// The liveness marker is set before any log names this producer, and
+	// deleted once the last entry is written.
+	var alive <-chan time.Time
+	if a.cfg.Liveness > 0 {
+		a.markAlive(ctx)
+		t := time.NewTicker(a.cfg.Liveness / 3)
+		defer t.Stop()
+		defer a.markGone(ctx)
+		alive = t.C
+	}
 	for {
 		select {
+		case <-alive:
+			a.markAlive(ctx)
 		case it := <-a.in:
 			if len(batch) == 0 {
 				tick.Reset(a.cfg.FlushInterval)
@@ -197,6 +225,24 @@ func (a *Appender) Run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// markAlive sets the producer's liveness marker for Liveness.
+func (a *Appender) markAlive(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, min(flushTimeout, a.cfg.Liveness/3))
+	defer cancel()
+	key := ProducerKey(a.cfg.Prefix, a.cfg.Producer)
+	if err := a.rdb.Set(ctx, key, "1", a.cfg.Liveness).Err(); err != nil && ctx.Err() == nil {
+		a.log.Warn("stream log liveness marker not refreshed; resumes of this process's streams may end early",
+			"key", key, "err", err)
+	}
+}
+
+// markGone deletes the liveness marker: the process stopped producing.
+func (a *Appender) markGone(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
+	defer cancel()
+	_ = a.rdb.Del(ctx, ProducerKey(a.cfg.Prefix, a.cfg.Producer)).Err() // else it expires
 }
 
 // drainUpTo appends to batch what is waiting, without waiting, until
@@ -257,7 +303,11 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 		for j := 0; j < len(idx); {
 			it := batch[idx[j]]
 			if it.owner != "" {
-				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{fieldOwner, it.owner}})
+				values := []any{fieldOwner, it.owner}
+				if a.cfg.Liveness > 0 {
+					values = append(values, fieldProducer, a.cfg.Producer)
+				}
+				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: values})
 				j++
 				continue
 			}

@@ -16,3 +16,12 @@ func Key(prefix, requestID string) string {
 func ReaderKey(prefix, requestID string) string {
 	return prefix + "log:{" + requestID + "}:reader"
 }
+
+// ProducerKey is the liveness marker of the process that writes logs as
+// producer (Config.Producer): set with a TTL of Config.Liveness and
+// refreshed well within it while the process runs, so a resume of a log
+// whose producer died ends once the marker expired instead of waiting for
+// the log's TTL: <prefix>log:producer:<producer>.
+func ProducerKey(prefix, producer string) string {
+	return prefix + "log:producer:" + producer
+}

@@ -124,6 +124,31 @@ func (r *Reader) Exists(ctx context.Context, requestID string) (bool, error) {
 	return n == 1, nil
 }
 
+// Live reports whether requestID's log still exists and its producer is
+// alive: a log whose owner entry names a producer (Config.Producer) is
+// live while that producer's marker (ProducerKey) is set; one naming none
+// while it exists. False means no more entries will come.
+func (r *Reader) Live(ctx context.Context, requestID string) (bool, error) {
+	key := Key(r.prefix, requestID)
+	msgs, err := r.rdb.XRangeN(ctx, key, "-", "+", 1).Result()
+	if err != nil {
+		return false, fmt.Errorf("streamlog: xrange %s: %w", key, err)
+	}
+	if len(msgs) == 0 {
+		return false, nil
+	}
+	producer, _ := msgs[0].Values[fieldProducer].(string)
+	if producer == "" {
+		return true, nil
+	}
+	pkey := ProducerKey(r.prefix, producer)
+	n, err := r.rdb.Exists(ctx, pkey).Result()
+	if err != nil {
+		return false, fmt.Errorf("streamlog: exists %s: %w", pkey, err)
+	}
+	return n == 1, nil
+}
+
 // Attach marks requestID's stream as read by a resumed client for ttl;
 // the reader refreshes it while it reads.
 func (r *Reader) Attach(ctx context.Context, requestID string, ttl time.Duration) error {

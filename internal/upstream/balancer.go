@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -77,7 +78,15 @@ type Config struct {
 	// probes every upstream with GET {base_url}/models. 0 (default): health
 	// is judged only by the calls upstreams get.
 	ProbeEvery time.Duration
+	// NonTextPartTokens is what one content part that is not text (an
+	// image, audio, a file) counts in a call's token reservation
+	// (NONTEXT_PART_TOKENS). Default 1000: never its base64 bytes, so one
+	// photo does not reserve a minute's tpm.
+	NonTextPartTokens int
 }
+
+// DefaultNonTextPartTokens is Config.NonTextPartTokens' default.
+const DefaultNonTextPartTokens = 1000
 
 // Validate reports bad values without changing c.
 func (c Config) Validate() error {
@@ -90,6 +99,9 @@ func (c Config) Validate() error {
 	}
 	if c.ProbeEvery < 0 {
 		errs = append(errs, fmt.Errorf("upstream: ProbeEvery %s is negative", c.ProbeEvery))
+	}
+	if c.NonTextPartTokens < 0 {
+		errs = append(errs, fmt.Errorf("upstream: NonTextPartTokens %d is negative", c.NonTextPartTokens))
 	}
 	return errors.Join(errs...)
 }
@@ -303,7 +315,7 @@ func (r *Reservation) Release() {
 // before calling anything, and a retryable *llm.Error whose cause says
 // CircuitOpen when every upstream that could take it sits behind an open
 // circuit (or sits out, with at least one circuit open).
-func (b *Balancer) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (b *Balancer) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	acquire := b.TryAcquire
 	if llm.CapacityWait(ctx) {
 		// A queue worker waits for an upstream slot (llm.WithCapacityWait).
@@ -405,11 +417,14 @@ func (b *Balancer) reserve(ctx context.Context, req *protocol.ChatRequest, a ask
 	if eligible != 0 || trial != 0 {
 		down = false
 	}
-	tokens := 0
-	for _, m := range req.Messages {
-		tokens += len(m.Content)
+	textBytes := req.TextBytes
+	if req.Body == nil { // a request built in code
+		for _, m := range req.Messages {
+			textBytes += len(m.Content)
+		}
 	}
-	tokens = EstimateTokens(tokens, req.MaxTokens)
+	nonText := cmp.Or(b.cfg.NonTextPartTokens, DefaultNonTextPartTokens)
+	tokens := EstimateTokens(textBytes, req.MaxTokens) + req.NonTextParts*nonText
 	// An upstream waiting for its trial gets this call if this process
 	// wins the claim: otherwise, with passive health, it would never come
 	// back.
@@ -493,7 +508,7 @@ func (b *Balancer) release(r *Reservation) {
 // another eligible one not tried yet; when there is none, that failure is
 // returned (still an *llm.Error a caller can retry after backoff). The
 // reservation is used up either way.
-func (r *Reservation) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (r *Reservation) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	if r.done {
 		return llm.Result{}, errors.New("upstream: reservation already used")
 	}
@@ -529,12 +544,12 @@ func (r *Reservation) Stream(ctx context.Context, req protocol.ChatRequest, emit
 
 // call streams one attempt on r's upstream and records what it shows:
 // first-chunk latency, the outcome, health.
-func (b *Balancer) call(ctx context.Context, r *Reservation, req protocol.ChatRequest, emit func(string) error) (llm.Result, bool, error) {
+func (b *Balancer) call(ctx context.Context, r *Reservation, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, bool, error) {
 	u := r.u
 	r.started = time.Now()
 	first := false
-	res, err := u.provider.Stream(ctx, req, func(s string) error {
-		if !first {
+	res, err := u.provider.Stream(ctx, req, func(s protocol.Chunk) error {
+		if !first && s.Output() {
 			first = true
 			d := time.Since(r.started)
 			u.lat.observe(d, time.Now())

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // fakeClock is an injected clock for LocalHealth.
@@ -94,7 +95,11 @@ func TestEjectAfterMaxFailsAndReturnAfterTrial(t *testing.T) {
 					continue
 				}
 				var sb strings.Builder
-				if _, err := r.Stream(context.Background(), chat("hi"), func(s string) error { sb.WriteString(s); return nil }); err != nil || sb.String() != "hello" {
+				if _, err := r.Stream(context.Background(), chat("hi"), func(chunk protocol.Chunk) error {
+					s := chunk.Content
+					sb.WriteString(s)
+					return nil
+				}); err != nil || sb.String() != "hello" {
 					failures.Add(1)
 				}
 			}
@@ -277,14 +282,14 @@ func TestNoUpstreamThenWaitForSlot(t *testing.T) {
 	if _, err := b.TryAcquire(ctx, chat("x")); !errors.Is(err, ErrNoUpstream) {
 		t.Fatalf("TryAcquire at the cap: %v, want ErrNoUpstream", err)
 	}
-	if _, err := b.Stream(ctx, chat("x"), func(string) error { return nil }); !errors.Is(err, ErrNoUpstream) || mk.calls.Load() != 0 {
+	if _, err := b.Stream(ctx, chat("x"), func(protocol.Chunk) error { return nil }); !errors.Is(err, ErrNoUpstream) || mk.calls.Load() != 0 {
 		t.Fatalf("Stream at the cap: %v after %d calls, want ErrNoUpstream before any call", err, mk.calls.Load())
 	}
 	got := make(chan error, 1)
 	go func() {
 		r, err := b.Acquire(ctx, chat("x"))
 		if err == nil {
-			_, err = r.Stream(ctx, chat("x"), func(string) error { return nil })
+			_, err = r.Stream(ctx, chat("x"), func(protocol.Chunk) error { return nil })
 		}
 		got <- err
 	}()

@@ -28,12 +28,12 @@ type switchable struct {
 
 func (s *switchable) Name() string { return "switchable" }
 
-func (s *switchable) Stream(_ context.Context, _ protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (s *switchable) Stream(_ context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	s.calls.Add(1)
 	if s.fail.Load() {
 		return llm.Result{}, &llm.Error{Retryable: true, Status: http.StatusInternalServerError, Err: errors.New("500")}
 	}
-	if err := emit("ok"); err != nil {
+	if err := emit(protocol.Chunk{Content: "ok"}); err != nil {
 		return llm.Result{}, err
 	}
 	return llm.Result{FinishReason: "stop"}, nil

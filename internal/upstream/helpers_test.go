@@ -164,7 +164,11 @@ func chat(content string) protocol.ChatRequest {
 // collect streams req through p and returns the text.
 func collect(ctx context.Context, p llm.Provider, req protocol.ChatRequest) (string, error) {
 	var sb strings.Builder
-	_, err := p.Stream(ctx, req, func(s string) error { sb.WriteString(s); return nil })
+	_, err := p.Stream(ctx, req, func(chunk protocol.Chunk) error {
+		s := chunk.Content
+		sb.WriteString(s)
+		return nil
+	})
 	return sb.String(), err
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/testutil"
 )
@@ -270,7 +271,11 @@ func TestTwoProcessesThreeUpstreamsOneFailing(t *testing.T) {
 				r, err := b.Acquire(ctx, chat("hi"))
 				if err == nil {
 					var sb strings.Builder
-					_, err = r.Stream(ctx, chat("hi"), func(s string) error { sb.WriteString(s); return nil })
+					_, err = r.Stream(ctx, chat("hi"), func(chunk protocol.Chunk) error {
+						s := chunk.Content
+						sb.WriteString(s)
+						return nil
+					})
 					if err == nil && sb.String() != "hello" {
 						err = context.Canceled
 					}

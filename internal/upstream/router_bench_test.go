@@ -36,7 +36,7 @@ func BenchmarkPick(b *testing.B) {
 type nopProvider struct{}
 
 func (nopProvider) Name() string { return "nop" }
-func (nopProvider) Stream(context.Context, protocol.ChatRequest, func(string) error) (llm.Result, error) {
+func (nopProvider) Stream(context.Context, protocol.ChatRequest, func(protocol.Chunk) error) (llm.Result, error) {
 	return llm.Result{}, nil
 }
 

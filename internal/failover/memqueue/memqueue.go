@@ -90,6 +90,7 @@ var (
 	_ failover.Depther    = (*Queue)(nil)
 	_ failover.Positioner = (*Queue)(nil)
 	_ failover.Consumer   = (*Consumer)(nil)
+	_ failover.Reclaimer  = (*Consumer)(nil)
 )
 
 // New returns an empty Queue.
@@ -233,6 +234,39 @@ func (c *Consumer) Fetch(ctx context.Context, max int) ([]failover.Delivery, err
 		case <-expired:
 		}
 	}
+}
+
+// Reclaim takes over, without blocking, up to max jobs idle for
+// ReclaimIdle, oldest first (failover.Reclaimer).
+func (c *Consumer) Reclaim(ctx context.Context, max int) ([]failover.Delivery, error) {
+	if max < 1 {
+		return nil, fmt.Errorf("memqueue: reclaim: max %d < 1", max)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	q := c.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	now := time.Now()
+	var idle []*entry
+	for _, e := range q.pending {
+		if !now.Before(e.lastSeen.Add(q.reclaimIdle)) {
+			idle = append(idle, e)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *entry) int { return cmp.Compare(a.seq, b.seq) })
+	var ds []failover.Delivery
+	for _, e := range idle[:min(max, len(idle))] {
+		ds = append(ds, c.deliverLocked(e, now))
+	}
+	return ds, nil
+}
+
+// ReclaimInterval is how often Reclaim should run: a third of
+// ReclaimIdle, between 50ms and 1s, as the Redis queue's.
+func (c *Consumer) ReclaimInterval() time.Duration {
+	return min(max(c.q.reclaimIdle/3, 50*time.Millisecond), time.Second)
 }
 
 // takeLocked claims up to max jobs for c. When it finds none it returns

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // DeadLetter is one record of the dead-letter stream.
@@ -46,7 +48,7 @@ func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
 	for i, sh := range q.shards {
 		lens[i] = pipe.XLen(ctx, sh.deadLetter)
 	}
-	_, _ = pipe.Exec(ctx)
+	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 	var total int64
 	for i, c := range lens {
 		n, err := c.Result()
@@ -94,7 +96,7 @@ func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([
 		}
 		cmds[i] = pipe.XRangeN(ctx, sh.deadLetter, start, "+", int64(count))
 	}
-	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 	runs := make([][]DeadLetter, len(q.shards))
 	for i, c := range cmds {
 		msgs, err := c.Result()

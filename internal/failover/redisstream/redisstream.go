@@ -46,6 +46,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // Defaults applied to zero Config fields.
@@ -307,6 +308,7 @@ var (
 	_ failover.Depther          = (*Queue)(nil)
 	_ failover.Positioner       = (*Queue)(nil)
 	_ failover.Consumer         = (*Queue)(nil)
+	_ failover.Reclaimer        = (*Queue)(nil)
 )
 
 // New returns a Queue using client. It does no I/O: the consumer groups
@@ -474,7 +476,7 @@ func (q *Queue) Progress(ctx context.Context) (handed, waiting int64, err error)
 	for i, l := range q.lines {
 		cmds[i] = pipe.XInfoGroups(ctx, l.stream)
 	}
-	_, _ = pipe.Exec(ctx) // each command's error is looked at below
+	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
 			var re redis.Error
@@ -509,7 +511,7 @@ func (q *Queue) Depth(ctx context.Context) (int64, error) {
 	for i, l := range q.lines {
 		lens[i] = pipe.XLen(ctx, l.stream)
 	}
-	_, _ = pipe.Exec(ctx)
+	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 	var total int64
 	for i, c := range lens {
 		n, err := c.Result()
@@ -533,7 +535,9 @@ func (q *Queue) Waiting(ctx context.Context) (int64, error) {
 		xlens[i] = pipe.XLen(ctx, l.stream)
 		pendings[i] = pipe.XPending(ctx, l.stream, q.cfg.Group)
 	}
-	_, _ = pipe.Exec(ctx)
+	// Each command's error is looked at below; a pipeline refused as a
+	// whole (a rotated password) leaves them without one unless stamped.
+	_ = rediserr.Exec(ctx, pipe)
 	var total int64
 	for i, l := range q.lines {
 		n, err := xlens[i].Result()
@@ -667,6 +671,32 @@ func (q *Queue) readTurn() int {
 	return i
 }
 
+// Reclaim takes over, without blocking, up to limit entries idle for
+// ReclaimIdle (their member stopped refreshing its claim), as the reclaim
+// round of Fetch does, and puts off Fetch's own next round: a worker that
+// calls it every ReclaimInterval takes orphans over whatever room it has
+// for new jobs (failover.Reclaimer).
+func (q *Queue) Reclaim(ctx context.Context, limit int) ([]failover.Delivery, error) {
+	if limit < 1 {
+		return nil, fmt.Errorf("redisstream: reclaim: max %d < 1", limit)
+	}
+	if err := q.ensureGroup(ctx); err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	q.nextReclaim = time.Now().Add(q.cfg.ReclaimInterval)
+	q.mu.Unlock()
+	ds, err := q.reclaim(ctx, limit)
+	if err != nil {
+		q.noteGroupLost(err)
+		return nil, err
+	}
+	return ds, nil
+}
+
+// ReclaimInterval is how often Reclaim should run: Config.ReclaimInterval.
+func (q *Queue) ReclaimInterval() time.Duration { return q.cfg.ReclaimInterval }
+
 // reclaim takes over up to limit entries idle for ReclaimIdle, scanning
 // the streams from a start that moves on each round. Takeovers are jobs
 // that already started once: they are taken as found, not by priority.
@@ -718,7 +748,7 @@ func (q *Queue) reclaimLine(ctx context.Context, l *line, limit int) ([]failover
 			Stream: l.stream, Group: q.cfg.Group, Start: m.ID, End: m.ID, Count: 1,
 		})
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := rediserr.Exec(ctx, pipe); err != nil {
 		return nil, fmt.Errorf("redisstream: xpending %s %s: %w", l.stream, q.cfg.Group, err)
 	}
 	ds := make([]failover.Delivery, 0, len(msgs))
@@ -869,7 +899,7 @@ func (q *Queue) nextMany(ctx context.Context, shards []*shard, ns []int, take bo
 			keys, a := args(i)
 			cmds[i] = nextScript.EvalSha(ctx, pipe, keys, a...)
 		}
-		_, _ = pipe.Exec(ctx) // each command's error is looked at below
+		_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
 		for i, c := range cmds {
 			if redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
 				keys, a := args(i)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -537,5 +538,64 @@ func fetchEventually(t testing.TB, ctx context.Context, q *Queue) failover.Deliv
 			return failover.Delivery{}
 		case <-retry.C:
 		}
+	}
+}
+
+// TestReclaimTakesOnlyIdleJobsWithoutBlocking: Reclaim (the worker's
+// takeover loop) answers at once, leaves new jobs and jobs whose claim is
+// fresh alone, and takes every job idle for ReclaimIdle, as attempt 2,
+// oldest first.
+func TestReclaimTakesOnlyIdleJobsWithoutBlocking(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	ctx := ctxT(t, 20*time.Second)
+	a := newQueue(t, srv.Client(t), prefix, "worker-a")
+	b := newQueue(t, srv.Client(t), prefix, "worker-b")
+	for i := range 4 {
+		if err := a.Enqueue(ctx, fmt.Sprint("req-", i), []byte(fmt.Sprint("job ", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := fetchAll(t, a, 3) // the fourth stays new
+	start := time.Now()
+	if ds, err := b.Reclaim(ctx, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("Reclaim before any claim went idle: %+v, %v; want none", ds, err)
+	}
+	if took := time.Since(start); took > testIdle/2 {
+		t.Fatalf("Reclaim took %v with nothing to take; it must not block", took)
+	}
+	// worker-a keeps its claim on the last one fresh.
+	var got []string
+	deadline := time.Now().Add(3 * testIdle)
+	for len(got) < 2 && time.Now().Before(deadline) {
+		if err := a.Touch(ctx, held[2]); err != nil {
+			t.Fatal(err)
+		}
+		ds, err := b.Reclaim(ctx, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range ds {
+			if d.Attempt != 2 {
+				t.Errorf("takeover %+v, want attempt 2", d)
+			}
+			got = append(got, string(d.Body))
+		}
+		// Wait a reclaim round, as the worker's loop does.
+		select {
+		case <-time.After(b.ReclaimInterval()):
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	if !slices.Equal(got, []string{"job 0", "job 1"}) {
+		t.Fatalf("taken over %q, want the two idle jobs, oldest first", got)
+	}
+	if waited := time.Since(start); waited < testIdle/2 {
+		t.Fatalf("taken over after %v, before ReclaimIdle %v", waited, testIdle)
+	}
+	if ds := fetchAll(t, b, 1); string(ds[0].Body) != "job 3" || ds[0].Attempt != 1 {
+		t.Fatalf("Fetch after the takeovers: %+v, want the new job 3", ds[0])
 	}
 }

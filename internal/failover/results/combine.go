@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // combiner sends the publishes (and cancel-key checks) of concurrent
@@ -103,7 +105,7 @@ func (c *combiner) write(ctx context.Context, batch []*publishCall) {
 	for i, call := range batch {
 		cmds[i] = c.cmd(ctx, pipe, call)
 	}
-	_, _ = pipe.Exec(ctx) // each command carries its own error
+	_ = rediserr.Exec(ctx, pipe) // each command carries its own error
 	for i, call := range batch {
 		call.n, call.err = cmds[i].Result()
 	}

@@ -22,7 +22,7 @@ type circuitThenOK struct {
 	calls  []time.Time
 }
 
-func (c *circuitThenOK) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (c *circuitThenOK) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	c.mu.Lock()
 	c.calls = append(c.calls, time.Now())
 	refuse := len(c.calls) <= c.refuse

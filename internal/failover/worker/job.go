@@ -13,14 +13,14 @@ import (
 
 // handle answers one delivery and settles it: ack, dead-letter, or (when
 // the worker stops mid-job or lost its claim) nothing, so another worker
-// takes it over.
-func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
+// takes it over. It reports whether it stopped on a lost claim.
+func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost bool) {
 	job, err := protocol.DecodeJob(d.Body)
 	if err != nil {
 		w.m.MalformedMessage("queue")
 		w.log.Warn("malformed job dead-lettered", "delivery", d.ID, "err", err)
 		w.settle(ctx, d, "", OutcomeDeadLetter, "malformed job: "+err.Error())
-		return
+		return false
 	}
 	ctx, span := w.startJob(ctx, &job, d)
 	defer span.End()
@@ -32,13 +32,13 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 	if gone {
 		log.Info("client gone before start; job skipped")
 		w.settle(ctx, d, job.RequestID, OutcomeCancelled, "")
-		return
+		return false
 	}
 	now := time.Now()
 	if d.Attempt <= 1 && now.After(job.Deadline) {
 		log.Info("job expired before start; skipped", "waited", now.Sub(job.EnqueueTime).String())
 		w.settle(ctx, d, job.RequestID, OutcomeExpired, "")
-		return
+		return false
 	}
 
 	jobCtx, cancel := context.WithCancelCause(ctx)
@@ -69,13 +69,14 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) {
 	switch {
 	case errors.Is(cause, errStopping):
 		log.Warn("worker stopped mid-job; left for takeover")
-		return
+		return false
 	case errors.Is(cause, errClaimLost):
-		return
+		return true
 	case errors.Is(cause, errPublishFailed):
 		outcome = OutcomeError
 	}
 	w.settle(ctx, d, job.RequestID, outcome, reason)
+	return false
 }
 
 // answer waits for a slot and streams the answer with retries. It returns

@@ -20,7 +20,7 @@ type startOrder struct {
 	order []string
 }
 
-func (s *startOrder) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (s *startOrder) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	s.mu.Lock()
 	s.order = append(s.order, strings.TrimPrefix(req.Messages[0].Content, "tell me about "))
 	s.mu.Unlock()

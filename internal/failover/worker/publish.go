@@ -229,25 +229,39 @@ type batcher struct {
 	sent     int
 	restarts int
 	timer    *time.Timer
+	// output is set at the first chunk with model output
+	// (protocol.Chunk.Output): the chunks before it (a role preamble)
+	// wait in buf, so a failure before any output stays invisible to the
+	// client and the call can be retried.
+	output bool
 }
 
 func newBatcher(pub *publisher, size int, timeout time.Duration) *batcher {
 	return &batcher{pub: pub, size: size, timeout: timeout, buf: make([]protocol.Chunk, 0, size), mu: make(chanMutex, 1)}
 }
 
-func (b *batcher) add(ctx context.Context, content string) error {
+func (b *batcher) add(ctx context.Context, c protocol.Chunk) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.seq++
-	c := protocol.Chunk{Seq: b.seq, Content: content}
+	c.Seq = b.seq
 	b.buf = append(b.buf, c)
 	b.answer = append(b.answer, c)
-	// The first chunk goes out at once: time to first chunk is what a
-	// waiting user feels; batching pays off on the chunks after it.
-	if b.seq == 1 || len(b.buf) >= b.size {
+	if !b.output {
+		if !c.Output() {
+			return nil // held until the first output, or the end
+		}
+		// The first output goes out at once: time to first chunk is
+		// what a waiting user feels; batching pays off on the chunks
+		// after it.
+		b.output = true
+		b.flushLocked(ctx)
+		return nil
+	}
+	if len(b.buf) >= b.size {
 		b.flushLocked(ctx)
 	} else if len(b.buf) == 1 {
 		b.timer = time.AfterFunc(b.timeout, func() { b.flush(ctx) })

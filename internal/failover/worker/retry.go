@@ -58,13 +58,20 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 	callCtx := llm.WithCaller(ctx, llm.Caller{Identity: job.UserID, Session: job.SessionID, Since: job.EnqueueTime})
 	for call := 1; ; call++ {
 		b := newBatcher(pub, w.cfg.BatchSize, w.cfg.BatchTimeout)
-		res, err := w.deps.Provider.Stream(callCtx, job.Payload, func(content string) error { return b.add(ctx, content) })
+		route := job.Payload.Route
+		res, err := w.deps.Provider.Stream(callCtx, job.Payload, func(c protocol.Chunk) error {
+			if !c.NeededBy(route) {
+				return nil
+			}
+			return b.add(ctx, c.For(route))
+		})
 		if err == nil {
 			b.flush(ctx)
 			usage := res.Usage
 			pub.send(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
 				RequestID: job.RequestID, FinishReason: res.FinishReason, Path: protocol.PathQueued, Usage: &usage,
 			}})
+			w.ended(nil)
 			return OutcomeDone, ""
 		}
 		if ctx.Err() != nil {
@@ -76,6 +83,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			// Chunks reached the client: a retry would repeat them.
 			pub.log.Warn("provider failed mid-answer", "err", err)
 			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(retryAfterSeconds)})
+			w.ended(err)
 			return OutcomeError, ""
 		}
 		var le *llm.Error
@@ -83,7 +91,8 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			// Another try, or a replay from the dead letters, would meet
 			// the same refusal: the client is told now.
 			pub.log.Info("provider refused the request", "status", le.Status, "err", err)
-			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status)})
+			pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderRejected(le.Status, le.Body)})
+			w.ended(err)
 			return OutcomeError, ""
 		}
 
@@ -97,6 +106,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 				pub.log.Warn("provider circuit stayed open; giving up", "waited", waited.String())
 				pub.send(ctx, protocol.Result{Kind: protocol.KindError,
 					Problem: protocol.ProviderUnavailable(int(w.cfg.QueueTimeout / time.Second))})
+				w.ended(err)
 				return OutcomeError, ""
 			}
 		} else {
@@ -106,11 +116,13 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			case !retryable || retries >= w.cfg.MaxRetries:
 				pub.log.Error("provider failed; dead-lettering", "retries", retries, "err", err)
 				pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(advise)})
+				w.ended(err)
 				return OutcomeDeadLetter, fmt.Sprintf("provider failed after %d retries: %v", retries, err)
 			case waited+delay > w.cfg.QueueTimeout:
 				pub.log.Error("provider retry would wait past the queue timeout; dead-lettering",
 					"retries", retries, "waited", waited.String(), "delay", delay.String(), "err", err)
 				pub.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.ProviderFailed(advise)})
+				w.ended(err)
 				return OutcomeDeadLetter, fmt.Sprintf("provider failed after %d retries (next wait %s past the queue timeout): %v",
 					retries, delay, err)
 			}
@@ -131,6 +143,13 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			t.Stop()
 			return OutcomeCancelled, ""
 		}
+	}
+}
+
+// ended tells Deps.Ended how a job's request ended (err nil: answered).
+func (w *Worker) ended(err error) {
+	if w.deps.Ended != nil {
+		w.deps.Ended(err)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -120,7 +121,7 @@ type rejecting struct {
 
 func (r *rejecting) Name() string { return "rejecting" }
 
-func (r *rejecting) Stream(context.Context, protocol.ChatRequest, func(string) error) (llm.Result, error) {
+func (r *rejecting) Stream(context.Context, protocol.ChatRequest, func(protocol.Chunk) error) (llm.Result, error) {
 	r.calls.Add(1)
 	return llm.Result{}, &llm.Error{Status: r.status, Err: errors.New("fake: model not found")}
 }
@@ -142,9 +143,11 @@ func TestWorkerClientErrorIsNotRetriedNorDeadLettered(t *testing.T) {
 		if len(body) != 1 || body[0].res.Kind != protocol.KindError {
 			t.Fatalf("messages %s, want exactly one SIGNAL:ERROR", describe(rs))
 		}
-		if prob := body[0].res.Problem; prob.Slug() != protocol.ProblemProviderRejected || prob.Status != http.StatusUnprocessableEntity ||
+		// The upstream's status reaches the client (docs/API.md,
+		// "Upstream client errors are the client's").
+		if prob := body[0].res.Problem; prob.Slug() != protocol.ProblemProviderRejected || prob.Status != http.StatusNotFound ||
 			prob.RetryAfterSeconds != 0 {
-			t.Errorf("problem %+v, want provider-rejected, 422, no retry advised", prob)
+			t.Errorf("problem %+v, want provider-rejected, 404, no retry advised", prob)
 		}
 		l.quiet(5 * time.Second)
 		synctest.Wait()
@@ -190,6 +193,57 @@ func TestWorkerRetryWaitsBoundedByQueueTimeout(t *testing.T) {
 		synctest.Wait()
 		if got := e.settled(); got[metrics.JobDeadLetter] != 1 || len(got) != 1 {
 			t.Errorf("job outcomes %v, want dead_letter once", got)
+		}
+	})
+}
+
+// A job's request is told once, when the worker gave its client the
+// end: nil for an answer served after failed calls, the last error for
+// one dead-lettered after every retry (the degradation level counts
+// requests, not calls).
+func TestWorkerTellsHowEachRequestEnded(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		var mu sync.Mutex
+		var ends []error
+		e.ended = func(err error) {
+			mu.Lock()
+			ends = append(ends, err)
+			mu.Unlock()
+		}
+		cfg := workerConfig()
+		cfg.MaxRetries = 2
+		served := newJob("served-after-two-failures")
+		ls := e.listen(served.RequestID)
+		e.startWorker(cfg, e.q.Consumer("w1"), newSim(t, llm.SimConfig{Tokens: 4, Seed: 3, FailFirst: 2, FailStatus: http.StatusBadGateway}))
+		e.enqueue(served)
+		if rs := ls.untilEnd(time.Minute); rs[len(rs)-1].res.Kind != protocol.KindDone {
+			t.Fatalf("messages %s: want DONE last", describe(rs))
+		}
+		synctest.Wait()
+		mu.Lock()
+		if len(ends) != 1 || ends[0] != nil {
+			t.Errorf("ends after a request served on its third call: %v, want one nil", ends)
+		}
+		ends = nil
+		mu.Unlock()
+
+		e2 := newEnv(t, 15*time.Second, 4)
+		e2.ended = e.ended
+		failed := newJob("failing-always")
+		lf := e2.listen(failed.RequestID)
+		e2.startWorker(cfg, e2.q.Consumer("w2"), newSim(t, llm.SimConfig{Tokens: 4, Seed: 3, FailRate: 1, FailStatus: http.StatusBadGateway}))
+		e2.enqueue(failed)
+		if rs := lf.untilEnd(time.Minute); rs[len(rs)-1].res.Kind != protocol.KindError {
+			t.Fatalf("messages %s: want ERROR last", describe(rs))
+		}
+		synctest.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		var le *llm.Error
+		if len(ends) != 1 || !errors.As(ends[0], &le) || le.Status != http.StatusBadGateway {
+			t.Errorf("ends after a request failing every call: %v, want one 502", ends)
 		}
 	})
 }

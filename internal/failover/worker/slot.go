@@ -33,7 +33,7 @@ func (w *Worker) waitSlot(ctx context.Context, job protocol.Job, d failover.Deli
 	}
 	slotCtx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	return w.sched.acquire(slotCtx, job.UserID, protocol.PlaceInLine(job.EnqueueTime, job.Priority, w.cfg.PriorityAging))
+	return w.sched.acquire(slotCtx, job.UserID, protocol.PlaceInLine(job.EnqueueTime, job.Priority, w.cfg.PriorityAging), d.Attempt > 1)
 }
 
 // scheduler decides which fetched job gets a worker slot next
@@ -46,7 +46,9 @@ func (w *Worker) waitSlot(ctx context.Context, job protocol.Job, d failover.Deli
 // given to another identity, and the identity is passed over until one of
 // its slots is released here or deferRecheck passed. So a job that cannot
 // start never holds a worker slot, and slots go round-robin between
-// identities with work waiting, FIFO within one.
+// identities with work waiting, FIFO within one. Jobs taken over from a
+// dead worker go before all of them, oldest takeover first: their clients
+// have waited longest, and are told so (docs/QUEUE.md, "Takeover").
 //
 // Safe for concurrent use by the job goroutines; it starts no goroutine
 // except the recheck timer, which stop ends.
@@ -62,6 +64,7 @@ type scheduler struct {
 	inHand  int // fetched jobs not finished
 	busy    int
 	queues  map[string][]*ticket // parked jobs per identity, oldest first
+	urgent  []*ticket            // parked takeovers, served first, oldest first
 	ring    []string             // identities with parked jobs, in turn order
 	next    int                  // index in ring of the next turn
 	blocked map[string]bool      // identity.Bucket at the per-user limit: its users passed over
@@ -71,8 +74,9 @@ type scheduler struct {
 
 // ticket is one parked job.
 type ticket struct {
-	user string
-	turn chan struct{} // buffered 1: its turn came, a worker slot is its
+	user     string
+	takeover bool          // a job taken over from a dead worker: urgent
+	turn     chan struct{} // buffered 1: its turn came, a worker slot is its
 }
 
 func newScheduler(p pool.Pool, limit, maxParked int) *scheduler {
@@ -94,7 +98,23 @@ func (s *scheduler) room() int {
 			held += len(q)
 		}
 	}
+	for _, t := range s.urgent {
+		if s.blocked[identity.Bucket(t.user)] {
+			held++
+		}
+	}
 	return max(0, min(s.limit-(s.inHand-held), s.limit+s.maxParked-s.inHand))
+}
+
+// takeoverRoom returns how many jobs the takeover loop may take over now:
+// as many as the scheduler holds at most (running and parked), less the
+// takeovers parked already. Orphans are taken whatever room the fetch
+// loop has, so that they wait here, heartbeating, instead of idle in the
+// queue past their client's patience.
+func (s *scheduler) takeoverRoom() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return max(0, s.limit+s.maxParked-len(s.urgent))
 }
 
 // took counts n fetched jobs in hand; finished counts one out.
@@ -120,10 +140,11 @@ func (s *scheduler) signal() {
 }
 
 // acquire parks a job of user, waits for its turn, and returns a lease
-// that also holds the job's worker slot until released. It returns ctx's
-// error when ctx ends first.
-func (s *scheduler) acquire(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
-	t := &ticket{user: user, turn: make(chan struct{}, 1)}
+// that also holds the job's worker slot until released; a takeover's turn
+// comes before every other job's. It returns ctx's error when ctx ends
+// first.
+func (s *scheduler) acquire(ctx context.Context, user string, since time.Time, takeover bool) (pool.Lease, error) {
+	t := &ticket{user: user, takeover: takeover, turn: make(chan struct{}, 1)}
 	s.mu.Lock()
 	s.parkLocked(t, false)
 	s.dispatchLocked()
@@ -187,6 +208,14 @@ func (s *scheduler) ask(ctx context.Context, user string, since time.Time) (pool
 // parkLocked puts t in its identity's line, at the front when it had its
 // turn already.
 func (s *scheduler) parkLocked(t *ticket, front bool) {
+	if t.takeover {
+		if front {
+			s.urgent = slices.Insert(s.urgent, 0, t)
+		} else {
+			s.urgent = append(s.urgent, t)
+		}
+		return
+	}
 	q := s.queues[t.user]
 	if len(q) == 0 && !slices.Contains(s.ring, t.user) {
 		s.ring = append(s.ring, t.user)
@@ -201,6 +230,10 @@ func (s *scheduler) parkLocked(t *ticket, front bool) {
 
 // unparkLocked takes t out of its line.
 func (s *scheduler) unparkLocked(t *ticket) {
+	if t.takeover {
+		s.urgent = slices.DeleteFunc(s.urgent, func(x *ticket) bool { return x == t })
+		return
+	}
 	q := slices.DeleteFunc(s.queues[t.user], func(x *ticket) bool { return x == t })
 	if len(q) == 0 {
 		delete(s.queues, t.user)
@@ -225,9 +258,20 @@ func (s *scheduler) dropLocked(user string) {
 	}
 }
 
-// dispatchLocked gives free worker slots to the parked jobs whose turn it is.
+// dispatchLocked gives free worker slots to the parked jobs whose turn it
+// is: takeovers first, then the identities in turn.
 func (s *scheduler) dispatchLocked() {
 	s.signal()
+	for i := 0; s.busy < s.limit && i < len(s.urgent); {
+		t := s.urgent[i]
+		if s.blocked[identity.Bucket(t.user)] {
+			i++
+			continue
+		}
+		s.busy++
+		t.turn <- struct{}{}
+		s.urgent = slices.Delete(s.urgent, i, i+1)
+	}
 	for s.busy < s.limit && len(s.ring) > 0 {
 		found := false
 		for i := range len(s.ring) {
@@ -303,7 +347,7 @@ func (s *scheduler) stop() {
 func (s *scheduler) parked() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := 0
+	n := len(s.urgent)
 	for _, q := range s.queues {
 		n += len(q)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -29,7 +30,7 @@ func TestSchedulerRoundRobinBetweenIdentitiesFIFOWithin(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScheduler(newLocalPool(t, 10, 10), 1, 10)
 		// A job holds the only worker slot while the others park.
-		blocker, err := s.acquire(t.Context(), "zed", time.Now())
+		blocker, err := s.acquire(t.Context(), "zed", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -39,7 +40,7 @@ func TestSchedulerRoundRobinBetweenIdentitiesFIFOWithin(t *testing.T) {
 		for _, name := range []string{"alice 1", "alice 2", "alice 3", "bob 1", "bob 2", "carol 1"} {
 			wg.Go(func() {
 				user := name[:len(name)-2]
-				l, err := s.acquire(t.Context(), user, time.Now())
+				l, err := s.acquire(t.Context(), user, time.Now(), false)
 				if err != nil {
 					t.Errorf("%s: %v", name, err)
 					return
@@ -80,7 +81,7 @@ func TestSchedulerNeverHoldsAWorkerSlotForAJobThatCannotStart(t *testing.T) {
 		}
 		aliceStarted := make(chan time.Time, 1)
 		go func() {
-			l, err := s.acquire(t.Context(), "alice", time.Now())
+			l, err := s.acquire(t.Context(), "alice", time.Now(), false)
 			if err != nil {
 				t.Errorf("alice: %v", err)
 				return
@@ -96,7 +97,7 @@ func TestSchedulerNeverHoldsAWorkerSlotForAJobThatCannotStart(t *testing.T) {
 			t.Fatalf("%d worker slots held while alice's job cannot start", busy)
 		}
 		start := time.Now()
-		bob, err := s.acquire(t.Context(), "bob", time.Now())
+		bob, err := s.acquire(t.Context(), "bob", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,13 +131,13 @@ func TestSchedulerOwnReleaseStartsTheIdentitysNextJobAtOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := newScheduler(newLocalPool(t, 10, 1), 4, 10)
 		defer s.stop()
-		first, err := s.acquire(t.Context(), "alice", time.Now())
+		first, err := s.acquire(t.Context(), "alice", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := make(chan time.Time, 1)
 		go func() {
-			l, err := s.acquire(t.Context(), "alice", time.Now())
+			l, err := s.acquire(t.Context(), "alice", time.Now(), false)
 			if err == nil {
 				got <- time.Now()
 				l.Release()
@@ -159,13 +160,13 @@ func TestSchedulerParkedJobGivesUpOnItsDeadline(t *testing.T) {
 		p := newLocalPool(t, 10, 1)
 		s := newScheduler(p, 2, 10)
 		defer s.stop()
-		held, err := s.acquire(t.Context(), "alice", time.Now())
+		held, err := s.acquire(t.Context(), "alice", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
 		defer cancel()
-		if _, err := s.acquire(ctx, "alice", time.Now()); !errors.Is(err, context.DeadlineExceeded) {
+		if _, err := s.acquire(ctx, "alice", time.Now(), false); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("err %v, want the deadline", err)
 		}
 		if n := s.parked(); n != 0 {
@@ -194,7 +195,7 @@ func TestSchedulerRoom(t *testing.T) {
 		}
 		// alice runs one job and parks three more behind her limit.
 		s.took(1)
-		run, err := s.acquire(t.Context(), "alice", time.Now())
+		run, err := s.acquire(t.Context(), "alice", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -203,7 +204,7 @@ func TestSchedulerRoom(t *testing.T) {
 			s.took(1)
 			wg.Go(func() {
 				defer s.finished()
-				if l, err := s.acquire(t.Context(), "alice", time.Now()); err == nil {
+				if l, err := s.acquire(t.Context(), "alice", time.Now(), false); err == nil {
 					l.Release()
 				}
 			})
@@ -215,7 +216,7 @@ func TestSchedulerRoom(t *testing.T) {
 		s.took(1) // one more parked behind the limit reaches maxParked
 		go func() {
 			defer s.finished()
-			if l, err := s.acquire(t.Context(), "alice", time.Now()); err == nil {
+			if l, err := s.acquire(t.Context(), "alice", time.Now(), false); err == nil {
 				l.Release()
 			}
 		}()
@@ -226,6 +227,51 @@ func TestSchedulerRoom(t *testing.T) {
 		run.Release()
 		s.finished()
 		wg.Wait()
+	})
+}
+
+// A job taken over from a dead worker gets the next worker slot before
+// every job parked earlier, and takeovers start among themselves in the
+// order they came (docs/QUEUE.md, "Takeover").
+func TestSchedulerTakeoversGoFirst(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		s := newScheduler(newLocalPool(t, 10, 10), 1, 10)
+		blocker, err := s.acquire(t.Context(), "zed", time.Now(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mu sync.Mutex
+		var order []string
+		var wg sync.WaitGroup
+		for _, name := range []string{"alice new", "bob new", "carol takeover 1", "alice takeover 2"} {
+			wg.Go(func() {
+				user, _, _ := strings.Cut(name, " ")
+				l, err := s.acquire(t.Context(), user, time.Now(), strings.Contains(name, "takeover"))
+				if err != nil {
+					t.Errorf("%s: %v", name, err)
+					return
+				}
+				mu.Lock()
+				order = append(order, name)
+				mu.Unlock()
+				time.Sleep(time.Second)
+				l.Release()
+			})
+			synctest.Wait()
+		}
+		if n := s.parked(); n != 4 {
+			t.Fatalf("%d parked, want 4", n)
+		}
+		if n := s.takeoverRoom(); n != 1+10-2 {
+			t.Errorf("takeover room %d with two takeovers parked, want %d", n, 1+10-2)
+		}
+		blocker.Release()
+		wg.Wait()
+		want := []string{"carol takeover 1", "alice takeover 2", "alice new", "bob new"}
+		if !slices.Equal(order, want) {
+			t.Fatalf("start order %v, want %v", order, want)
+		}
 	})
 }
 
@@ -253,7 +299,7 @@ func TestSchedulerPassesOverAKeysUsersTogether(t *testing.T) {
 		p := &countingPool{Local: newLocalPool(t, 10, 1), asks: map[string]int{}}
 		s := newScheduler(p, 4, 10)
 		defer s.stop()
-		first, err := s.acquire(t.Context(), "key:abc/user:a", time.Now())
+		first, err := s.acquire(t.Context(), "key:abc/user:a", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +308,7 @@ func TestSchedulerPassesOverAKeysUsersTogether(t *testing.T) {
 		defer cancel()
 		for _, user := range []string{"key:abc/user:b", "key:abc/user:c"} {
 			go func() {
-				l, err := s.acquire(ctx, user, time.Now())
+				l, err := s.acquire(ctx, user, time.Now(), false)
 				if err != nil {
 					if ctx.Err() == nil {
 						t.Errorf("%s: %v", user, err)
@@ -283,7 +329,7 @@ func TestSchedulerPassesOverAKeysUsersTogether(t *testing.T) {
 		if len(started) != 0 {
 			t.Fatalf("%s started beside a's slot of the same key", <-started)
 		}
-		other, err := s.acquire(t.Context(), "key:def/user:a", time.Now())
+		other, err := s.acquire(t.Context(), "key:def/user:a", time.Now(), false)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -175,6 +175,11 @@ type Deps struct {
 	Log *slog.Logger
 	// Tracing continues each job's trace; nil traces nothing.
 	Tracing *telemetry.Provider
+	// Ended, when set, is told how each job's request ended once the
+	// worker gave its client a terminal event: the provider's last error
+	// after every retry, nil for a complete answer. It is not called for
+	// a job cancelled or given up for lack of a slot. It must not block.
+	Ended func(err error)
 }
 
 // Worker takes jobs from a Consumer and answers them.
@@ -221,7 +226,8 @@ var (
 // Run fetches and answers jobs until ctx ends, then stops. Stop order, and
 // why (like asynq's Server.Stop):
 //
-//  1. The fetch loop stops: ctx ended, so no new job starts.
+//  1. The fetch loop and the takeover loop stop: ctx ended, so no new
+//     job starts.
 //  2. Running jobs finish within StopGrace; then they are cancelled with
 //     errStopping and left unacknowledged, so another worker takes them
 //     over (docs/QUEUE.md, "Takeover"). Jobs run on a context that
@@ -235,8 +241,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		cancelJobs(nil)
 		return err
 	}
-	var jobs sync.WaitGroup
-	w.fetcher.run(ctx, w.sched, &jobs, func(d failover.Delivery) { w.handle(jobsCtx, d) })
+	var jobs, loops sync.WaitGroup
+	handle := func(d failover.Delivery) bool { return w.handle(jobsCtx, d) }
+	if r, ok := w.deps.Consumer.(failover.Reclaimer); ok {
+		loops.Go(func() { w.fetcher.takeovers(ctx, r, w.sched, &jobs, handle) })
+	}
+	w.fetcher.run(ctx, w.sched, &jobs, handle)
+	loops.Wait()
 
 	w.log.Info("worker stopping: waiting for running jobs", "grace", w.cfg.StopGrace.String())
 	finished := make(chan struct{})

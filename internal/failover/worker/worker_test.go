@@ -38,6 +38,8 @@ type env struct {
 	q    *memqueue.Queue
 	pool *pool.Local
 	m    *metrics.Metrics
+	// ended, when set before startWorker, is the workers' Deps.Ended.
+	ended func(error)
 }
 
 // newEnv returns an env; inside a synctest bubble, create it there.
@@ -92,7 +94,7 @@ func (e *env) startWorker(cfg worker.Config, c failover.Consumer, p llm.Provider
 	e.tb.Helper()
 	w, err := worker.New(cfg, worker.Deps{
 		Consumer: c, Pool: e.pool, Provider: p, Results: e.res, Cancels: e.res, Metrics: e.m,
-		Log: testutil.DiscardLogger(),
+		Log: testutil.DiscardLogger(), Ended: e.ended,
 	})
 	if err != nil {
 		e.tb.Fatalf("worker.New: %v", err)
@@ -212,13 +214,14 @@ type recorder struct {
 	emitted int
 }
 
-func (r *recorder) Stream(ctx context.Context, req protocol.ChatRequest, emit func(string) error) (llm.Result, error) {
+func (r *recorder) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	r.mu.Lock()
 	call := len(r.calls)
 	r.calls = append(r.calls, time.Now())
 	r.mu.Unlock()
 	n := 0
-	return r.Provider.Stream(ctx, req, func(content string) error {
+	return r.Provider.Stream(ctx, req, func(chunk protocol.Chunk) error {
+		content := chunk.Content
 		if call == 0 && r.failFirstAfter > 0 && n == r.failFirstAfter {
 			return &llm.Error{Retryable: true, Status: 502, Err: errors.New("fake: upstream reset mid-answer")}
 		}
@@ -226,7 +229,7 @@ func (r *recorder) Stream(ctx context.Context, req protocol.ChatRequest, emit fu
 		r.mu.Lock()
 		r.emitted++
 		r.mu.Unlock()
-		return emit(content)
+		return emit(protocol.Chunk{Content: content})
 	})
 }
 

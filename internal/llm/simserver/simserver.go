@@ -33,6 +33,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/openaiwire"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -100,15 +101,13 @@ func (s *Server) Active() int64 { return s.active.Load() }
 // through.
 func (s *Server) Peak() int64 { return s.peak.Load() }
 
+// simLimits are the request limits of the simulator: an upstream's own,
+// wider than any api's.
+var simLimits = protocol.Limits{MaxMessages: 100000, MaxTokens: 1 << 30, MaxChoices: 128}
+
 type chatRequest struct {
-	Model         string             `json:"model"`
-	Messages      []protocol.Message `json:"messages"`
-	MaxTokens     *int               `json:"max_tokens"`
-	Temperature   *float64           `json:"temperature"`
-	Stream        bool               `json:"stream"`
-	StreamOptions *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
+	Model  string
+	Stream bool
 }
 
 type delta struct {
@@ -148,32 +147,28 @@ type completion struct {
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	s.requests.Add(1)
-	var body chatRequest
 	rb := http.MaxBytesReader(w, r.Body, maxBodyBytes)
-	err := json.NewDecoder(rb).Decode(&body)
-	if err == nil {
-		// The server notices a client going away, and cancels r.Context(),
-		// only once the body has been read to its end.
-		_, err = io.Copy(io.Discard, rb)
-	}
+	raw, err := io.ReadAll(rb)
 	if err != nil {
 		if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 			writeError(w, http.StatusRequestEntityTooLarge, "invalid_request_error", "request body is too large")
 			return
 		}
-		writeError(w, http.StatusBadRequest, "invalid_request_error", "request body is not a valid JSON object")
+		writeError(w, http.StatusBadRequest, "invalid_request_error", "request body could not be read")
 		return
 	}
-	if msg := validate(&body); msg != "" {
-		writeError(w, http.StatusBadRequest, "invalid_request_error", msg)
+	// The server notices a client going away, and cancels r.Context(),
+	// only once the body has been read to its end: ReadAll did.
+	req, err := protocol.DecodeOpenAIChat(raw, simLimits)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid_request_error", strings.TrimPrefix(err.Error(), "invalid request: "))
 		return
 	}
-	req := protocol.ChatRequest{Messages: body.Messages, Model: body.Model, Temperature: body.Temperature}
-	if body.MaxTokens != nil {
-		req.MaxTokens = *body.MaxTokens
-	}
+	req.Body = nil // the simulator answers from what it read
+	body := chatRequest{Model: req.Model, Stream: req.Stream}
 	if body.Model == "" {
 		body.Model = ModelID
+		req.Model = ModelID
 	}
 	n := s.active.Add(1)
 	ended := sync.OnceFunc(func() { s.active.Add(-1) })
@@ -185,28 +180,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	}
 	a := answer{id: newID(), created: time.Now().Unix(), model: body.Model, ended: ended}
 	if body.Stream {
-		s.stream(w, r, req, a, body.StreamOptions != nil && body.StreamOptions.IncludeUsage)
+		s.stream(w, r, req, a, req.IncludeUsage)
 	} else {
 		s.complete(w, r, req, a)
 	}
-}
-
-func validate(b *chatRequest) string {
-	if len(b.Messages) == 0 {
-		return "messages must be a non-empty array"
-	}
-	for i, m := range b.Messages {
-		if m.Role == "" {
-			return fmt.Sprintf("messages[%d].role is required", i)
-		}
-	}
-	if b.MaxTokens != nil && *b.MaxTokens < 1 {
-		return "max_tokens must be at least 1"
-	}
-	if b.Temperature != nil && (*b.Temperature < 0 || *b.Temperature > 2) {
-		return "temperature must be between 0 and 2"
-	}
-	return ""
 }
 
 type answer struct {
@@ -234,7 +211,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req protocol.Cha
 	rc := http.NewResponseController(w)
 	started, writeFailed := false, false
 	var buf []byte
-	send := func(c chunk) error {
+	sendRaw := func(event []byte) error {
 		if !started {
 			h := w.Header()
 			h.Set("Content-Type", "text/event-stream")
@@ -243,20 +220,33 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req protocol.Cha
 			w.WriteHeader(http.StatusOK)
 			started = true
 		}
-		b, err := json.Marshal(c)
-		if err != nil {
-			return fmt.Errorf("simserver: encode chunk: %w", err)
-		}
-		buf = append(append(append(buf[:0], "data: "...), b...), "\n\n"...)
-		if err := s.write(w, rc, buf); err != nil {
+		if err := s.write(w, rc, event); err != nil {
 			writeFailed = true
 			return err
 		}
 		return nil
 	}
-	first := true
-	res, err := s.provider.Stream(r.Context(), req, func(content string) error {
-		d := delta{Content: content}
+	send := func(c chunk) error {
+		b, err := json.Marshal(c)
+		if err != nil {
+			return fmt.Errorf("simserver: encode chunk: %w", err)
+		}
+		buf = append(append(append(buf[:0], "data: "...), b...), "\n\n"...)
+		return sendRaw(buf)
+	}
+	first, rich := true, false
+	id := protocol.AppendJSONString(nil, a.id)
+	res, err := s.provider.Stream(r.Context(), req, func(c protocol.Chunk) error {
+		if c.Raw != nil {
+			// The simulator's own chunks (tools, reasoning, n choices),
+			// with this answer's id; its usage chunk only when asked.
+			rich = true
+			if !includeUsage && openaiwire.IsUsageChunk(c.Raw) {
+				return nil
+			}
+			return sendRaw(openaiwire.AppendChunkEvent(nil, c.Raw, id))
+		}
+		d := delta{Content: c.Content}
 		if first {
 			d.Role, first = "assistant", false
 		}
@@ -276,8 +266,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, req protocol.Cha
 		return
 	}
 	finish := res.FinishReason
-	err = send(a.chunk([]chunkChoice{{Delta: delta{}, FinishReason: &finish}}, nil))
-	if err == nil && includeUsage {
+	if !rich {
+		err = send(a.chunk([]chunkChoice{{Delta: delta{}, FinishReason: &finish}}, nil))
+	}
+	if err == nil && includeUsage && !rich {
 		u := res.Usage
 		err = send(a.chunk([]chunkChoice{}, &u))
 	}
@@ -305,8 +297,14 @@ func (s *Server) write(w http.ResponseWriter, rc *http.ResponseController, b []b
 // complete answers with one chat.completion object.
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, req protocol.ChatRequest, a answer) {
 	var text strings.Builder
-	res, err := s.provider.Stream(r.Context(), req, func(content string) error {
-		text.WriteString(content)
+	asm := openaiwire.NewAssembler("", a.model, a.created)
+	rich := false
+	res, err := s.provider.Stream(r.Context(), req, func(c protocol.Chunk) error {
+		if c.Raw != nil {
+			rich = true
+			asm.Chunk(c.Raw)
+		}
+		text.WriteString(c.Content)
 		return nil
 	})
 	if err != nil {
@@ -319,6 +317,14 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, req protocol.C
 		return
 	}
 	a.ended()
+	if rich {
+		asm.Finish(res.FinishReason, &res.Usage)
+		obj, _ := protocol.SetMember(asm.Object(), "id", protocol.AppendJSONString(nil, a.id))
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(append(obj, '\n'))
+		return
+	}
 	writeJSON(w, http.StatusOK, completion{
 		ID: a.id, Object: "chat.completion", Created: a.created, Model: a.model,
 		Choices: []completionChoice{{

@@ -367,11 +367,11 @@ func TestThrottledWithRetryAfter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(string) error { return nil })
+	_, err = c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(protocol.Chunk) error { return nil })
 	if d, ok := (llm.RetryPolicy{}).Delay(err, 1); !ok || d != 2*time.Second || llm.CountsAgainstBreaker(err) {
 		t.Errorf("err %v: Delay %v, %v; want 2s, and not a breaker failure", err, d, ok)
 	}
-	if _, err := c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(string) error { return nil }); err != nil {
+	if _, err := c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(protocol.Chunk) error { return nil }); err != nil {
 		t.Errorf("third call: %v", err)
 	}
 	if srv.Throttled() != 2 || srv.Requests() != 3 {
@@ -389,7 +389,7 @@ func TestStallCutByIdleTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	_, err = c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(string) error { n++; return nil })
+	_, err = c.Stream(t.Context(), protocol.ChatRequest{Messages: []protocol.Message{{Role: "user", Content: "hi"}}}, func(protocol.Chunk) error { n++; return nil })
 	if !errors.Is(err, llm.ErrIdleTimeout) || n != 2 {
 		t.Fatalf("err %v after %d chunks, want ErrIdleTimeout after 2", err, n)
 	}

@@ -163,7 +163,7 @@ func runCurve(t *testing.T, adaptiveOn bool) []row {
 					if err != nil {
 						return
 					}
-					_, err = provider.Stream(ctx, req, func(string) error { return nil })
+					_, err = provider.Stream(ctx, req, func(protocol.Chunk) error { return nil })
 					l.Release()
 					var le *llm.Error
 					if err != nil && ctx.Err() == nil && !(errors.As(err, &le) && le.Status == http.StatusTooManyRequests) {
