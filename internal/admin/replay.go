@@ -273,6 +273,9 @@ func (t *Tool) runBatch(ctx context.Context, batch []replayTarget, offset, total
 func (t *Tool) start(ctx context.Context, rec Record, job protocol.Job) (*run, error) {
 	job.RequestID = uuid.NewString()
 	job.Trace, job.TraceDropped = nil, false
+	// If the replay fails too, its dead letter replaces this one (on Redis
+	// Streams), so the prompt is never dead-lettered twice.
+	job.ReplayOf = rec.ID
 	relay, err := t.deps.Spiller.Spill(ctx, job)
 	if err != nil {
 		var p *protocol.Problem

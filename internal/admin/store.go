@@ -31,6 +31,9 @@ type Record struct {
 	BodyBytes int
 	// Source says where the job was in the queue.
 	Source string
+	// Replays is how often the job was replayed and failed again (Redis
+	// Streams; a failed replay's record replaces the one it replayed).
+	Replays int
 }
 
 // Store is the dead-letter queue as the tool uses it. Safe for concurrent

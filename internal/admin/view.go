@@ -107,6 +107,7 @@ func (t *Tool) show(ctx context.Context, args []string) int {
 	fmt.Fprintf(w, "request id:  %s\n", clean(r.RequestID))
 	fmt.Fprintf(w, "failed at:   %s\n", stamp(r.FailedAt))
 	fmt.Fprintf(w, "attempt:     %d\n", r.Attempt)
+	fmt.Fprintf(w, "replays:     %d failed\n", r.Replays)
 	fmt.Fprintf(w, "reason:      %s\n", clean(r.Reason))
 	fmt.Fprintf(w, "source:      %s\n", clean(r.Source))
 	fmt.Fprintf(w, "job:         %d bytes, sha1 %s\n", r.BodyBytes, clean(r.BodySHA1))
@@ -166,7 +167,7 @@ func writeJob(w io.Writer, j protocol.Job) {
 // included (withJob) as JSON when it is JSON, else as a string.
 func recordJSON(r Record, withJob bool) map[string]any {
 	out := map[string]any{
-		"id": r.ID, "request_id": r.RequestID, "reason": r.Reason, "attempt": r.Attempt,
+		"id": r.ID, "request_id": r.RequestID, "reason": r.Reason, "attempt": r.Attempt, "replays": r.Replays,
 		"failed_at": r.FailedAt.UTC().Format(time.RFC3339Nano), "source": r.Source,
 		"job_bytes": r.BodyBytes, "job_sha1": r.BodySHA1, "job_kept": len(r.Body) > 0,
 	}

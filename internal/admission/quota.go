@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -90,9 +91,15 @@ func NewQuota(cfg QuotaConfig, rdb redis.Scripter) (*Quota, error) {
 
 // Every key carries the {quota} hash tag: the scripts touch an identity's
 // set and the shared ones together, so they must share a cluster slot.
-func (q *Quota) keys(identity string) []string {
+func (q *Quota) keys(who string) []string {
 	p := q.cfg.Prefix + "{quota}:"
-	return []string{p + "id:" + identity, p + "jobs", p + "bytes", p + "total"}
+	return []string{q.idKey(who), p + "jobs", p + "bytes", p + "total"}
+}
+
+// idKey names the set of who's waiting jobs: its identity.Bucket's, so a
+// key's users share their key's QUEUE_MAX_PER_IDENTITY.
+func (q *Quota) idKey(who string) string {
+	return q.cfg.Prefix + "{quota}:id:" + identity.Bucket(who)
 }
 
 // Reserve counts the job requestID of identity, of size bytes, for at
@@ -135,7 +142,7 @@ func (q *Quota) ReleaseMany(ctx context.Context, identities, requestIDs []string
 	keys[0], keys[1], keys[2] = p+"jobs", p+"bytes", p+"total"
 	args := make([]any, len(requestIDs))
 	for i, id := range requestIDs {
-		keys = append(keys, p+"id:"+identities[i])
+		keys = append(keys, q.idKey(identities[i]))
 		args[i] = id
 	}
 	if err := quotaRelease.Run(ctx, q.rdb, keys, args...).Err(); err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -139,37 +140,39 @@ func (l *RateLimiter) Enabled() bool { return l.rl != nil }
 // Redis did not answer.
 func (l *RateLimiter) Degraded() bool { return l.degraded.Load() }
 
-// Allow spends one request of identity's allowance. It returns nil to
+// Allow spends one request of who's allowance: its identity.Bucket's, so
+// a key's users share their key's. It returns nil to
 // accept, or a 429 rate-limited problem whose Retry-After is when the next
 // request would be accepted (whole seconds, at least 1); each refusal
 // counts in spillway_rate_limited_total. With the limiter off it returns
 // nil without touching Redis. It waits for Redis at most Timeout.
-func (l *RateLimiter) Allow(ctx context.Context, identity string) *protocol.Problem {
+func (l *RateLimiter) Allow(ctx context.Context, who string) *protocol.Problem {
 	if l.rl == nil {
 		return nil
 	}
+	bucket := identity.Bucket(who)
 	if l.degraded.Load() {
 		next := l.nextProbe.Load()
 		now := l.now()
 		// One caller per ProbeEvery wins the swap and probes Redis.
 		if now.UnixNano() < next || !l.nextProbe.CompareAndSwap(next, now.Add(l.cfg.ProbeEvery).UnixNano()) {
-			return l.allowLocal(identity, now)
+			return l.allowLocal(bucket, now)
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
-	res, err := l.rl.Allow(rctx, l.cfg.KeyPrefix+identity, l.limit)
+	res, err := l.rl.Allow(rctx, l.cfg.KeyPrefix+bucket, l.limit)
 	cancel()
 	if err != nil {
 		now := l.now()
 		if ctx.Err() != nil {
 			// The caller left; that says nothing about Redis.
-			return l.allowLocal(identity, now)
+			return l.allowLocal(bucket, now)
 		}
 		l.nextProbe.Store(now.Add(l.cfg.ProbeEvery).UnixNano())
 		if l.degraded.CompareAndSwap(false, true) {
 			l.log.Warn("rate limiter: redis unreachable, limiting locally per process", "err", err)
 		}
-		return l.allowLocal(identity, now)
+		return l.allowLocal(bucket, now)
 	}
 	if l.degraded.CompareAndSwap(true, false) {
 		l.log.Info("rate limiter: redis answers again, limiting on redis")

@@ -136,7 +136,7 @@ var (
 
 func fromRedis(d redisstream.DeadLetter) admin.Record {
 	return admin.Record{ID: d.ID, RequestID: d.RequestID, Reason: d.Reason, Attempt: d.Attempt, FailedAt: d.FailedAt,
-		Body: d.Body, BodySHA1: d.BodySHA1, BodyBytes: d.BodyBytes, Source: "job stream entry " + d.SourceID}
+		Body: d.Body, BodySHA1: d.BodySHA1, BodyBytes: d.BodyBytes, Source: "job stream entry " + d.SourceID, Replays: d.Replays}
 }
 
 func (s redisStore) Page(ctx context.Context, cursor string, n int) ([]admin.Record, string, error) {

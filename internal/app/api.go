@@ -34,7 +34,6 @@ import (
 // long streams; the SSE writer sets a deadline per write instead.
 const (
 	readHeaderTimeout = 10 * time.Second
-	idleTimeout       = 120 * time.Second
 	// readyTimeout bounds one /readyz check of every dependency.
 	readyTimeout = 2 * time.Second
 	// notReadyRetryAfter is advised, in seconds, while a dependency is
@@ -72,7 +71,12 @@ func NewAPI(cfg *config.Config, log *slog.Logger, opts Options) (*API, error) {
 		a.Close()
 		return nil, err
 	}
-	a.engine = a.routes()
+	metricsH, err := a.obs.metricsHandler(cfg)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.engine = a.routes(metricsH)
 	return a, nil
 }
 
@@ -250,7 +254,7 @@ func (a *API) Close() {
 	a.deps.close()
 }
 
-func (a *API) routes() *gin.Engine {
+func (a *API) routes(metricsH http.Handler) *gin.Engine {
 	gin.SetMode(gin.ReleaseMode)
 	e := gin.New()
 	e.HandleMethodNotAllowed = true
@@ -290,7 +294,7 @@ func (a *API) routes() *gin.Engine {
 	}))))
 	e.GET("/healthz", gin.WrapF(healthz))
 	e.GET("/readyz", a.readyz)
-	e.GET("/metrics", gin.WrapH(a.obs.metricsHandler()))
+	e.GET("/metrics", gin.WrapH(metricsH))
 	if a.cfg.ChatPageEnabled {
 		e.GET("/", gin.WrapH(web.Handler()))
 	}
@@ -335,14 +339,15 @@ func (a *API) readyz(c *gin.Context) {
 // provider down (bounded to 5s), so the spans every step before ended are
 // flushed (docs/TRACING.md).
 func (a *API) Serve(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout,
-		MaxHeaderBytes: serverMaxHeaderBytes}
+	limited := newLimitListener(ln, a.cfg.MaxConnections)
+	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: a.cfg.HTTPIdleTimeout(),
+		MaxHeaderBytes: serverMaxHeaderBytes, ConnState: limited.connState}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
 	for _, run := range a.background {
 		background.Go(func() { run(bgCtx) })
 	}
-	err := a.serveHTTP(ctx, srv, newLimitListener(ln, a.cfg.MaxConnections))
+	err := a.serveHTTP(ctx, srv, limited)
 	stopBackground()
 	background.Wait()
 	return err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/redact"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
@@ -81,6 +82,16 @@ func InstanceName(role string) string {
 	return fmt.Sprintf("%s-%s-%d-%s", role, host, os.Getpid(), uuid.NewString()[:8])
 }
 
+// upstreamURLs are the upstreams' base URLs as a log may show them: with
+// no password (docs/OPERATIONS.md, "Isolation").
+func upstreamURLs(cfg *config.Config) []string {
+	urls := make([]string, len(cfg.Upstreams))
+	for i, u := range cfg.Upstreams {
+		urls[i] = redact.URL(u.BaseURL)
+	}
+	return urls
+}
+
 // Run builds the api, listens on HTTP_ADDR and serves until ctx ends.
 func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	a, err := NewAPI(cfg, log, Options{})
@@ -93,6 +104,6 @@ func Run(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		return fmt.Errorf("app: listen %s: %w", cfg.HTTPAddr, err)
 	}
 	log.Info("api listening", "addr", ln.Addr().String(), "pool_size", cfg.ConnectionPoolSize,
-		"per_user", cfg.ConnectionPoolPerUser, "provider", cfg.LLMProvider)
+		"per_user", cfg.ConnectionPoolPerUser, "provider", cfg.LLMProvider, "upstreams", upstreamURLs(cfg))
 	return a.Serve(ctx, ln)
 }

@@ -47,8 +47,12 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 		return err
 	}
 
+	metricsH, err := d.obs.metricsHandler(cfg)
+	if err != nil {
+		return err
+	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", d.obs.metricsHandler())
+	mux.Handle("GET /metrics", metricsH)
 	mux.HandleFunc("GET /healthz", healthz)
 	ln, err := net.Listen("tcp", cfg.ConsumerHTTPAddr)
 	if err != nil {
@@ -58,7 +62,7 @@ func RunConsumer(ctx context.Context, cfg *config.Config, log *slog.Logger) erro
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = srv.Serve(ln) })
 	log.Info("consumer started", "name", d.name, "queue", cfg.QueueType, "concurrency", cfg.WorkerConcurrency, "http", ln.Addr().String(),
-		"provider", cfg.LLMProvider, "pool_size", cfg.ConnectionPoolSize)
+		"provider", cfg.LLMProvider, "upstreams", upstreamURLs(cfg), "pool_size", cfg.ConnectionPoolSize)
 
 	// The background loops outlive the worker, so what its last jobs
 	// reported is flushed.

@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
+	"github.com/spillway-dev/spillway/internal/redact"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
@@ -140,7 +141,7 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 	}
 	rdb.AddHook(redisTimer{d.obs.m.RedisCommand})
 	d.closers = append(d.closers, func() { _ = rdb.Close() })
-	d.log.Info("redis", "mode", cfg.RedisMode(), "pool_size", cfg.RedisPoolSize, "down_after_ms", cfg.RedisDownAfterMS)
+	d.log.Info("redis", "mode", cfg.RedisMode(), "url", redact.URL(cfg.RedisURL), "pool_size", cfg.RedisPoolSize, "down_after_ms", cfg.RedisDownAfterMS)
 	return rdb, nil
 }
 

@@ -195,25 +195,29 @@ func TestHostileRequestsGetProblems(t *testing.T) {
 	}
 }
 
-// Past MAX_CONNECTIONS a connection gets a 503 problem and is closed,
-// instead of hanging; once one closes, a new one is served.
+// Past MAX_CONNECTIONS, with no connection idle, a connection gets a 503
+// problem and is closed, instead of hanging; once one closes, a new one is
+// served.
 func TestMaxConnections(t *testing.T) {
 	t.Parallel()
-	_, upstream := startSimllm(t, fastSim())
-	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3"})))
+	_, upstream := startSimllm(t, slowSim())
+	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3", "CONNECTION_POOL_PER_USER": "4", "STREAM_RESUME_WINDOW_SECONDS": "0"})))
 	addr := strings.TrimPrefix(url, "http://")
 	var held []net.Conn
-	for range 3 {
+	for i := range 3 {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
 		held = append(held, c)
-	}
-	// The held connections are accepted (a request on one is served).
-	if status, _ := rawGet(t, held[0], "/healthz"); status != http.StatusOK {
-		t.Fatalf("held connection: HTTP %d", status)
+		// Each holds an open stream: active, not idle.
+		body := `{"messages":[{"role":"user","content":"held"}]}`
+		fmt.Fprintf(c, "POST /v1/stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("held stream %d: %v %v", i, resp, err)
+		}
 	}
 	extra, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -223,7 +227,7 @@ func TestMaxConnections(t *testing.T) {
 	status, body := rawGet(t, extra, "/healthz")
 	var p protocol.Problem
 	if status != http.StatusServiceUnavailable || json.Unmarshal([]byte(body), &p) != nil || p.Slug() != protocol.ProblemTooManyConnections {
-		t.Fatalf("4th connection: HTTP %d %q, want a 503 too-many-connections problem", status, body)
+		t.Fatalf("4th connection beside 3 streams: HTTP %d %q, want a 503 too-many-connections problem", status, body)
 	}
 	held[1].Close()
 	testutil.Eventually(t, 5*time.Second, func() bool {
@@ -235,6 +239,45 @@ func TestMaxConnections(t *testing.T) {
 		s, _ := rawGet(t, c, "/healthz")
 		return s == http.StatusOK
 	}, "a connection served after one closed")
+}
+
+// Idle keep-alive connections give way at MAX_CONNECTIONS (issue 29): with
+// the cap held by connections that sent one request and idle, a new client
+// is served, and the longest idle connection is the one closed for it.
+func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
+	t.Parallel()
+	_, upstream := startSimllm(t, fastSim())
+	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3"})))
+	addr := strings.TrimPrefix(url, "http://")
+	var held []net.Conn
+	for i := range 3 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if status, _ := rawGet(t, c, "/healthz"); status != http.StatusOK {
+			t.Fatalf("connection %d: HTTP %d", i, status)
+		}
+		held = append(held, c)
+	}
+	for round := range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if status, body := rawGet(t, c, "/healthz"); status != http.StatusOK {
+			t.Fatalf("new connection %d beside 3 idle ones: HTTP %d %q, want 200", round, status, body)
+		}
+		// The longest idle one was closed for it.
+		if msg, err := waitClosed(held[round], 5*time.Second); err != nil {
+			t.Fatalf("idle connection %d not closed (%s): %v", round, msg, err)
+		}
+	}
+	if status, _ := rawGet(t, held[2], "/healthz"); status != http.StatusOK {
+		t.Fatalf("the most recently idle connection: HTTP %d, want it still served", status)
+	}
 }
 
 // rawGet sends one GET on c and returns the status and body.

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -10,8 +11,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/stream"
 )
 
 // deadLetterReadTimeout bounds reading the dead-letter depth on a scrape.
@@ -63,9 +67,25 @@ func (o *observability) gatherer() prometheus.Gatherer {
 
 // metricsHandler serves /metrics, in the OpenMetrics format when the
 // scraper asks for it: only that format carries the trace-id exemplars
-// (docs/TRACING.md).
-func (o *observability) metricsHandler() http.Handler {
-	return promhttp.HandlerFor(o.gatherer(), promhttp.HandlerOpts{EnableOpenMetrics: true})
+// (docs/TRACING.md). Under METRICS_AUTH=api-key a scrape without a key of
+// API_KEYS gets the 401 problem a stream would.
+func (o *observability) metricsHandler(cfg *config.Config) (http.Handler, error) {
+	h := promhttp.HandlerFor(o.gatherer(), promhttp.HandlerOpts{EnableOpenMetrics: true})
+	if cfg.MetricsAuth != config.MetricsAuthAPIKey {
+		return h, nil
+	}
+	keys, err := identity.ParseKeys(cfg.APIKeys)
+	if err != nil {
+		return nil, fmt.Errorf("app: metrics: API_KEYS: %w", err)
+	}
+	ids := identity.NewResolver(identity.Config{Keys: keys})
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := ids.Authenticate(r); p != nil {
+			stream.WriteProblem(w, p, r.URL.Path)
+			return
+		}
+		h.ServeHTTP(w, r)
+	}), nil
 }
 
 // healthz answers /healthz: the process is up. Readiness (/readyz, api

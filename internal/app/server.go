@@ -1,6 +1,7 @@
 package app
 
 import (
+	"container/list"
 	"encoding/json"
 	"net"
 	"net/http"
@@ -35,16 +36,24 @@ const (
 	closeSlack = 2 * time.Second
 )
 
-// limitListener caps the open connections at max. One more is accepted,
-// answered with a minimal 503 problem and closed, rather than left in the
-// kernel's backlog where the client would hang until its own timeout
-// (golang.org/x/net/netutil.LimitListener's behaviour).
+// limitListener caps the open connections at max. At the cap an idle
+// keep-alive connection is closed to make room, the longest idle first
+// (tracked through http.Server.ConnState, connState); only when none is
+// idle is one more accepted, answered with a minimal 503 problem and
+// closed, rather than left in the kernel's backlog where the client would
+// hang until its own timeout (golang.org/x/net/netutil.LimitListener's
+// behaviour). Closing an idle connection races a request its client may
+// be sending on it just then, as the server's own idle timeout does; HTTP
+// clients retry a request on a reused connection that closed unanswered.
 type limitListener struct {
 	net.Listener
 	max      int64
 	open     atomic.Int64
 	refusing atomic.Int64
 	refused  sync.WaitGroup
+
+	mu   sync.Mutex
+	idle list.List // *limitedConn waiting for a next request, longest idle first
 }
 
 func newLimitListener(ln net.Listener, maxConns int) *limitListener {
@@ -59,10 +68,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) <= l.max {
+		if l.admit() {
 			return &limitedConn{Conn: c, release: func() { l.open.Add(-1) }}, nil
 		}
-		l.open.Add(-1)
 		if l.refusing.Add(1) > maxRefusing {
 			l.refusing.Add(-1)
 			_ = c.Close()
@@ -72,6 +80,57 @@ func (l *limitListener) Accept() (net.Conn, error) {
 			defer l.refusing.Add(-1)
 			refuseConn(c)
 		})
+	}
+}
+
+// admit counts one more connection in if it fits under the cap, closing
+// idle ones to make it fit.
+func (l *limitListener) admit() bool {
+	for {
+		if l.open.Add(1) <= l.max {
+			return true
+		}
+		l.open.Add(-1)
+		if !l.closeIdle() {
+			return false
+		}
+	}
+}
+
+// closeIdle closes the longest idle connection, which gives its place
+// back; false when none is idle.
+func (l *limitListener) closeIdle() bool {
+	l.mu.Lock()
+	e := l.idle.Front()
+	if e == nil {
+		l.mu.Unlock()
+		return false
+	}
+	c := l.idle.Remove(e).(*limitedConn)
+	c.idle = nil
+	l.mu.Unlock()
+	_ = c.Close()
+	return true
+}
+
+// connState is the server's ConnState hook: it keeps the list of idle
+// connections, the ones closeIdle may take.
+func (l *limitListener) connState(nc net.Conn, state http.ConnState) {
+	c, ok := nc.(*limitedConn)
+	if !ok {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if state == http.StateIdle {
+		if c.idle == nil {
+			c.idle = l.idle.PushBack(c)
+		}
+		return
+	}
+	if c.idle != nil {
+		l.idle.Remove(c.idle)
+		c.idle = nil
 	}
 }
 
@@ -110,6 +169,7 @@ type limitedConn struct {
 	net.Conn
 	once    sync.Once
 	release func()
+	idle    *list.Element // in limitListener.idle while idle; under its mu
 }
 
 func (c *limitedConn) Close() error {

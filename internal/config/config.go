@@ -173,6 +173,12 @@ type Config struct {
 	BodyReadTimeoutSeconds int `env:"BODY_READ_TIMEOUT_SECONDS" envDefault:"10"`
 	// MaxConnections bounds the api's open client connections; more get 503. Default 20000.
 	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"20000"`
+	// HTTPIdleTimeoutSeconds is how long the api keeps an idle keep-alive
+	// connection open. Default 120: above the usual load balancer's 60 s, so
+	// the balancer, not the api, closes a pooled connection first (an api
+	// closing one the balancer is reusing costs a request a 502). At
+	// MAX_CONNECTIONS the idle ones are closed first anyway.
+	HTTPIdleTimeoutSeconds int `env:"HTTP_IDLE_TIMEOUT_SECONDS" envDefault:"120"`
 
 	// RateLimitRPS is requests per second per identity; 0 is off. Default 0.
 	RateLimitRPS float64 `env:"RATE_LIMIT_RPS" envDefault:"0"`
@@ -181,6 +187,9 @@ type Config struct {
 	// APIKeys are accepted bearer keys, or sha256:<hex> digests of them,
 	// each optionally ending in =high|normal|low; empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
+	// MetricsAuth is who may read /metrics on both processes: none (anyone
+	// who reaches the port) or api-key (a bearer key of API_KEYS). Default none.
+	MetricsAuth string `env:"METRICS_AUTH" envDefault:"none"`
 	// PriorityMax is the highest X-Priority a caller without a key maximum may ask for. Default normal.
 	PriorityMax string `env:"PRIORITY_MAX" envDefault:"normal"`
 	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it). Default true.
@@ -372,6 +381,10 @@ func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSec
 
 // StreamResumeWindow is STREAM_RESUME_WINDOW_SECONDS.
 func (c *Config) StreamResumeWindow() time.Duration { return seconds(c.StreamResumeWindowSeconds) }
+
+// HTTPIdleTimeout is how long an idle keep-alive connection stays open
+// (HTTP_IDLE_TIMEOUT_SECONDS).
+func (c *Config) HTTPIdleTimeout() time.Duration { return seconds(c.HTTPIdleTimeoutSeconds) }
 
 // BodyReadTimeout bounds reading a request body (BODY_READ_TIMEOUT_SECONDS).
 func (c *Config) BodyReadTimeout() time.Duration { return seconds(c.BodyReadTimeoutSeconds) }

@@ -107,6 +107,7 @@ func TestDefaults(t *testing.T) {
 		{"QUEUE_SHED_LOW_FRACTION", c.QueueShedLowFraction, 0.5},
 		{"QUEUE_SHED_NORMAL_FRACTION", c.QueueShedNormalFraction, 0.8},
 		{"PRIORITY_MAX", c.PriorityMax, "normal"},
+		{"METRICS_AUTH", c.MetricsAuth, "none"},
 		{"PRIORITY_AGING_SECONDS", c.PriorityAgingSeconds, 30},
 		{"DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1024},
 		{"DEGRADE_MIN_REQUESTS", c.DegradeMinRequests, 20},
@@ -151,6 +152,7 @@ func TestDefaults(t *testing.T) {
 		{"QUEUE_MAX_BYTES", c.QueueMaxBytes, int64(268435456)},
 		{"BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 10},
 		{"MAX_CONNECTIONS", c.MaxConnections, 20000},
+		{"HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeoutSeconds, 120},
 		{"LLM_MODELS", c.LLMModels, []string(nil)},
 		{"LLM_MODEL", c.LLMModel, ""},
 		{"MODELS_CACHE_SECONDS", c.ModelsCacheSeconds, int(models.DefaultTTL / time.Second)},
@@ -227,6 +229,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"QUEUE_SHED_LOW_FRACTION":               "0.4",
 		"QUEUE_SHED_NORMAL_FRACTION":            "0.9",
 		"PRIORITY_MAX":                          "high",
+		"METRICS_AUTH":                          "api-key",
 		"PRIORITY_AGING_SECONDS":                "31",
 		"DEGRADE_MAX_TOKENS":                    "512",
 		"DEGRADE_MIN_REQUESTS":                  "21",
@@ -298,6 +301,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		"QUEUE_MAX_BYTES":                       "4096",
 		"BODY_READ_TIMEOUT_SECONDS":             "3",
 		"MAX_CONNECTIONS":                       "500",
+		"HTTP_IDLE_TIMEOUT_SECONDS":             "61",
 		"LLM_MODELS":                            "gpt-a, gpt-b",
 		"LLM_MODEL":                             " gpt-b ",
 		"MODELS_CACHE_SECONDS":                  "61",
@@ -333,6 +337,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		QueueShedLowFraction:             0.4,
 		QueueShedNormalFraction:          0.9,
 		PriorityMax:                      "high",
+		MetricsAuth:                      "api-key",
 		PriorityAgingSeconds:             31,
 		DegradeMaxTokens:                 512,
 		DegradeMinRequests:               21,
@@ -405,6 +410,7 @@ func TestEnvOverridesEverySetting(t *testing.T) {
 		QueueMaxBytes:          4096,
 		BodyReadTimeoutSeconds: 3,
 		MaxConnections:         500,
+		HTTPIdleTimeoutSeconds: 61,
 		LLMModels:              []string{"gpt-a", "gpt-b"},
 		LLMModel:               "gpt-b",
 		ModelsCacheSeconds:     61,
@@ -832,6 +838,7 @@ func TestValidateRules(t *testing.T) {
 		{"queue max bytes below a body", func(c *Config) { c.QueueMaxBytes = 1000 }, []string{"QUEUE_MAX_BYTES"}, "QUEUE_MAX_BYTES (1000) must be at least MAX_BODY_BYTES (16777216)"},
 		{"body read timeout", func(c *Config) { c.BodyReadTimeoutSeconds = 0 }, []string{"BODY_READ_TIMEOUT_SECONDS"}, "BODY_READ_TIMEOUT_SECONDS (0) must be at least 1"},
 		{"max connections", func(c *Config) { c.MaxConnections = 0 }, []string{"MAX_CONNECTIONS"}, "MAX_CONNECTIONS (0) must be at least 1"},
+		{"http idle timeout", func(c *Config) { c.HTTPIdleTimeoutSeconds = 0 }, []string{"HTTP_IDLE_TIMEOUT_SECONDS"}, "HTTP_IDLE_TIMEOUT_SECONDS (0) must be at least 1"},
 		{"api key bad digest", func(c *Config) { c.APIKeys = []string{"ok", "sha256:s3cret"} }, []string{"API_KEYS"}, "API_KEYS has a bad entry"},
 		{"trusted proxy not a cidr", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "proxy.local"} }, []string{"TRUSTED_PROXIES"}, `"proxy.local" is not a CIDR`},
 		{"model name too long", func(c *Config) { c.LLMModels = []string{strings.Repeat("m", 257)} }, []string{"LLM_MODELS"}, "LLM_MODELS item of 257 bytes"},
@@ -862,6 +869,8 @@ func TestValidateRules(t *testing.T) {
 		{"shed low above one", func(c *Config) { c.QueueShedLowFraction = 1.5 }, []string{"QUEUE_SHED_LOW_FRACTION"}, "QUEUE_SHED_LOW_FRACTION (1.5) must be above 0 and at most 1"},
 		{"shed normal below low", func(c *Config) { c.QueueShedNormalFraction = 0.3 }, []string{"QUEUE_SHED_NORMAL_FRACTION"}, "QUEUE_SHED_NORMAL_FRACTION (0.3) must be at least QUEUE_SHED_LOW_FRACTION (0.5) and at most 1"},
 		{"priority max unknown", func(c *Config) { c.PriorityMax = "urgent" }, []string{"PRIORITY_MAX"}, `PRIORITY_MAX ("urgent") must be high, normal or low`},
+		{"metrics auth unknown", func(c *Config) { c.MetricsAuth = "token" }, []string{"METRICS_AUTH"}, `METRICS_AUTH ("token") must be none or api-key`},
+		{"metrics auth without keys", func(c *Config) { c.MetricsAuth = "api-key"; c.APIKeys = nil }, []string{"METRICS_AUTH"}, "METRICS_AUTH (api-key) needs API_KEYS"},
 		{"priority aging", func(c *Config) { c.PriorityAgingSeconds = 0 }, []string{"PRIORITY_AGING_SECONDS"}, "PRIORITY_AGING_SECONDS (0) must be at least 1"},
 		{"degrade max tokens", func(c *Config) { c.DegradeMaxTokens = 0 }, []string{"DEGRADE_MAX_TOKENS"}, "DEGRADE_MAX_TOKENS (0) must be at least 1"},
 		{"degrade min requests", func(c *Config) { c.DegradeMinRequests = 0 }, []string{"DEGRADE_MIN_REQUESTS"}, "DEGRADE_MIN_REQUESTS (0) must be at least 1"},
@@ -1224,5 +1233,37 @@ func TestFromEnv(t *testing.T) {
 	}
 	if c.WorkerConcurrency != 9 || c.SimTokens != 4 {
 		t.Errorf("WorkerConcurrency %d SimTokens %d; want 9 from env, 4 from file", c.WorkerConcurrency, c.SimTokens)
+	}
+}
+
+// A bad URL is reported without the password it carries (issue 29): in
+// LLM_BASE_URL (either form of error), the settings file's upstreams,
+// REDIS_URL and KAFKA_BROKERS.
+func TestBadURLErrorsHideThePassword(t *testing.T) {
+	t.Parallel()
+	const secret = "s3cret-pw"
+	for _, environ := range []map[string]string{
+		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "ftp://user:" + secret + "@llm.example/v1"},
+		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "http://user:" + secret + "@llm example/v1"},
+		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "http://user:" + secret + "@a/v1,http://user:" + secret + "@a/v1"},
+		{"REDIS_URL": "redis://:" + secret + "@redis:port/0"},
+		{"REDIS_URL": "redis://:" + secret + "@redis:6379", "QUEUE_TYPE": "kafka", "KAFKA_BROKERS": "kafka:9092,user:" + secret + "@kafka"},
+	} {
+		_, err := Load("", environ)
+		if err == nil {
+			t.Fatalf("%v: Load succeeded, want an error", environ)
+		}
+		if strings.Contains(err.Error(), secret) {
+			t.Errorf("%v: error %q shows the password", environ, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "spillway.yaml")
+	yaml := "llm_provider: openai\nupstreams:\n  - name: a\n    base_url: ftp://user:" + secret + "@llm.example/v1\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(path, nil)
+	if err == nil || strings.Contains(err.Error(), secret) {
+		t.Errorf("upstreams base_url: error %v, want one without the password", err)
 	}
 }

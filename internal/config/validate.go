@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -16,10 +17,16 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/redact"
 )
 
-// Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER and CORS_ALLOWED_ORIGINS.
+// Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER, CORS_ALLOWED_ORIGINS and
+// METRICS_AUTH.
 const (
+	// MetricsAuthNone serves /metrics to anyone who reaches the port.
+	MetricsAuthNone = "none"
+	// MetricsAuthAPIKey serves /metrics only with a bearer key of API_KEYS.
+	MetricsAuthAPIKey = "api-key"
 	// QueueTypeRedis is the QUEUE_TYPE for Redis Streams.
 	QueueTypeRedis = "redis"
 	// QueueTypeKafka is the QUEUE_TYPE for Kafka.
@@ -85,8 +92,8 @@ func (c *Config) Validate() error {
 		v.fail("QUEUE_TYPE", "(%q) must be redis or kafka", c.QueueType)
 	}
 	for _, b := range c.KafkaBrokers {
-		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || port == "" {
-			v.fail("KAFKA_BROKERS", "item %q must be host:port", b)
+		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || !validPort(port) {
+			v.fail("KAFKA_BROKERS", "item %q must be host:port", redact.URL(b))
 		}
 	}
 	if c.QueuePrefix == "" {
@@ -193,12 +200,22 @@ func (c *Config) Validate() error {
 	}
 	v.atLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 1)
 	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
+	v.atLeast("HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeoutSeconds, 1)
 	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)
 	// A backlog bound below one body would refuse every queued request.
 	if c.QueueMaxBytes < c.MaxBodyBytes {
 		v.fail("QUEUE_MAX_BYTES", "(%d) must be at least MAX_BODY_BYTES (%d)", c.QueueMaxBytes, c.MaxBodyBytes)
 	}
 	// The entries may be secrets: the errors name them by position only.
+	switch c.MetricsAuth {
+	case MetricsAuthNone:
+	case MetricsAuthAPIKey:
+		if len(c.APIKeys) == 0 {
+			v.fail("METRICS_AUTH", "(api-key) needs API_KEYS: the key a scraper sends is one of them")
+		}
+	default:
+		v.fail("METRICS_AUTH", "(%q) must be none or api-key", c.MetricsAuth)
+	}
 	if _, err := identity.ParseKeys(c.APIKeys); err != nil {
 		v.fail("API_KEYS", "has a bad entry (keys, or sha256:<64 hex digits>, optionally ending in =high, =normal or =low): %v", err)
 	}
@@ -377,6 +394,12 @@ func (v *validator) listenAddr(name, addr string) {
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		v.fail(name, "(%q) must be host:port or :port, e.g. \":8080\"", addr)
 	}
+}
+
+// validPort reports whether port is a TCP port number, 1 to 65535.
+func validPort(port string) bool {
+	n, err := strconv.ParseUint(port, 10, 16)
+	return err == nil && n > 0
 }
 
 func checkRedisURL(raw string) error {

@@ -147,12 +147,25 @@ type Config struct {
 
 // Identity is who a request counts against.
 type Identity struct {
-	// Name is the bucket of the pool, the rate limit and the queue caps:
-	// `key:<digest>`, `key:<digest>/user:<id>`, `user:<id>` or `ip:<addr>`.
+	// Name is who the request is: `key:<digest>`, `key:<digest>/user:<id>`,
+	// `user:<id>` or `ip:<addr>`. Bucket(Name) is what the limits count.
 	Name string
 	// MaxPriority is the key's priority maximum; unset without a key or
 	// when the key named none.
 	MaxPriority Priority
+}
+
+// Bucket is the identity the limits count name against (the rate limit,
+// the pool's per-user slots, the queue cap): a key's users count against
+// their key together, so varying X-User-ID never widens a key's limits
+// (docs/API.md, "Identity"); any other identity counts against itself.
+// The full name still tells a key's users apart where they share fairly
+// (the workers' and upstreams' round-robin) and owns their streams.
+func Bucket(name string) string {
+	if k, _, scoped := strings.Cut(name, "/"+prefixUser); scoped && strings.HasPrefix(k, prefixKey) {
+		return k
+	}
+	return name
 }
 
 // Resolver finds the identity of requests. Safe for concurrent use.
@@ -194,6 +207,18 @@ func (r *Resolver) Resolve(req *http.Request) (Identity, *protocol.Problem) {
 		return id, nil
 	}
 	return Identity{Name: prefixIP + r.ClientAddr(req).String()}, nil
+}
+
+// Authenticate checks only the request's API key: nil when it carries a
+// configured one, or when none is configured; else the 401 problem. What
+// is not a stream (GET /metrics under METRICS_AUTH=api-key) asks this,
+// with no identity to find.
+func (r *Resolver) Authenticate(req *http.Request) *protocol.Problem {
+	if len(r.cfg.Keys) == 0 {
+		return nil
+	}
+	_, p := r.key(req.Header.Get("Authorization"))
+	return p
 }
 
 // key finds the configured key the Authorization header carries.

@@ -204,6 +204,48 @@ func TestNamespacesNeverOverlap(t *testing.T) {
 	}
 }
 
+// A key's users count against their key; no other identity shares a
+// bucket, whatever X-User-ID it sends.
+func TestBucket(t *testing.T) {
+	t.Parallel()
+	keys, _ := ParseKeys([]string{"k", "other"})
+	keyed := NewResolver(Config{Keys: keys, TrustUserIDHeader: true})
+	open := NewResolver(Config{TrustUserIDHeader: true})
+	resolve := func(r *Resolver, auth, uid string) string {
+		req := httptest.NewRequest(http.MethodPost, "/", nil)
+		req.RemoteAddr = "127.0.0.1:1"
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		if uid != "" {
+			req.Header.Set("X-User-ID", uid)
+		}
+		id, p := r.Resolve(req)
+		if p != nil {
+			t.Fatal(p)
+		}
+		return id.Name
+	}
+	for _, tc := range []struct {
+		r         *Resolver
+		auth, uid string
+		want      string
+	}{
+		{keyed, "k", "", keyName("k")},
+		{keyed, "k", "alice", keyName("k")},
+		{keyed, "k", "bob", keyName("k")},
+		{keyed, "k", "user:x", keyName("k")},
+		{keyed, "other", "alice", keyName("other")},
+		{open, "", "alice", "user:alice"},
+		{open, "", "key:" + digestOf("k")[:12], "user:key:" + digestOf("k")[:12]},
+		{open, "", "", "ip:127.0.0.1"},
+	} {
+		if got := Bucket(resolve(tc.r, tc.auth, tc.uid)); got != tc.want {
+			t.Errorf("key %q X-User-ID %q: bucket %q, want %q", tc.auth, tc.uid, got, tc.want)
+		}
+	}
+}
+
 func FuzzResolve(f *testing.F) {
 	f.Add("10.0.0.2:1", "1.2.3.4, 10.0.0.3", "5.6.7.8", "alice", "Bearer k")
 	f.Add("[::1]:1", "::1,garbage", "", "ip:1.2.3.4", "bearer  k ")

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/redact"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
@@ -104,11 +105,12 @@ func (c OpenAIConfig) Validate() error {
 	case c.BaseURL == "":
 		return errors.New("llm: openai: BaseURL is required")
 	case err != nil:
-		return fmt.Errorf("llm: openai: BaseURL: %w", err)
+		// Not the *url.Error: it repeats the URL, password and all.
+		return errors.New("llm: openai: BaseURL is not a URL")
 	case u.Scheme != "http" && u.Scheme != "https":
-		return fmt.Errorf("llm: openai: BaseURL %q: scheme must be http or https", c.BaseURL)
+		return fmt.Errorf("llm: openai: BaseURL %q: scheme must be http or https", redact.URL(c.BaseURL))
 	case u.Host == "":
-		return fmt.Errorf("llm: openai: BaseURL %q has no host", c.BaseURL)
+		return fmt.Errorf("llm: openai: BaseURL %q has no host", redact.URL(c.BaseURL))
 	case c.FirstTokenTimeout < 0:
 		return fmt.Errorf("llm: openai: FirstTokenTimeout %s is negative", c.FirstTokenTimeout)
 	case c.IdleTimeout < 0:

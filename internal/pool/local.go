@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/identity"
 )
 
 // Local is an in-process Pool. Waiters are served in arrival order: a freed
@@ -64,6 +66,7 @@ func (p *Local) SetLimit(n int) {
 
 // TryAcquire takes a slot if one is free for user, without waiting.
 func (p *Local) TryAcquire(_ context.Context, user string) (Lease, error) {
+	user = identity.Bucket(user)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if err := p.fitsLocked(user); err != nil {
@@ -91,6 +94,7 @@ func (p *Local) AcquireOrDefer(ctx context.Context, user string, since time.Time
 }
 
 func (p *Local) acquire(ctx context.Context, user string, since time.Time, deferring bool) (Lease, error) {
+	user = identity.Bucket(user)
 	p.mu.Lock()
 	// Any waiter that fitted was granted when capacity freed, so the ones
 	// left wait on their own per-user limit: a fitting caller may go first.

@@ -25,6 +25,9 @@ type Lease interface {
 
 // Pool hands out slots. Implementations are safe for concurrent use.
 //
+// A user is an identity (internal/identity); the per-user limit counts its
+// identity.Bucket, so the users of one API key share their key's slots.
+//
 // TryAcquire never waits: it returns a lease, or an error wrapping
 // ErrPoolExhausted or ErrUserLimit. Acquire waits until a slot is free or ctx
 // ends (then it returns an error wrapping ctx.Err()).

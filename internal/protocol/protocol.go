@@ -225,4 +225,9 @@ type Job struct {
 	// maximum lowered it (docs/API.md, "Priority"), so workers and their
 	// logs see it. Optional: a job without one is normal.
 	Priority Priority `json:"priority,omitempty"`
+	// ReplayOf is the dead letter `spillway-admin replay` re-enqueued this
+	// job from: if the replay fails too, its dead letter replaces that one
+	// instead of adding a second for the same prompt (docs/OPERATIONS.md,
+	// "Dead letters: spillway-admin"). Optional.
+	ReplayOf string `json:"replay_of,omitempty"`
 }

@@ -24,6 +24,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/spillway-dev/spillway/internal/redact"
 )
 
 // Default service names (OTEL_SERVICE_NAME overrides them).
@@ -139,7 +141,8 @@ func Setup(ctx context.Context, serviceDefault string, log *slog.Logger, opts ..
 	otel.SetTextMapPropagator(p.prop)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		// Export failures: the collector is down or refuses; requests go on.
-		log.Warn("telemetry: export", "err", err)
+		// Its text may quote the endpoint, password and all.
+		log.Warn("telemetry: export", "err", redact.Text(err.Error()))
 	}))
 	log.Info("telemetry: tracing on", "service", serviceName(res))
 

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/url"
 	"strings"
+
+	"github.com/spillway-dev/spillway/internal/redact"
 )
 
 // MaxUpstreams bounds how many upstreams one process may front. Routers
@@ -100,7 +102,7 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 			}
 			u, err := checkURL(raw)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("%s %q %w", where, raw, err))
+				errs = append(errs, fmt.Errorf("%s %q %w", where, redact.URL(raw), err))
 				continue
 			}
 			specs = append(specs, Spec{
@@ -129,7 +131,7 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 				errs = append(errs, fmt.Errorf("%s: name %q must not contain braces or white space", where, s.Name))
 			}
 			if _, err := checkURL(s.BaseURL); err != nil {
-				errs = append(errs, fmt.Errorf("%s: base_url %q %w", where, s.BaseURL, err))
+				errs = append(errs, fmt.Errorf("%s: base_url %q %w", where, redact.URL(s.BaseURL), err))
 			}
 			if s.Weight < 1 {
 				errs = append(errs, fmt.Errorf("%s: weight (%d) must be at least 1", where, s.Weight))
@@ -178,7 +180,7 @@ func Parse(list string, yamlUpstreams []Spec, d Defaults) ([]Spec, error) {
 		}
 		key := strings.TrimRight(s.BaseURL, "/")
 		if j, dup := urls[key]; dup && key != "" {
-			errs = append(errs, fmt.Errorf("upstream base URL %q is used by entries %d and %d", s.BaseURL, entries[j], entries[i]))
+			errs = append(errs, fmt.Errorf("upstream base URL %q is used by entries %d and %d", redact.URL(s.BaseURL), entries[j], entries[i]))
 		} else {
 			urls[key] = i
 		}

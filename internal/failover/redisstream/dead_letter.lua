@@ -15,6 +15,10 @@
 -- ARGV[6]  maximum length of the dead-letter stream (XADD MAXLEN ~)
 -- ARGV[7]  seconds the dead-letter stream lives after this record
 -- ARGV[8]  '1' to keep the body; else body_sha1 and body_bytes only
+-- ARGV[9]  replays: how often the job's prompt was replayed and failed
+--          again ('0' for a job that is no replay)
+-- ARGV[10] the dead-letter entry this one replaces (a failed replay's
+--          original, in KEYS[2]), or '' for none: deleted with the write
 --
 -- Returns 1 when recorded, 0 when the entry was not pending, -1 when
 -- another consumer holds it (fenced off, like ack.lua).
@@ -46,7 +50,11 @@ end
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*',
   'request_id', request_id, 'body', kept, 'body_sha1', redis.sha1hex(body),
   'body_bytes', tostring(#body), 'reason', ARGV[3],
-  'attempt', ARGV[4], 'source_id', ARGV[2], 'failed_at_ms', failed_at_ms)
+  'attempt', ARGV[4], 'source_id', ARGV[2], 'failed_at_ms', failed_at_ms,
+  'replays', ARGV[9])
+if ARGV[10] ~= '' then
+  redis.call('XDEL', KEYS[2], ARGV[10])
+end
 redis.call('EXPIRE', KEYS[2], ARGV[7])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])

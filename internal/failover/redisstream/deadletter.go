@@ -35,6 +35,9 @@ type DeadLetter struct {
 	SourceID string
 	// FailedAt is when the job was dead-lettered, by the Redis clock.
 	FailedAt time.Time
+	// Replays is how often the job was replayed and failed again: a
+	// failed replay replaces its original record (Queue.DeadLetter).
+	Replays int
 }
 
 // DeadLetterDepth returns the number of records in the dead-letter
@@ -254,6 +257,7 @@ func parseDeadLetter(m redis.XMessage) DeadLetter {
 	}
 	d.BodyBytes, _ = strconv.Atoi(field("body_bytes"))
 	d.Attempt, _ = strconv.Atoi(field("attempt"))
+	d.Replays, _ = strconv.Atoi(field("replays"))
 	if ms, err := strconv.ParseInt(field("failed_at_ms"), 10, 64); err == nil {
 		d.FailedAt = time.UnixMilli(ms)
 	}

@@ -31,6 +31,7 @@ import (
 	"cmp"
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -1065,6 +1066,12 @@ func (q *Queue) Touch(ctx context.Context, d failover.Delivery) error {
 // Redis time) and acknowledges and deletes it, only while this member holds
 // it (else an error wrapping ErrClaimLost). An entry no longer pending is
 // not recorded again, so a retry after a lost reply is harmless.
+//
+// A job replayed from a dead letter (protocol.Job.ReplayOf) that fails
+// again replaces that record: the new one counts the replays, and the
+// original is deleted in the same script when it is in the same shard
+// (always with one shard), else right after. So a replay that keeps
+// failing never multiplies a prompt's dead letters.
 func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason string) error {
 	l, id, err := q.locate(d.ID)
 	if err != nil {
@@ -1074,15 +1081,48 @@ func (q *Queue) DeadLetter(ctx context.Context, d failover.Delivery, reason stri
 	if q.cfg.KeepPayload {
 		keep = "1"
 	}
-	res, err := deadLetterScript.Run(ctx, q.client, []string{l.stream, q.shards[l.shard].deadLetter},
+	dl := q.shards[l.shard].deadLetter
+	replaces, replays, elsewhere := q.replaced(ctx, d.Body, dl)
+	res, err := deadLetterScript.Run(ctx, q.client, []string{l.stream, dl},
 		q.cfg.Group, id, reason, strconv.Itoa(d.Attempt), q.cfg.Consumer,
-		q.cfg.DeadLetterMaxLen, int64(q.cfg.DeadLetterTTL/time.Second), keep).Int()
+		q.cfg.DeadLetterMaxLen, int64(q.cfg.DeadLetterTTL/time.Second), keep, replays, replaces).Int()
 	if err != nil {
 		q.noteGroupLost(err)
-		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", l.stream, id, q.shards[l.shard].deadLetter, err)
+		return fmt.Errorf("redisstream: dead-letter %s %s to %s: %w", l.stream, id, dl, err)
 	}
 	if res < 0 {
 		return fmt.Errorf("redisstream: dead-letter %s %s: held by another consumer: %w", l.stream, id, ErrClaimLost)
 	}
+	if res == 1 && elsewhere != "" {
+		if _, err := q.DeleteDeadLetters(ctx, elsewhere); err != nil {
+			return fmt.Errorf("redisstream: dead-letter %s %s: delete the replayed record %s: %w", l.stream, id, elsewhere, err)
+		}
+	}
 	return nil
+}
+
+// replaced reads which dead letter a failing job replaces, if it is a
+// replay: the entry to delete with the write when it is in dl, else the
+// record id to delete after it, and the replay count to record. A job
+// that does not decode, or replays a record no longer there, replaces
+// nothing.
+func (q *Queue) replaced(ctx context.Context, body []byte, dl string) (sameShard, replays, elsewhere string) {
+	var j struct {
+		ReplayOf string `json:"replay_of"`
+	}
+	if json.Unmarshal(body, &j) != nil || j.ReplayOf == "" {
+		return "", "0", ""
+	}
+	orig, err := q.DeadLetterByID(ctx, j.ReplayOf)
+	if err != nil {
+		// Gone (replayed elsewhere, purged, expired) or unreadable: this
+		// failure is recorded as a first one.
+		return "", "1", ""
+	}
+	replays = strconv.Itoa(orig.Replays + 1)
+	sh, entry, _ := q.locateDeadLetter(j.ReplayOf)
+	if sh.deadLetter == dl {
+		return entry, replays, ""
+	}
+	return "", replays, j.ReplayOf
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -66,7 +67,7 @@ type scheduler struct {
 	urgent  []*ticket            // parked takeovers, served first, oldest first
 	ring    []string             // identities with parked jobs, in turn order
 	next    int                  // index in ring of the next turn
-	blocked map[string]bool      // at the per-user limit: passed over
+	blocked map[string]bool      // identity.Bucket at the per-user limit: its users passed over
 	timer   *time.Timer          // recheck of blocked identities
 	stopped bool
 }
@@ -93,12 +94,12 @@ func (s *scheduler) room() int {
 	defer s.mu.Unlock()
 	held := 0
 	for user, q := range s.queues {
-		if s.blocked[user] {
+		if s.blocked[identity.Bucket(user)] {
 			held += len(q)
 		}
 	}
 	for _, t := range s.urgent {
-		if s.blocked[t.user] {
+		if s.blocked[identity.Bucket(t.user)] {
 			held++
 		}
 	}
@@ -263,7 +264,7 @@ func (s *scheduler) dispatchLocked() {
 	s.signal()
 	for i := 0; s.busy < s.limit && i < len(s.urgent); {
 		t := s.urgent[i]
-		if s.blocked[t.user] {
+		if s.blocked[identity.Bucket(t.user)] {
 			i++
 			continue
 		}
@@ -276,7 +277,7 @@ func (s *scheduler) dispatchLocked() {
 		for i := range len(s.ring) {
 			j := (s.next + i) % len(s.ring)
 			user := s.ring[j]
-			if s.blocked[user] {
+			if s.blocked[identity.Bucket(user)] {
 				continue
 			}
 			q := s.queues[user]
@@ -303,10 +304,10 @@ func (s *scheduler) dispatchLocked() {
 	}
 }
 
-// blockLocked passes user over until one of its slots is released here or
-// deferRecheck passed.
+// blockLocked passes user over, with every user sharing its limit (a
+// key's), until one of their slots is released here or deferRecheck passed.
 func (s *scheduler) blockLocked(user string) {
-	s.blocked[user] = true
+	s.blocked[identity.Bucket(user)] = true
 	s.signal()
 	if s.timer == nil && !s.stopped {
 		s.timer = time.AfterFunc(deferRecheck, s.recheck)
@@ -327,7 +328,7 @@ func (s *scheduler) released(user string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.busy--
-	delete(s.blocked, user)
+	delete(s.blocked, identity.Bucket(user))
 	s.dispatchLocked()
 }
 

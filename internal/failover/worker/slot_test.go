@@ -274,3 +274,73 @@ func TestSchedulerTakeoversGoFirst(t *testing.T) {
 		}
 	})
 }
+
+// countingPool counts the asks of each user.
+type countingPool struct {
+	*pool.Local
+	mu   sync.Mutex
+	asks map[string]int
+}
+
+func (p *countingPool) AcquireOrDefer(ctx context.Context, user string, since time.Time) (pool.Lease, error) {
+	p.mu.Lock()
+	p.asks[user]++
+	p.mu.Unlock()
+	return p.Local.AcquireOrDefer(ctx, user, since)
+}
+
+// The users of one API key share its per-user limit: once one of them is
+// turned away, the key's other users are passed over too instead of each
+// asking the pool in turn, and a release of the key's slot starts its next
+// job.
+func TestSchedulerPassesOverAKeysUsersTogether(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		p := &countingPool{Local: newLocalPool(t, 10, 1), asks: map[string]int{}}
+		s := newScheduler(p, 4, 10)
+		defer s.stop()
+		first, err := s.acquire(t.Context(), "key:abc/user:a", time.Now(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started := make(chan string, 2)
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		for _, user := range []string{"key:abc/user:b", "key:abc/user:c"} {
+			go func() {
+				l, err := s.acquire(ctx, user, time.Now(), false)
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("%s: %v", user, err)
+					}
+					return
+				}
+				started <- user
+				l.Release()
+			}()
+			synctest.Wait()
+		}
+		p.mu.Lock()
+		asksB, asksC := p.asks["key:abc/user:b"], p.asks["key:abc/user:c"]
+		p.mu.Unlock()
+		if asksB != 1 || asksC != 0 {
+			t.Fatalf("asks b %d c %d while the key is at its limit, want 1 and 0", asksB, asksC)
+		}
+		if len(started) != 0 {
+			t.Fatalf("%s started beside a's slot of the same key", <-started)
+		}
+		other, err := s.acquire(t.Context(), "key:def/user:a", time.Now(), false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		other.Release()
+		first.Release()
+		for range 2 {
+			select {
+			case <-started:
+			case <-time.After(time.Minute):
+				t.Fatal("the key's parked jobs never started")
+			}
+		}
+	})
+}

@@ -75,6 +75,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/pool"
 )
 
@@ -344,6 +345,7 @@ func limitKeyOf(cfg Config) string {
 // older waiting jobs, or Redis did not answer in time) or
 // pool.ErrUserLimit, ctx's error, or ErrClosed.
 func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) {
+	user = identity.Bucket(user)
 	if p.isClosed() {
 		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
 	}
@@ -400,6 +402,7 @@ func (p *Pool) AcquireOrDefer(ctx context.Context, user string, since time.Time)
 }
 
 func (p *Pool) acquire(ctx context.Context, user string, since time.Time, deferring bool) (pool.Lease, error) {
+	user = identity.Bucket(user)
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, err)
