@@ -359,3 +359,29 @@ func TestPageStopSendsDelete(t *testing.T) {
 		t.Errorf("%d retry buttons after Stop, want 1", n)
 	}
 }
+
+// A reasoning model's thinking is shown as it streams, in a collapsed
+// block apart from the answer, which holds the content alone.
+func TestPageShowsReasoningCollapsed(t *testing.T) {
+	t.Parallel()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/stream", func(w http.ResponseWriter, r *http.Request) {
+		_ = decodeMessages(t, r)
+		startSSE(w, "req-r", "direct")
+		sse(w, "id: 1\ndata: {\"content\":\"\",\"reasoning\":\"Two and two\"}\n\n")
+		sse(w, "id: 2\ndata: {\"content\":\"\",\"reasoning\":\" make four.\"}\n\n")
+		sse(w, "id: 3\ndata: {\"content\":\"4\"}\n\n")
+		sse(w, "event: done\nid: 4\ndata: {\"request_id\":\"req-r\",\"finish_reason\":\"stop\",\"path\":\"direct\"}\n\n")
+	})
+	ctx := openPage(t, fakeAPI(t, mux))
+	ask(t, ctx, "2+2?")
+	waitState(t, ctx, "done")
+	if _, text := answer(t, ctx); text != "4" {
+		t.Fatalf("answer %q, want the content alone", text)
+	}
+	got := browsertest.Eval[string](t, ctx, lastTurn+`.querySelector('[data-role="reasoning"] div').textContent`)
+	open := browsertest.Eval[bool](t, ctx, lastTurn+`.querySelector('[data-role="reasoning"]').open`)
+	if got != "Two and two make four." || open {
+		t.Fatalf("reasoning %q (open %v), want it whole and collapsed", got, open)
+	}
+}
