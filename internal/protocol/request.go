@@ -110,22 +110,9 @@ func decodeChat(body []byte, lim Limits, route string, native bool) (ChatRequest
 	if lim.MaxChoices == 0 {
 		lim.MaxChoices = DefaultLimits.MaxChoices
 	}
-	if !utf8.Valid(body) {
-		return ChatRequest{}, invalid("body is not valid UTF-8")
-	}
-	if hasNUL(body) {
-		return ChatRequest{}, invalid("body contains a NUL character")
-	}
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return ChatRequest{}, invalid("body must be a JSON object")
-	}
 	var raw rawRequest
-	if err := strictUnmarshal(body, &raw); err != nil {
-		return ChatRequest{}, invalid("malformed JSON: %s", JSONErrorText(err))
-	}
-	if tooDeep(body, maxDepth) {
-		return ChatRequest{}, invalid("body is nested deeper than %d levels", maxDepth)
+	if err := readBody(body, &raw); err != nil {
+		return ChatRequest{}, err
 	}
 	req := ChatRequest{Route: route, Body: body, N: 1}
 	hasPrompt := native && !isNull(raw.Prompt)
@@ -222,6 +209,29 @@ func decodeChat(body []byte, lim Limits, route string, native bool) (ChatRequest
 		}
 	}
 	return req, nil
+}
+
+// readBody checks what every request body must be (docs/API.md, "Input
+// rules": valid UTF-8, no NUL raw or escaped, a JSON object nested at
+// most 64 deep) and reads the members raw names into raw.
+func readBody(body []byte, raw any) error {
+	if !utf8.Valid(body) {
+		return invalid("body is not valid UTF-8")
+	}
+	if hasNUL(body) {
+		return invalid("body contains a NUL character")
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return invalid("body must be a JSON object")
+	}
+	if err := strictUnmarshal(body, raw); err != nil {
+		return invalid("malformed JSON: %s", JSONErrorText(err))
+	}
+	if tooDeep(body, maxDepth) {
+		return invalid("body is nested deeper than %d levels", maxDepth)
+	}
+	return nil
 }
 
 // nativeBody is a /v1/stream body as the upstream gets it: `prompt`
@@ -415,22 +425,9 @@ type rawResponsesRequest struct {
 // (messages' text is read for the simulator and the token estimates);
 // max_output_tokens up to MAX_TOKENS_LIMIT. The body is kept as sent.
 func DecodeResponses(body []byte, lim Limits) (ChatRequest, error) {
-	if !utf8.Valid(body) {
-		return ChatRequest{}, invalid("body is not valid UTF-8")
-	}
-	if hasNUL(body) {
-		return ChatRequest{}, invalid("body contains a NUL character")
-	}
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return ChatRequest{}, invalid("body must be a JSON object")
-	}
 	var raw rawResponsesRequest
-	if err := strictUnmarshal(body, &raw); err != nil {
-		return ChatRequest{}, invalid("malformed JSON: %s", JSONErrorText(err))
-	}
-	if tooDeep(body, maxDepth) {
-		return ChatRequest{}, invalid("body is nested deeper than %d levels", maxDepth)
+	if err := readBody(body, &raw); err != nil {
+		return ChatRequest{}, err
 	}
 	req := ChatRequest{Route: RouteResponses, Body: body, N: 1}
 	in := bytes.TrimSpace(raw.Input)
