@@ -9,6 +9,9 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/spillway-dev/spillway/internal/testutil"
 )
 
 // POST /v1/embeddings and /v1/completions (docs/API.md): whole-answer
@@ -209,5 +212,75 @@ func TestEmbeddingsCompletionsSimulator(t *testing.T) {
 	if ans.Object != "text_completion" || len(ans.Choices) != 1 || ans.Choices[0].Text == "" ||
 		ans.Choices[0].FinishReason != "length" || ans.Usage.CompletionTokens != 5 {
 		t.Errorf("completions: %+v", ans)
+	}
+}
+
+// A whole-answer request that finds the pool full waits in the queue
+// for the pool's slot and a worker makes its call: the upstream gets the
+// body as sent and the client the upstream's answer, as on the direct
+// path.
+func TestEmbeddingsSpillToQueueWhenPoolFull(t *testing.T) {
+	t.Parallel()
+	rec := &wholeRecorder{bodies: map[string][]byte{}}
+	held, release := make(chan struct{}), make(chan struct{})
+	var once, releaseOnce sync.Once
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/completions" {
+			once.Do(func() { close(held) })
+			<-release // the direct call holds the pool's only slot
+		}
+		rec.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	unhold := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(unhold)
+	c := newCluster(t, fastSim(), map[string]string{"LLM_BASE_URL": up.URL + "/v1", "LLM_MODEL": "gpt-up",
+		"CONNECTION_POOL_SIZE": "1", "CONNECTION_POOL_PER_USER": "1"})
+	_, url := c.api(nil)
+	c.consumer(nil)
+
+	type answer struct {
+		status int
+		path   string
+		body   []byte
+		err    error
+	}
+	send := func(route string) chan answer {
+		out := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, url+route, strings.NewReader(wholeBodies[route]))
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				out <- answer{err: err}
+				return
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			out <- answer{resp.StatusCode, resp.Header.Get("X-Stream-Path"), b, err}
+		}()
+		return out
+	}
+	first := send("/v1/completions")
+	select {
+	case <-held:
+	case <-t.Context().Done():
+		t.Fatal("the first call never reached the upstream")
+	}
+	second := send("/v1/embeddings")
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return scrape(t, url+"/metrics", `spillway_active_streams{path="queued"}`) >= 1
+	}, "the second request waiting in the queue")
+	unhold()
+	for route, ch := range map[string]chan answer{"/v1/completions": first, "/v1/embeddings": second} {
+		a := <-ch
+		want := map[string]string{"/v1/completions": "direct", "/v1/embeddings": "queued"}[route]
+		if a.err != nil || a.status != http.StatusOK || a.path != want {
+			t.Fatalf("%s: HTTP %d, path %q (want %s), %v: %s", route, a.status, a.path, want, a.err, a.body)
+		}
+		if string(rec.last(route)) != wholeBodies[route] ||
+			!reflect.DeepEqual(jsonOf(t, a.body), jsonOf(t, []byte(wholeAnswers[route]))) {
+			t.Errorf("%s: upstream got %s, client got %s", route, rec.last(route), a.body)
+		}
 	}
 }
