@@ -286,6 +286,8 @@ func (a *API) routes(metricsH http.Handler) *gin.Engine {
 	oa := stream.NewOpenAI(a.handler, alwaysListed(a.cfg))
 	e.POST("/v1/chat/completions", gin.WrapF(oa.ChatCompletions))
 	e.POST("/v1/responses", gin.WrapF(oa.Responses))
+	e.POST("/v1/embeddings", gin.WrapF(oa.Embeddings))
+	e.POST("/v1/completions", gin.WrapF(oa.Completions))
 	e.GET("/v1/models", gin.WrapH(oa.Guard(http.HandlerFunc(a.models.ServeList))))
 	// A catch-all: model ids may hold slashes (meta-llama/Llama-3.1-8B),
 	// which the SDKs send as %2F and net/http decodes.

@@ -128,6 +128,7 @@ func (c OpenAIConfig) Validate() error {
 type OpenAI struct {
 	endpoint   string
 	responses  string // the Responses API's endpoint
+	base       string // BaseURL without its trailing slash: whole-answer routes' endpoints are under it
 	apiKey     string
 	model      string
 	firstToken time.Duration
@@ -159,6 +160,7 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 		tracing:    cfg.Tracing,
 		endpoint:   strings.TrimRight(cfg.BaseURL, "/") + "/chat/completions",
 		responses:  strings.TrimRight(cfg.BaseURL, "/") + "/responses",
+		base:       strings.TrimRight(cfg.BaseURL, "/"),
 		apiKey:     cfg.APIKey,
 		model:      cfg.Model,
 		firstToken: cfg.FirstTokenTimeout,
@@ -321,6 +323,9 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 	c.timer = time.AfterFunc(o.firstToken, func() { cancel(errStalled) })
 	defer c.timer.Stop()
 
+	if protocol.Whole(req.Route) {
+		return c.whole(o.base+"/"+req.Route, body)
+	}
 	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, endpoint, bytes.NewReader(body))
 	if err != nil {
 		return Result{}, &Error{Err: fmt.Errorf("openai: build request: %w", err)}
@@ -395,6 +400,81 @@ type openAICall struct {
 	// responses: the call is the Responses API's, whose events are
 	// relayed as they come (responsesEvent).
 	responses bool
+}
+
+// MaxWholeAnswerBytes bounds the JSON answer of a whole-answer call
+// (POST /v1/embeddings, /v1/completions): it travels as one raw chunk,
+// within one result-channel message on the queued path.
+const MaxWholeAnswerBytes = protocol.MaxResultBytes - 64<<10 // room for the message's envelope
+
+// whole is the call of a whole-answer route: body POSTed to endpoint as
+// sent, the upstream's JSON object read whole (at most
+// MaxWholeAnswerBytes) and emitted as one raw chunk, compacted to one
+// line. The wait for it is the wait for a first chunk: the whole answer
+// is the first.
+func (c *openAICall) whole(endpoint string, body []byte) (Result, error) {
+	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, endpoint, bytes.NewReader(body))
+	if err != nil {
+		return Result{}, &Error{Err: fmt.Errorf("openai: build request: %w", err)}
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", "application/json")
+	if c.o.apiKey != "" {
+		hreq.Header.Set("Authorization", "Bearer "+c.o.apiKey)
+	}
+	resp, err := c.o.client.Do(hreq)
+	if err != nil {
+		return Result{}, c.fail("send request", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Result{}, statusError(resp, time.Now())
+	}
+	c.status = resp.StatusCode
+	b, err := io.ReadAll(io.LimitReader(resp.Body, MaxWholeAnswerBytes+1))
+	if err != nil {
+		return Result{}, c.fail("read response", err)
+	}
+	if len(b) > MaxWholeAnswerBytes {
+		return Result{}, &Error{Status: resp.StatusCode,
+			Err: fmt.Errorf("openai: answer exceeds %d bytes", MaxWholeAnswerBytes)}
+	}
+	b = bytes.TrimSpace(b)
+	if len(b) == 0 || b[0] != '{' || !json.Valid(b) {
+		return Result{}, &Error{Status: resp.StatusCode,
+			Err: fmt.Errorf("openai: answer is not a JSON object: %s", logText(b))}
+	}
+	if bytes.ContainsAny(b, "\r\n") {
+		var out bytes.Buffer
+		if err := json.Compact(&out, b); err != nil {
+			return Result{}, &Error{Status: resp.StatusCode, Err: fmt.Errorf("openai: compact answer: %w", err)}
+		}
+		b = out.Bytes()
+	}
+	c.start()
+	var res Result
+	var ans struct {
+		Usage *struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+			TotalTokens      int `json:"total_tokens"`
+		} `json:"usage"`
+		Choices []struct {
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	_ = json.Unmarshal(b, &ans) // best effort: the answer goes as it came
+	res.FinishReason = "stop"
+	if len(ans.Choices) > 0 && ans.Choices[0].FinishReason != "" {
+		res.FinishReason = ans.Choices[0].FinishReason
+	}
+	if u := ans.Usage; u != nil {
+		res.Usage = protocol.Usage{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.TotalTokens}
+	}
+	if err := c.emit(protocol.Chunk{Raw: b, Extra: true}); err != nil {
+		return Result{}, fmt.Errorf("openai: emit answer: %w", err)
+	}
+	return res, nil
 }
 
 // responsesEvent is what the client reads of a Responses API event.

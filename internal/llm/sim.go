@@ -170,7 +170,12 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(pr
 	prompt := max(1, simPromptTokens(req.Messages))
 	usage := protocol.Usage{PromptTokens: prompt, CompletionTokens: len(chunks), TotalTokens: prompt + len(chunks)}
 	var steps []protocol.Chunk
-	if req.Route == protocol.RouteResponses {
+	if protocol.Whole(req.Route) {
+		if req.Route == protocol.RouteEmbeddings {
+			usage.CompletionTokens, usage.TotalTokens = 0, prompt
+		}
+		steps = wholeSteps(req, chunks, usage, finish)
+	} else if req.Route == protocol.RouteResponses {
 		steps = responsesSteps(req, chunks, usage, finish)
 	} else if rich(req) {
 		steps, finish = richSteps(req, chunks, finish)
@@ -215,7 +220,7 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(pr
 		return Result{}, &Error{Retryable: true, Status: 502,
 			Err: fmt.Errorf("sim: fail after %d chunks: %w", len(steps), ErrSimulatedFault)}
 	}
-	if rich(req) && req.Route != protocol.RouteResponses {
+	if rich(req) && req.Route != protocol.RouteResponses && !protocol.Whole(req.Route) {
 		// As an upstream asked for usage: a last chunk of no choices.
 		if err := emit(protocol.Chunk{Raw: newSimChunkWriter(req.Model).usage(usage)}); err != nil {
 			return Result{}, fmt.Errorf("sim: emit usage: %w", err)

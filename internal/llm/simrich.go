@@ -2,6 +2,7 @@ package llm
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"hash/fnv"
 	"strconv"
@@ -254,4 +255,48 @@ func responsesSteps(req protocol.ChatRequest, chunks []string, usage protocol.Us
 		"input_tokens": usage.PromptTokens, "output_tokens": usage.CompletionTokens, "total_tokens": usage.TotalTokens,
 	})}, "")
 	return out
+}
+
+// wholeSteps is the simulator's answer to a whole-answer route, one raw
+// chunk: for POST /v1/embeddings a list of one 8-dimension embedding
+// drawn from a hash of the input (the same input, the same vector), for
+// POST /v1/completions a text_completion of the simulated text in each
+// of its n choices.
+func wholeSteps(req protocol.ChatRequest, chunks []string, usage protocol.Usage, finish string) []protocol.Chunk {
+	model := req.Model
+	if model == "" {
+		model = "sim-1"
+	}
+	var ans map[string]any
+	if req.Route == protocol.RouteEmbeddings {
+		h := sha256.Sum256([]byte(req.Messages[0].Content))
+		vec := make([]float64, 8)
+		for i := range vec {
+			// A value in [-1, 1) from two bytes of the hash.
+			vec[i] = float64(int(h[2*i])<<8|int(h[2*i+1]))/32768 - 1
+		}
+		ans = map[string]any{
+			"object": "list",
+			"data":   []any{map[string]any{"object": "embedding", "index": 0, "embedding": vec}},
+			"model":  model,
+			"usage":  map[string]any{"prompt_tokens": usage.PromptTokens, "total_tokens": usage.PromptTokens},
+		}
+	} else {
+		text := strings.Join(chunks, "")
+		choices := make([]any, max(1, req.N))
+		for i := range choices {
+			choices[i] = map[string]any{"text": text, "index": i, "logprobs": nil, "finish_reason": finish}
+		}
+		ans = map[string]any{
+			"id":      "cmpl-" + simCallID(req.Messages)[len("call_"):],
+			"object":  "text_completion",
+			"created": time.Now().Unix(),
+			"model":   model,
+			"choices": choices,
+			"usage": map[string]any{"prompt_tokens": usage.PromptTokens, "completion_tokens": usage.CompletionTokens,
+				"total_tokens": usage.TotalTokens},
+		}
+	}
+	b, _ := json.Marshal(ans) // maps of strings, numbers and slices
+	return []protocol.Chunk{{Raw: b, Extra: true}}
 }

@@ -74,6 +74,8 @@ func DecodeJob(b []byte) (Job, error) {
 			req, err = decodeChat(j.Body, hardLimits, j.Route, false)
 		case RouteResponses:
 			req, err = DecodeResponses(j.Body, hardLimits)
+		case RouteEmbeddings, RouteCompletions:
+			req, err = decodeWhole(j.Body, hardLimits, j.Route)
 		default:
 			return Job{}, fmt.Errorf("%w: job %s: route %.32q is not one this version serves", ErrMalformed, j.RequestID, j.Route)
 		}

@@ -42,7 +42,17 @@ const (
 	RouteChat = "chat"
 	// RouteResponses is POST /v1/responses (OpenAI's Responses API).
 	RouteResponses = "responses"
+	// RouteEmbeddings is POST /v1/embeddings: a whole-answer call.
+	RouteEmbeddings = "embeddings"
+	// RouteCompletions is POST /v1/completions (legacy text completions):
+	// a whole-answer call.
+	RouteCompletions = "completions"
 )
+
+// Whole reports whether route's upstream call is a whole-answer call: the
+// body is forwarded as sent (no stream patched in) and the upstream's one
+// JSON answer is relayed as one raw chunk.
+func Whole(route string) bool { return route == RouteEmbeddings || route == RouteCompletions }
 
 // roles are OpenAI's message roles (docs/API.md, "Input rules").
 var roles = map[string]bool{
@@ -516,6 +526,9 @@ func (req *ChatRequest) CapTokens(max int) {
 	if max <= 0 || (req.MaxTokens > 0 && req.MaxTokens <= max) {
 		return
 	}
+	if req.Route == RouteEmbeddings {
+		return // an embedding has no tokens to cap
+	}
 	req.MaxTokens = max
 	if req.Body == nil {
 		return
@@ -538,6 +551,13 @@ func (req *ChatRequest) UpstreamBody(defaultModel string) (body []byte, ok bool)
 	body, ok = SetMember(req.Body, "stream", []byte("true"))
 	if !ok {
 		return nil, false
+	}
+	if Whole(req.Route) {
+		// Forwarded as sent: the answer is one JSON object.
+		if req.Model == "" && defaultModel != "" {
+			return SetMember(req.Body, "model", AppendJSONString(nil, defaultModel))
+		}
+		return req.Body, true
 	}
 	if req.Route == RouteResponses {
 		// The Responses API streams its usage in response.completed and
@@ -562,4 +582,113 @@ func (req *ChatRequest) UpstreamBody(defaultModel string) (body []byte, ok bool)
 		}
 	}
 	return body, true
+}
+
+// rawWholeRequest holds the fields of a POST /v1/embeddings or
+// /v1/completions body the decoder checks; every other field is
+// forwarded as sent.
+type rawWholeRequest struct {
+	Input     json.RawMessage `json:"input"`
+	Prompt    json.RawMessage `json:"prompt"`
+	Model     json.RawMessage `json:"model"`
+	MaxTokens json.RawMessage `json:"max_tokens"`
+	N         json.RawMessage `json:"n"`
+	Stream    json.RawMessage `json:"stream"`
+}
+
+// DecodeEmbeddings parses and validates a POST /v1/embeddings body: only
+// what protects Spillway (a JSON object of valid UTF-8, no NUL, nested at
+// most 64 deep, `input` present); the upstream judges the rest. The body
+// is kept as sent; the input's text is one user message for the
+// simulator and the token estimates.
+func DecodeEmbeddings(body []byte, lim Limits) (ChatRequest, error) {
+	return decodeWhole(body, lim, RouteEmbeddings)
+}
+
+// DecodeCompletions parses and validates a POST /v1/completions body as
+// DecodeEmbeddings does, with `prompt` required, max_tokens 1 to
+// MAX_TOKENS_LIMIT and n 1 to MAX_CHOICES. Streaming is not relayed on
+// this route: "stream": true is refused.
+func DecodeCompletions(body []byte, lim Limits) (ChatRequest, error) {
+	return decodeWhole(body, lim, RouteCompletions)
+}
+
+func decodeWhole(body []byte, lim Limits, route string) (ChatRequest, error) {
+	if lim.MaxTokens == 0 {
+		lim.MaxTokens = DefaultLimits.MaxTokens
+	}
+	if lim.MaxChoices == 0 {
+		lim.MaxChoices = DefaultLimits.MaxChoices
+	}
+	if !utf8.Valid(body) {
+		return ChatRequest{}, invalid("body is not valid UTF-8")
+	}
+	if hasNUL(body) {
+		return ChatRequest{}, invalid("body contains a NUL character")
+	}
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return ChatRequest{}, invalid("body must be a JSON object")
+	}
+	var raw rawWholeRequest
+	if err := strictUnmarshal(body, &raw); err != nil {
+		return ChatRequest{}, invalid("malformed JSON: %s", JSONErrorText(err))
+	}
+	if tooDeep(body, maxDepth) {
+		return ChatRequest{}, invalid("body is nested deeper than %d levels", maxDepth)
+	}
+	req := ChatRequest{Route: route, Body: body, N: 1}
+	field, in := "input", raw.Input
+	if route == RouteCompletions {
+		field, in = "prompt", raw.Prompt
+	}
+	if isNull(in) {
+		return ChatRequest{}, invalid("%s is required", field)
+	}
+	text := inputText(in)
+	req.Messages, req.TextBytes = []Message{{Role: "user", Content: text}}, len(text)
+	if !isNull(raw.Model) {
+		if json.Unmarshal(raw.Model, &req.Model) != nil || len(req.Model) > 256 {
+			return ChatRequest{}, invalid("model must be a string of at most 256 characters")
+		}
+	}
+	if route == RouteCompletions {
+		if !isNull(raw.MaxTokens) {
+			n, ok := positiveInt(raw.MaxTokens)
+			if !ok || n > int64(lim.MaxTokens) {
+				return ChatRequest{}, invalid("max_tokens must be an integer between 1 and %d", lim.MaxTokens)
+			}
+			req.MaxTokens, req.TokensField = int(n), "max_tokens"
+		}
+		if !isNull(raw.N) {
+			n, ok := positiveInt(raw.N)
+			if !ok || n > int64(lim.MaxChoices) {
+				return ChatRequest{}, invalid("n must be an integer between 1 and %d", lim.MaxChoices)
+			}
+			req.N = int(n)
+		}
+		var stream bool
+		if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &stream) != nil {
+			return ChatRequest{}, invalid("stream must be true or false")
+		}
+		if stream {
+			return ChatRequest{}, invalid("stream is not supported on /v1/completions: send it without stream, or use /v1/chat/completions")
+		}
+	}
+	return req, nil
+}
+
+// inputText is the text of an embeddings input or a completions prompt
+// for the simulator and the token estimates: a string as it is, an array
+// of strings joined by newlines; token arrays have no text.
+func inputText(in json.RawMessage) string {
+	var s string
+	if json.Unmarshal(in, &s) == nil {
+		return s
+	}
+	var ss []string
+	if json.Unmarshal(in, &ss) == nil {
+		return strings.Join(ss, "\n")
+	}
+	return ""
 }

@@ -9,8 +9,11 @@ import (
 )
 
 // MaxResultBytes bounds one result-channel message; larger ones are refused
-// by DecodeResult.
-const MaxResultBytes = 1 << 20
+// by DecodeResult. A whole answer (POST /v1/embeddings, /v1/completions)
+// travels as one raw chunk in one message, so the bound is set for a
+// batch of embeddings (a 3072-dimension vector is about 60 KiB of JSON):
+// 16 MiB, where Redis's Pub/Sub output buffer limits are far above.
+const MaxResultBytes = 16 << 20
 
 // ResultKind says what a result-channel message is.
 type ResultKind uint8

@@ -43,6 +43,42 @@ func (o *OpenAI) Responses(w http.ResponseWriter, r *http.Request) {
 	o.h.serve(w, r, responsesDialect{})
 }
 
+// Embeddings serves POST /v1/embeddings and Completions POST
+// /v1/completions: whole-answer calls, the body forwarded as sent and the
+// upstream's JSON answer written as it came, with the same admission,
+// pool, queue and overload as chat completions.
+func (o *OpenAI) Embeddings(w http.ResponseWriter, r *http.Request) {
+	o.h.serve(w, r, wholeDialect{protocol.DecodeEmbeddings})
+}
+
+// Completions: see Embeddings.
+func (o *OpenAI) Completions(w http.ResponseWriter, r *http.Request) {
+	o.h.serve(w, r, wholeDialect{protocol.DecodeCompletions})
+}
+
+// wholeDialect reads a whole-answer route's request and writes the
+// upstream's one raw chunk as the 200 application/json answer.
+type wholeDialect struct {
+	decodeFn func([]byte, protocol.Limits) (protocol.ChatRequest, error)
+}
+
+func (d wholeDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatRequest, opener, error) {
+	req, err := d.decodeFn(body, lim)
+	if err != nil {
+		return protocol.ChatRequest{}, nil, err
+	}
+	return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, whole: true}}
+	}, nil
+}
+
+// resumable is false, as for chat completions.
+func (wholeDialect) resumable() bool { return false }
+
+func (wholeDialect) refuse(w http.ResponseWriter, p *protocol.Problem, _ string) {
+	writeOpenAIError(w, p)
+}
+
 // responsesDialect reads a Responses API request and relays the
 // upstream's events, or the response object of the last one.
 type responsesDialect struct{}
@@ -350,6 +386,9 @@ type openaiCompletion struct {
 	// API's last response.completed (or .incomplete) event.
 	responses bool
 	response  []byte
+	// whole: the answer is the upstream's one raw chunk, written as it
+	// came (POST /v1/embeddings, /v1/completions).
+	whole bool
 }
 
 func (c *openaiCompletion) Start(requestID, path string) error {
@@ -366,6 +405,10 @@ func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
 		return ErrTerminated
 	}
 	switch {
+	case c.whole:
+		if raw != nil {
+			c.response = append(c.response[:0], raw...)
+		}
 	case c.responses:
 		var typ string
 		if raw != nil && json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) == nil &&
@@ -400,7 +443,7 @@ func (c *openaiCompletion) Done(d protocol.Done) error {
 	c.ended = true
 	c.asm.Finish(d.FinishReason, d.Usage)
 	b := c.asm.Object()
-	if c.responses {
+	if c.responses || c.whole {
 		if c.response == nil {
 			writeOpenAIError(c.w, protocol.StreamFailed())
 			return nil
