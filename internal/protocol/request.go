@@ -620,22 +620,9 @@ func decodeWhole(body []byte, lim Limits, route string) (ChatRequest, error) {
 	if lim.MaxChoices == 0 {
 		lim.MaxChoices = DefaultLimits.MaxChoices
 	}
-	if !utf8.Valid(body) {
-		return ChatRequest{}, invalid("body is not valid UTF-8")
-	}
-	if hasNUL(body) {
-		return ChatRequest{}, invalid("body contains a NUL character")
-	}
-	trimmed := bytes.TrimLeft(body, " \t\r\n")
-	if len(trimmed) == 0 || trimmed[0] != '{' {
-		return ChatRequest{}, invalid("body must be a JSON object")
-	}
 	var raw rawWholeRequest
-	if err := strictUnmarshal(body, &raw); err != nil {
-		return ChatRequest{}, invalid("malformed JSON: %s", JSONErrorText(err))
-	}
-	if tooDeep(body, maxDepth) {
-		return ChatRequest{}, invalid("body is nested deeper than %d levels", maxDepth)
+	if err := readBody(body, &raw); err != nil {
+		return ChatRequest{}, err
 	}
 	req := ChatRequest{Route: route, Body: body, N: 1}
 	field, in := "input", raw.Input
