@@ -4,8 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -146,6 +150,51 @@ func TestTakeoverAndResumeMidToolCall(t *testing.T) {
 	for i := range events {
 		if replayed[i] != events[i] {
 			t.Fatalf("event %d resumed as %+v, sent as %+v", i, replayed[i], events[i])
+		}
+	}
+}
+
+// A streamed legacy completion is relayed chunk by chunk on both paths:
+// the upstream gets the body as sent, the client every chunk as it came
+// (the upstream's ids kept), then [DONE].
+func TestStreamedCompletionsRelayed(t *testing.T) {
+	t.Parallel()
+	chunks := []string{
+		`{"id":"cmpl-up","object":"text_completion","created":1700000000,"model":"instruct","choices":[{"text":"This","index":0,"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"cmpl-up","object":"text_completion","created":1700000000,"model":"instruct","choices":[{"text":" is a test","index":0,"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"cmpl-up","object":"text_completion","created":1700000000,"model":"instruct","choices":[{"text":"","index":0,"logprobs":null,"finish_reason":"stop"}]}`,
+	}
+	var mu sync.Mutex
+	var got [][]byte
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		got = append(got, b)
+		mu.Unlock()
+		if r.URL.Path != "/v1/completions" {
+			http.Error(w, `{"error":{"message":"wrong path"}}`, http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, c := range chunks {
+			_, _ = io.WriteString(w, "data: "+c+"\n\n")
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	body := `{"model":"instruct","prompt":"Say this is a test","max_tokens":7,"stream":true,"echo":false}`
+	for path, url := range proxyPaths(t, up.URL) {
+		resp := post(t, url+"/v1/completions", body)
+		data, done := sseData(t, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != path || !done || !slices.Equal(data, chunks) {
+			t.Fatalf("%s: HTTP %d path %q done %v, chunks\n%s", path, resp.StatusCode, resp.Header.Get("X-Stream-Path"), done, strings.Join(data, "\n"))
+		}
+		mu.Lock()
+		last := string(got[len(got)-1])
+		mu.Unlock()
+		if last != body {
+			t.Errorf("%s: upstream received %s, want the body as sent", path, last)
 		}
 	}
 }

@@ -303,10 +303,13 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 		}
 	}
 	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span, plainRaw: !protocol.Native(req.Route),
-		responses: req.Route == protocol.RouteResponses}
+		responses: req.Route == protocol.RouteResponses, completions: req.Route == protocol.RouteCompletions}
 	endpoint := o.endpoint
-	if c.responses {
+	switch {
+	case c.responses:
 		endpoint = o.responses
+	case c.completions:
+		endpoint = o.base + "/" + protocol.RouteCompletions
 	}
 	if o.timeout > 0 {
 		var cancel context.CancelFunc
@@ -323,7 +326,7 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 	c.timer = time.AfterFunc(o.firstToken, func() { cancel(errStalled) })
 	defer c.timer.Stop()
 
-	if protocol.Whole(req.Route) {
+	if req.WholeAnswer() {
 		return c.whole(o.base+"/"+req.Route, body)
 	}
 	hreq, err := http.NewRequestWithContext(c.callCtx, http.MethodPost, endpoint, bytes.NewReader(body))
@@ -400,6 +403,54 @@ type openAICall struct {
 	// responses: the call is the Responses API's, whose events are
 	// relayed as they come (responsesEvent).
 	responses bool
+	// completions: the call is a streamed legacy completion, whose
+	// chunks carry choices[].text (completionsEvent).
+	completions bool
+}
+
+// completionsChunk is what the client reads of a streamed legacy
+// completion's chunk.
+type completionsChunk struct {
+	Choices []struct {
+		Text         string          `json:"text"`
+		Index        int             `json:"index"`
+		Logprobs     json.RawMessage `json:"logprobs"`
+		FinishReason *string         `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *protocol.Usage  `json:"usage"`
+	Error *json.RawMessage `json:"error"`
+}
+
+// completionsEvent handles one chunk of a streamed legacy completion
+// (POST /v1/completions with stream): relayed as it came, its first
+// choice's text as content.
+func (c *openAICall) completionsEvent(d []byte, finish *string, usage **protocol.Usage) error {
+	var ch completionsChunk
+	if err := json.Unmarshal(d, &ch); err != nil {
+		return &Error{Status: c.status, Err: fmt.Errorf("openai: malformed stream event: %w", err)}
+	}
+	if ch.Error != nil {
+		return &Error{Retryable: true, Status: c.status, Err: fmt.Errorf("openai: %w: %s", errStreamErrorEvent, logText(*ch.Error))}
+	}
+	var content []byte
+	extra := len(ch.Choices) > 1
+	for _, cc := range ch.Choices {
+		if cc.Text != "" || cc.FinishReason != nil || present(cc.Logprobs) {
+			c.start()
+		}
+		extra = extra || cc.Index != 0 || present(cc.Logprobs)
+		if cc.Index == 0 {
+			content = []byte(cc.Text)
+			if cc.FinishReason != nil && *cc.FinishReason != "" {
+				*finish = *cc.FinishReason
+			}
+		}
+	}
+	if ch.Usage != nil {
+		c.start()
+		*usage = ch.Usage
+	}
+	return c.chunk(d, content, extra)
 }
 
 // MaxWholeAnswerBytes bounds the JSON answer of a whole-answer call
@@ -701,6 +752,9 @@ func (c *openAICall) read(body io.Reader) (Result, error) {
 		}
 		if c.responses {
 			return false, c.responsesEvent(d, &finish, &usage)
+		}
+		if c.completions {
+			return false, c.completionsEvent(d, &finish, &usage)
 		}
 		// The common shapes are read without a full decode
 		// (fastchunk.go), to the same effect as the full decode below;

@@ -170,7 +170,9 @@ func (s *Sim) Stream(ctx context.Context, req protocol.ChatRequest, emit func(pr
 	prompt := max(1, simPromptTokens(req.Messages))
 	usage := protocol.Usage{PromptTokens: prompt, CompletionTokens: len(chunks), TotalTokens: prompt + len(chunks)}
 	var steps []protocol.Chunk
-	if protocol.Whole(req.Route) {
+	if req.Route == protocol.RouteCompletions && req.Stream {
+		steps = completionsSteps(req, chunks, finish)
+	} else if req.WholeAnswer() {
 		if req.Route == protocol.RouteEmbeddings {
 			usage.CompletionTokens, usage.TotalTokens = 0, prompt
 		}

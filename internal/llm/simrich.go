@@ -300,3 +300,41 @@ func wholeSteps(req protocol.ChatRequest, chunks []string, usage protocol.Usage,
 	b, _ := json.Marshal(ans) // maps of strings, numbers and slices
 	return []protocol.Chunk{{Raw: b, Extra: true}}
 }
+
+// completionsSteps is the simulator's streamed answer to a legacy
+// completion (POST /v1/completions with stream): text_completion chunks
+// of each choice's text, then each choice's finish reason.
+func completionsSteps(req protocol.ChatRequest, chunks []string, finish string) []protocol.Chunk {
+	model := req.Model
+	if model == "" {
+		model = "sim-1"
+	}
+	head := []byte(`{"id":"cmpl-` + simCallID(req.Messages)[len("call_"):] + `","object":"text_completion","created":`)
+	head = strconv.AppendInt(head, time.Now().Unix(), 10)
+	head = append(head, `,"model":`...)
+	head = protocol.AppendJSONString(head, model)
+	one := func(index int, text, fin string) []byte {
+		b := append(append([]byte(nil), head...), `,"choices":[{"text":`...)
+		b = protocol.AppendJSONString(b, text)
+		b = append(b, `,"index":`...)
+		b = strconv.AppendInt(b, int64(index), 10)
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+		if fin == "" {
+			b = append(b, "null"...)
+		} else {
+			b = protocol.AppendJSONString(b, fin)
+		}
+		return append(b, "}]}"...)
+	}
+	n := max(1, req.N)
+	var out []protocol.Chunk
+	for _, c := range chunks {
+		for i := range n {
+			out = append(out, protocol.Chunk{Content: c, Raw: one(i, c, ""), Extra: i != 0})
+		}
+	}
+	for i := range n {
+		out = append(out, protocol.Chunk{Raw: one(i, "", finish), Extra: i != 0})
+	}
+	return out
+}

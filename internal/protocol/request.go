@@ -54,6 +54,13 @@ const (
 // JSON answer is relayed as one raw chunk.
 func Whole(route string) bool { return route == RouteEmbeddings || route == RouteCompletions }
 
+// WholeAnswer reports whether req's upstream call answers with one JSON
+// object: an embeddings request, or a completions request without
+// stream (a streamed one is relayed chunk by chunk, as chat is).
+func (req ChatRequest) WholeAnswer() bool {
+	return req.Route == RouteEmbeddings || (req.Route == RouteCompletions && !req.Stream)
+}
+
 // roles are OpenAI's message roles (docs/API.md, "Input rules").
 var roles = map[string]bool{
 	"system": true, "developer": true, "user": true, "assistant": true, "tool": true, "function": true,
@@ -654,12 +661,8 @@ func decodeWhole(body []byte, lim Limits, route string) (ChatRequest, error) {
 			}
 			req.N = int(n)
 		}
-		var stream bool
-		if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &stream) != nil {
+		if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &req.Stream) != nil {
 			return ChatRequest{}, invalid("stream must be true or false")
-		}
-		if stream {
-			return ChatRequest{}, invalid("stream is not supported on /v1/completions: send it without stream, or use /v1/chat/completions")
 		}
 	}
 	return req, nil

@@ -63,8 +63,16 @@ func TestDecodeCompletions(t *testing.T) {
 	if req.MaxTokens != 5 || !strings.Contains(string(req.Body), `"max_tokens":5`) {
 		t.Errorf("capped: %d %s", req.MaxTokens, req.Body)
 	}
+	// Streamed, it is relayed chunk by chunk, its body still as sent.
+	streamed, err := DecodeCompletions([]byte(`{"prompt":"x","stream":true}`), DefaultLimits)
+	if err != nil || !streamed.Stream || streamed.WholeAnswer() {
+		t.Errorf("streamed completion: %+v, %v", streamed, err)
+	}
+	if up, ok := streamed.UpstreamBody(""); !ok || string(up) != `{"prompt":"x","stream":true}` {
+		t.Errorf("streamed upstream body %s, want it as sent", up)
+	}
 	for _, bad := range []string{`{}`, `{"input":"x"}`, `{"prompt":null}`, `{"prompt":"x","max_tokens":0}`,
-		`{"prompt":"x","max_tokens":1048577}`, `{"prompt":"x","n":9}`, `{"prompt":"x","stream":true}`, `{"prompt":"x","stream":"yes"}`} {
+		`{"prompt":"x","max_tokens":1048577}`, `{"prompt":"x","n":9}`, `{"prompt":"x","stream":"yes"}`} {
 		if _, err := DecodeCompletions([]byte(bad), DefaultLimits); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("%s: error %v, want a 400", bad, err)
 		}

@@ -67,6 +67,14 @@ func (d wholeDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatReq
 	if err != nil {
 		return protocol.ChatRequest{}, nil, err
 	}
+	if !req.WholeAnswer() {
+		// A streamed legacy completion: its chunks relayed as they came,
+		// the upstream's ids kept (they are not chat completions'), then
+		// [DONE].
+		return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
+			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: req.Model, keepIDs: true}}
+		}, nil
+	}
 	return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
 		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, whole: true}}
 	}, nil
@@ -203,6 +211,9 @@ type openaiChunks struct {
 	// raw: the answer's chunks are the upstream's (relayed, with their
 	// own finish and usage chunks), not made from plain content.
 	raw bool
+	// keepIDs: the chunks keep the upstream's ids (a streamed legacy
+	// completion's).
+	keepIDs bool
 	// responses: the answer is the Responses API's: its events are
 	// relayed as they came, each under its type's SSE event name, with
 	// no [DONE] after them (POST /v1/responses).
@@ -256,6 +267,10 @@ func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
 	}
 	if content != "" || !c.sentContent && !openaiwire.IsPreamble(raw) {
 		c.sentContent = true
+	}
+	if c.keepIDs {
+		b := append(append(c.buf[:0], "data: "...), raw...)
+		return c.write(append(b, "\n\n"...), false)
 	}
 	return c.write(openaiwire.AppendChunkEvent(c.buf[:0], raw, c.id), false)
 }
