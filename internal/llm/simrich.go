@@ -128,29 +128,7 @@ func richSteps(req protocol.ChatRequest, chunks []string, finish string) ([]prot
 	for i := range n {
 		add(i, "", finish, "", false)
 	}
-	// Only choice 0's content is plain: another choice's chunks carry
-	// their index, which /v1/stream shows.
-	for k := range out {
-		if out[k].Extra {
-			out[k].Content = contentOf(out[k])
-		}
-	}
 	return out, finish
-}
-
-// contentOf is the content a rich chunk of another choice carries.
-func contentOf(c protocol.Chunk) string {
-	var v struct {
-		Choices []struct {
-			Delta struct {
-				Content string `json:"content"`
-			} `json:"delta"`
-		} `json:"choices"`
-	}
-	if json.Unmarshal(c.Raw, &v) != nil || len(v.Choices) == 0 {
-		return ""
-	}
-	return v.Choices[0].Delta.Content
 }
 
 // simToolArgs returns the tool call's arguments: the JSON object after

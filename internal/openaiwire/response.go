@@ -111,16 +111,6 @@ type Message struct {
 	Content string `json:"content"`
 }
 
-// NewCompletion returns the chat.completion of the answer to requestID.
-// usage is nil when the source did not count tokens.
-func NewCompletion(requestID, model string, created int64, content, finishReason string, usage *protocol.Usage) Completion {
-	return Completion{
-		ID: CompletionID(requestID), Object: ObjectCompletion, Created: created, Model: model,
-		Choices: []Choice{{Index: 0, Message: Message{Role: RoleAssistant, Content: content}, FinishReason: finishReason}},
-		Usage:   usage,
-	}
-}
-
 // Error is OpenAI's error object.
 type Error struct {
 	Message string `json:"message"`
@@ -193,19 +183,4 @@ type Model struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
-}
-
-// ModelList is the body of GET /v1/models.
-type ModelList struct {
-	Object string  `json:"object"`
-	Data   []Model `json:"data"`
-}
-
-// NewModelList lists ids, each created at created (unix seconds).
-func NewModelList(ids []string, created int64) ModelList {
-	l := ModelList{Object: ObjectList, Data: make([]Model, 0, len(ids))}
-	for _, id := range ids {
-		l.Data = append(l.Data, Model{ID: id, Object: ObjectModel, Created: created, OwnedBy: OwnedBy})
-	}
-	return l
 }

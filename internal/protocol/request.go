@@ -69,14 +69,11 @@ var roles = map[string]bool{
 // rawRequest holds the fields the decoders check. Every other field of
 // the body is forwarded as it was sent without being read.
 type rawRequest struct {
+	rawCommon
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
-	Model               json.RawMessage `json:"model"`
 	MaxTokens           json.RawMessage `json:"max_tokens"`
 	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
-	Temperature         json.RawMessage `json:"temperature"`
-	N                   json.RawMessage `json:"n"`
-	Stream              json.RawMessage `json:"stream"`
 	StreamOptions       json.RawMessage `json:"stream_options"`
 	ThreadID            json.RawMessage `json:"thread_id"`
 	Tools               json.RawMessage `json:"tools"`
@@ -99,6 +96,54 @@ type rawTool struct {
 		Name string `json:"name"`
 	} `json:"function"`
 	Name string `json:"name"` // the Responses API's flat shape
+}
+
+// rawCommon holds the members every route's decoder checks alike.
+type rawCommon struct {
+	Model       json.RawMessage `json:"model"`
+	Temperature json.RawMessage `json:"temperature"`
+	N           json.RawMessage `json:"n"`
+	Stream      json.RawMessage `json:"stream"`
+}
+
+// readCommon checks and reads model (a string of at most 256 bytes),
+// temperature (0 to 2), n (1 to MaxChoices) and stream (a boolean).
+func (req *ChatRequest) readCommon(c rawCommon, lim Limits) error {
+	if !isNull(c.Model) && (json.Unmarshal(c.Model, &req.Model) != nil || len(req.Model) > 256) {
+		return invalid("model must be a string of at most 256 characters")
+	}
+	if !isNull(c.Temperature) {
+		var t float64
+		if json.Unmarshal(c.Temperature, &t) != nil || t < 0 || t > 2 {
+			return invalid("temperature must be a number between 0 and 2")
+		}
+		req.Temperature = &t
+	}
+	if !isNull(c.N) {
+		n, ok := positiveInt(c.N)
+		if !ok || n > int64(lim.MaxChoices) {
+			return invalid("n must be an integer between 1 and %d", lim.MaxChoices)
+		}
+		req.N = int(n)
+	}
+	if !isNull(c.Stream) && json.Unmarshal(c.Stream, &req.Stream) != nil {
+		return invalid("stream must be true or false")
+	}
+	return nil
+}
+
+// readTokens checks and reads a token cap sent in field: an integer from
+// 1 to MaxTokens.
+func (req *ChatRequest) readTokens(field string, v json.RawMessage, lim Limits) error {
+	if isNull(v) {
+		return nil
+	}
+	n, ok := positiveInt(v)
+	if !ok || n > int64(lim.MaxTokens) {
+		return invalid("%s must be an integer between 1 and %d", field, lim.MaxTokens)
+	}
+	req.MaxTokens, req.TokensField = int(n), field
+	return nil
 }
 
 func invalid(format string, args ...any) error {
@@ -151,45 +196,16 @@ func decodeChat(body []byte, lim Limits, route string, native bool) (ChatRequest
 	default:
 		return ChatRequest{}, invalid("messages is required")
 	}
-	if !isNull(raw.Model) {
-		if json.Unmarshal(raw.Model, &req.Model) != nil {
-			return ChatRequest{}, invalid("model must be a string")
-		}
-		if len(req.Model) > 256 {
-			return ChatRequest{}, invalid("model is longer than 256 characters")
-		}
+	if err := req.readCommon(raw.rawCommon, lim); err != nil {
+		return ChatRequest{}, err
 	}
 	// max_completion_tokens replaced max_tokens in OpenAI's API; when both
 	// are given the newer one is what the upstream honours.
-	for _, f := range []struct {
-		name string
-		v    json.RawMessage
-	}{{"max_tokens", raw.MaxTokens}, {"max_completion_tokens", raw.MaxCompletionTokens}} {
-		if isNull(f.v) {
-			continue
-		}
-		n, ok := positiveInt(f.v)
-		if !ok || n > int64(lim.MaxTokens) {
-			return ChatRequest{}, invalid("%s must be an integer between 1 and %d", f.name, lim.MaxTokens)
-		}
-		req.MaxTokens, req.TokensField = int(n), f.name
+	if err := req.readTokens("max_tokens", raw.MaxTokens, lim); err != nil {
+		return ChatRequest{}, err
 	}
-	if !isNull(raw.Temperature) {
-		var t float64
-		if json.Unmarshal(raw.Temperature, &t) != nil || t < 0 || t > 2 {
-			return ChatRequest{}, invalid("temperature must be a number between 0 and 2")
-		}
-		req.Temperature = &t
-	}
-	if !isNull(raw.N) {
-		n, ok := positiveInt(raw.N)
-		if !ok || n > int64(lim.MaxChoices) {
-			return ChatRequest{}, invalid("n must be an integer between 1 and %d", lim.MaxChoices)
-		}
-		req.N = int(n)
-	}
-	if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &req.Stream) != nil {
-		return ChatRequest{}, invalid("stream must be true or false")
+	if err := req.readTokens("max_completion_tokens", raw.MaxCompletionTokens, lim); err != nil {
+		return ChatRequest{}, err
 	}
 	if !isNull(raw.StreamOptions) {
 		var so struct {
@@ -427,11 +443,9 @@ func JSONErrorText(err error) string {
 // rawResponsesRequest holds the fields of a Responses API request the
 // decoder checks; every other field is forwarded as sent.
 type rawResponsesRequest struct {
+	rawCommon
 	Input           json.RawMessage `json:"input"`
-	Model           json.RawMessage `json:"model"`
 	MaxOutputTokens json.RawMessage `json:"max_output_tokens"`
-	Temperature     json.RawMessage `json:"temperature"`
-	Stream          json.RawMessage `json:"stream"`
 	Tools           json.RawMessage `json:"tools"`
 	Reasoning       json.RawMessage `json:"reasoning"`
 }
@@ -489,27 +503,11 @@ func DecodeResponses(body []byte, lim Limits) (ChatRequest, error) {
 	default:
 		return ChatRequest{}, invalid("input must be a string or an array of items")
 	}
-	if !isNull(raw.Model) {
-		if json.Unmarshal(raw.Model, &req.Model) != nil || len(req.Model) > 256 {
-			return ChatRequest{}, invalid("model must be a string of at most 256 characters")
-		}
+	if err := req.readCommon(raw.rawCommon, lim); err != nil {
+		return ChatRequest{}, err
 	}
-	if !isNull(raw.MaxOutputTokens) {
-		n, ok := positiveInt(raw.MaxOutputTokens)
-		if !ok || n > int64(lim.MaxTokens) {
-			return ChatRequest{}, invalid("max_output_tokens must be an integer between 1 and %d", lim.MaxTokens)
-		}
-		req.MaxTokens, req.TokensField = int(n), "max_output_tokens"
-	}
-	if !isNull(raw.Temperature) {
-		var t float64
-		if json.Unmarshal(raw.Temperature, &t) != nil || t < 0 || t > 2 {
-			return ChatRequest{}, invalid("temperature must be a number between 0 and 2")
-		}
-		req.Temperature = &t
-	}
-	if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &req.Stream) != nil {
-		return ChatRequest{}, invalid("stream must be true or false")
+	if err := req.readTokens("max_output_tokens", raw.MaxOutputTokens, lim); err != nil {
+		return ChatRequest{}, err
 	}
 	if !isNull(raw.Tools) {
 		var tools []rawTool
@@ -555,16 +553,17 @@ func (req *ChatRequest) UpstreamBody(defaultModel string) (body []byte, ok bool)
 	if req.Body == nil {
 		return nil, false
 	}
-	body, ok = SetMember(req.Body, "stream", []byte("true"))
-	if !ok {
-		return nil, false
-	}
 	if Whole(req.Route) {
-		// Forwarded as sent: the answer is one JSON object.
+		// Forwarded as sent, `stream` included (a completion streams only
+		// when its client asked).
 		if req.Model == "" && defaultModel != "" {
 			return SetMember(req.Body, "model", AppendJSONString(nil, defaultModel))
 		}
 		return req.Body, true
+	}
+	body, ok = SetMember(req.Body, "stream", []byte("true"))
+	if !ok {
+		return nil, false
 	}
 	if req.Route == RouteResponses {
 		// The Responses API streams its usage in response.completed and
@@ -595,12 +594,10 @@ func (req *ChatRequest) UpstreamBody(defaultModel string) (body []byte, ok bool)
 // /v1/completions body the decoder checks; every other field is
 // forwarded as sent.
 type rawWholeRequest struct {
+	rawCommon
 	Input     json.RawMessage `json:"input"`
 	Prompt    json.RawMessage `json:"prompt"`
-	Model     json.RawMessage `json:"model"`
 	MaxTokens json.RawMessage `json:"max_tokens"`
-	N         json.RawMessage `json:"n"`
-	Stream    json.RawMessage `json:"stream"`
 }
 
 // DecodeEmbeddings parses and validates a POST /v1/embeddings body: only
@@ -641,28 +638,12 @@ func decodeWhole(body []byte, lim Limits, route string) (ChatRequest, error) {
 	}
 	text := inputText(in)
 	req.Messages, req.TextBytes = []Message{{Role: "user", Content: text}}, len(text)
-	if !isNull(raw.Model) {
-		if json.Unmarshal(raw.Model, &req.Model) != nil || len(req.Model) > 256 {
-			return ChatRequest{}, invalid("model must be a string of at most 256 characters")
-		}
+	if err := req.readCommon(raw.rawCommon, lim); err != nil {
+		return ChatRequest{}, err
 	}
 	if route == RouteCompletions {
-		if !isNull(raw.MaxTokens) {
-			n, ok := positiveInt(raw.MaxTokens)
-			if !ok || n > int64(lim.MaxTokens) {
-				return ChatRequest{}, invalid("max_tokens must be an integer between 1 and %d", lim.MaxTokens)
-			}
-			req.MaxTokens, req.TokensField = int(n), "max_tokens"
-		}
-		if !isNull(raw.N) {
-			n, ok := positiveInt(raw.N)
-			if !ok || n > int64(lim.MaxChoices) {
-				return ChatRequest{}, invalid("n must be an integer between 1 and %d", lim.MaxChoices)
-			}
-			req.N = int(n)
-		}
-		if !isNull(raw.Stream) && json.Unmarshal(raw.Stream, &req.Stream) != nil {
-			return ChatRequest{}, invalid("stream must be true or false")
+		if err := req.readTokens("max_tokens", raw.MaxTokens, lim); err != nil {
+			return ChatRequest{}, err
 		}
 	}
 	return req, nil

@@ -129,9 +129,6 @@ func TestOpenAIGo(t *testing.T) {
 			})
 			for i, tg := range ts[1:] {
 				t.Run(tg.name, func(t *testing.T) {
-					if needsProxyCore[name] {
-						t.Skip("needs the transparent proxy core")
-					}
 					sameAsStraight(t, name, results[0], results[i+1], ts[0].mock, tg.mock)
 				})
 			}

@@ -7,13 +7,6 @@ import (
 	"testing"
 )
 
-// needsProxyCore lists the cases (TestNodeSDKs' and TestOpenAIGo's) that
-// need a route Spillway does not serve yet (POST /v1/responses): through
-// Spillway they are skipped until it does. Each passes straight against
-// the mock, so the harness is not what fails; delete a line to run the
-// case through both paths.
-var needsProxyCore = map[string]bool{}
-
 // straightChecks say what each case must show straight against the mock:
 // the SDK call worked end to end (multi-step loops ran their tool), so a
 // difference through Spillway is Spillway's.
@@ -88,9 +81,6 @@ func TestNodeSDKs(t *testing.T) {
 			})
 			for i, tg := range ts[1:] {
 				t.Run(tg.name, func(t *testing.T) {
-					if needsProxyCore[name] {
-						t.Skip("needs POST /v1/responses")
-					}
 					sameAsStraight(t, name, straight[name], results[i+1][name], ts[0].mock, tg.mock)
 				})
 			}
