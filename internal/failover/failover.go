@@ -129,7 +129,9 @@ type Consumer interface {
 // Attempt, and none when there are none. They must end as Fetch's do. On
 // failure it returns an error and no delivery; an entry it claimed before
 // failing stays pending and is taken over again later. ReclaimInterval is
-// how often a worker should call it. Safe for concurrent use with Fetch.
+// how often a worker should call it. Once it has been called, Fetch
+// takes no idle job over itself: every takeover goes through Reclaim.
+// Safe for concurrent use with Fetch.
 type Reclaimer interface {
 	Reclaim(ctx context.Context, max int) ([]Delivery, error)
 	ReclaimInterval() time.Duration

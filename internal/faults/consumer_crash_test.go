@@ -86,6 +86,13 @@ func TestConsumerCrashUnderLoad(t *testing.T) {
 			}, "the victim consumer holds jobs")
 			killed := time.Now()
 			victim.Kill()
+			// What the victim holds at its death: read after the kill, as
+			// it may finish (and acknowledge) a job between the count above
+			// and the signal.
+			held = sys.pendingOf(ctx, victim.cmd.Process.Pid)
+			if held == 0 {
+				t.Fatal("the victim held no job when it died; the scenario proves nothing")
+			}
 			if tc.restart {
 				hold(t, ctx, 500*time.Millisecond) // the restart 0.5 s later
 				survivor = sys.consumer(nil)

@@ -377,8 +377,10 @@ func TestOpenAISlowFirstChunkOverHTTP(t *testing.T) {
 	}
 }
 
-// TestOpenAIFlowingStreamOverHTTP streams 3 s of chunks every 100 ms, six
-// times the idle timeout and three times the first-token timeout: not cut.
+// TestOpenAIFlowingStreamOverHTTP streams 3 s of chunks every 100 ms,
+// three times the idle timeout and the first-token timeout: not cut. The
+// idle timeout is ten chunk intervals so that a loaded machine's
+// scheduling gaps do not pass for an upstream's silence.
 func TestOpenAIFlowingStreamOverHTTP(t *testing.T) {
 	t.Parallel()
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -394,7 +396,7 @@ func TestOpenAIFlowingStreamOverHTTP(t *testing.T) {
 		io.WriteString(w, doneEvents)
 	}))
 	t.Cleanup(hs.Close)
-	c := newClient(t, llm.OpenAIConfig{BaseURL: hs.URL + "/v1", FirstTokenTimeout: time.Second, IdleTimeout: 500 * time.Millisecond})
+	c := newClient(t, llm.OpenAIConfig{BaseURL: hs.URL + "/v1", FirstTokenTimeout: time.Second, IdleTimeout: time.Second})
 	start := time.Now()
 	got, _, err := stream(t, t.Context(), c, userReq("hi"))
 	if err != nil || len(got) != 30 {

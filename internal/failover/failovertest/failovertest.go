@@ -87,6 +87,7 @@ func Run(t *testing.T, newHarness func(t *testing.T) Harness) {
 		{"FetchHonoursCancel", testFetchHonoursCancel},
 		{"BinaryBodyRoundTrip", testBinaryBodyRoundTrip},
 		{"FIFOForOneConsumer", testFIFOForOneConsumer},
+		{"ReclaimOwnsTakeovers", testReclaimOwnsTakeovers},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -589,4 +590,44 @@ func inEnqueueOrder(t testing.TB, ds []failover.Delivery, bodies [][]byte) []fai
 		out[i] = d
 	}
 	return out
+}
+
+// testReclaimOwnsTakeovers: for a backend with failover.Reclaimer, once a
+// member has called Reclaim its Fetch takes no idle job over (the
+// worker's takeover loop owns takeovers: their order and their log line);
+// Reclaim takes the orphan. Backends without it skip.
+func testReclaimOwnsTakeovers(t *testing.T, h Harness) {
+	a, b := h.NewConsumer("a"), h.NewConsumer("b")
+	r, ok := b.(failover.Reclaimer)
+	if !ok {
+		t.Skip("no failover.Reclaimer")
+	}
+	enqueue(t, h, "req-1", []byte("orphan"))
+	first := fetchN(t, h, a, 1, 1)[0]
+	h.kill(a)
+	ctx := ctxFor(t, patience(h))
+	if ds, err := r.Reclaim(ctx, 10); err != nil || len(ds) != 0 {
+		t.Fatalf("Reclaim before the job went idle = %d deliveries, %v; want none", len(ds), err)
+	}
+	expectNothing(t, b, 3*h.ReclaimIdle, "Fetch after Reclaim, with an orphan idle")
+	var got []failover.Delivery
+	for len(got) == 0 {
+		ds, err := r.Reclaim(ctx, 10)
+		if err != nil {
+			t.Fatalf("Reclaim: %v", err)
+		}
+		got = ds
+		if len(got) == 0 {
+			select {
+			case <-ctx.Done():
+				t.Fatal("Reclaim never took the orphan over")
+			case <-time.After(r.ReclaimInterval()):
+			}
+		}
+	}
+	if len(got) != 1 || got[0].Attempt != 2 || !bytes.Equal(got[0].Body, first.Body) {
+		t.Fatalf("Reclaim = %d deliveries (first attempt %d), want the orphan at attempt 2", len(got), got[0].Attempt)
+	}
+	ack(t, b, got[0])
+	wantDepth(t, h, 0)
 }

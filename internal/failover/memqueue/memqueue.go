@@ -188,11 +188,15 @@ func (q *Queue) wakeLocked() {
 type Consumer struct {
 	q    *Queue
 	name string
+	// reclaimer is set, under q.mu, by the first Reclaim call: from then
+	// on only Reclaim takes idle jobs over, not Fetch.
+	reclaimer bool
 }
 
 // Fetch returns up to max deliveries: jobs idle for ReclaimIdle (taken
 // over, Attempt grown by one) first, then new jobs (Attempt 1). It blocks
-// until one is available or ctx ends.
+// until one is available or ctx ends. Once Reclaim has been called, Fetch
+// returns new jobs only.
 func (c *Consumer) Fetch(ctx context.Context, max int) ([]failover.Delivery, error) {
 	if max < 1 {
 		return nil, fmt.Errorf("memqueue: fetch: max %d < 1", max)
@@ -248,6 +252,7 @@ func (c *Consumer) Reclaim(ctx context.Context, max int) ([]failover.Delivery, e
 	q := c.q
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	c.reclaimer = true
 	now := time.Now()
 	var idle []*entry
 	for _, e := range q.pending {
@@ -277,6 +282,9 @@ func (c *Consumer) takeLocked(now time.Time, max int) ([]failover.Delivery, time
 	var idle []*entry
 	var nextIdle time.Time
 	for _, e := range q.pending {
+		if c.reclaimer {
+			break
+		}
 		at := e.lastSeen.Add(q.reclaimIdle)
 		if !now.Before(at) {
 			idle = append(idle, e)

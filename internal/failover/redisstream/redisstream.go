@@ -276,6 +276,10 @@ type Queue struct {
 
 	mu          sync.Mutex
 	nextReclaim time.Time // when some Fetch runs XAUTOCLAIM next
+	// reclaimer is set by the first Reclaim call: a takeover loop takes
+	// idle jobs over from then on, and Fetch no longer does, so every
+	// takeover goes through the loop (its priority, its log line).
+	reclaimer bool
 	nextRead    int       // shard a blocking read waits on next
 	// held are deliveries a read handed this member beyond what its Fetch
 	// could return (jobs that reached several lines at once as a blocking
@@ -654,6 +658,9 @@ func ctxErrOr(ctx context.Context, err error) error {
 func (q *Queue) reclaimTurn(now time.Time) (bool, time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.reclaimer {
+		return false, q.cfg.Block
+	}
 	if now.Before(q.nextReclaim) {
 		return false, q.nextReclaim.Sub(now)
 	}
@@ -673,9 +680,9 @@ func (q *Queue) readTurn() int {
 
 // Reclaim takes over, without blocking, up to limit entries idle for
 // ReclaimIdle (their member stopped refreshing its claim), as the reclaim
-// round of Fetch does, and puts off Fetch's own next round: a worker that
+// round of Fetch does, and ends Fetch's own rounds for good: a worker that
 // calls it every ReclaimInterval takes orphans over whatever room it has
-// for new jobs (failover.Reclaimer).
+// for new jobs (failover.Reclaimer), and only there.
 func (q *Queue) Reclaim(ctx context.Context, limit int) ([]failover.Delivery, error) {
 	if limit < 1 {
 		return nil, fmt.Errorf("redisstream: reclaim: max %d < 1", limit)
@@ -684,7 +691,7 @@ func (q *Queue) Reclaim(ctx context.Context, limit int) ([]failover.Delivery, er
 		return nil, err
 	}
 	q.mu.Lock()
-	q.nextReclaim = time.Now().Add(q.cfg.ReclaimInterval)
+	q.reclaimer = true
 	q.mu.Unlock()
 	ds, err := q.reclaim(ctx, limit)
 	if err != nil {
