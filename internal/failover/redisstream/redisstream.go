@@ -280,7 +280,7 @@ type Queue struct {
 	// idle jobs over from then on, and Fetch no longer does, so every
 	// takeover goes through the loop (its priority, its log line).
 	reclaimer bool
-	nextRead    int       // shard a blocking read waits on next
+	nextRead  int // shard a blocking read waits on next
 	// held are deliveries a read handed this member beyond what its Fetch
 	// could return (jobs that reached several lines at once as a blocking
 	// read began); the next Fetch returns them first.
