@@ -50,8 +50,12 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# vet: go vet, staticcheck (staticcheck.conf) and deadcode
+# (scripts/deadcode.sh), both pinned as tools in go.mod.
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) tool staticcheck $(PKGS)
+	GO=$(GO) scripts/deadcode.sh
 
 build:
 	mkdir -p bin
@@ -83,7 +87,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeResult$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeJob$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeChatRequest$$' -fuzztime $(FUZZTIME) ./internal/protocol/
-	$(GO) test -run '^$$' -fuzz '^FuzzAppendEvent$$' -fuzztime $(FUZZTIME) ./internal/protocol/
+	$(GO) test -run '^$$' -fuzz '^FuzzAppendIDEvent$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeBatch$$' -fuzztime $(FUZZTIME) ./internal/streamlog/
 	$(GO) test -run '^$$' -fuzz '^FuzzAppendJSONString$$' -fuzztime $(FUZZTIME) ./internal/protocol/
 	$(GO) test -run '^$$' -fuzz '^FuzzBatchCodec$$' -fuzztime $(FUZZTIME) ./internal/protocol/

@@ -119,7 +119,8 @@ func newServer(tb testing.TB, cut bool) *httptest.Server {
 				_, _ = w.Write(b)
 				return
 			}
-			b = protocol.AppendChunkEvent(b, i+1, c)
+			d, _ := json.Marshal(map[string]string{"content": c})
+			b = protocol.AppendIDEvent(b, int64(i+1), "", d)
 		}
 		// The terminal event takes the next id: ids never restart.
 		done, _ := json.Marshal(protocol.Done{FinishReason: "stop", Path: "direct"})

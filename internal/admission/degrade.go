@@ -106,16 +106,6 @@ func inputLevels(s DegradeSignals) map[string]int {
 	return lv
 }
 
-// levelOf is the highest level the inputs that act at once reach; the
-// failure rate is not one of them (Degrader.errorLevel).
-func levelOf(s DegradeSignals) int {
-	lvl := 0
-	for _, l := range inputLevels(s) {
-		lvl = max(lvl, l)
-	}
-	return lvl
-}
-
 // errorThreshold is the level the failure rate's thresholds put rate at,
 // before the minimum count, the raise delay and the cap.
 func errorThreshold(rate float64) int {

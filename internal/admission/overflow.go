@@ -143,12 +143,6 @@ type waitingCounter interface {
 	Waiting(ctx context.Context) (int64, error)
 }
 
-// DepthFunc adapts a function to a Backlog.
-type DepthFunc func(ctx context.Context) (int64, error)
-
-// Depth calls f.
-func (f DepthFunc) Depth(ctx context.Context) (int64, error) { return f(ctx) }
-
 // NewOverflow returns the gate. backlog is read only by Run, never by
 // Check. The gate accepts until the first refresh says otherwise.
 func NewOverflow(cfg OverflowConfig, backlog Backlog, m *metrics.Metrics, log *slog.Logger) (*Overflow, error) {

@@ -261,8 +261,3 @@ func (g *localGCRA) reset() {
 }
 
 // size returns how many identities are remembered.
-func (g *localGCRA) size() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.lru.Len()
-}

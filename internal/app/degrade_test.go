@@ -85,7 +85,7 @@ func tryStream(url, text string, sc llm.SimConfig, hdr map[string]string) (int, 
 	if resp.StatusCode != http.StatusOK {
 		return resp.StatusCode, loadtest.Report{}, nil
 	}
-	return resp.StatusCode, loadtest.CheckStream(resp.Body, llm.SimChunks(userMsgs(text), sc.Seed, sc.Tokens)), nil
+	return resp.StatusCode, loadtest.StreamCheck{Want: llm.SimChunks(userMsgs(text), sc.Seed, sc.Tokens)}.Check(resp.Body), nil
 }
 
 // degradedRefusals is how many requests url refused for the degradation
@@ -151,7 +151,7 @@ func TestDegradationLevelsEndToEnd(t *testing.T) {
 			}
 			return resp.StatusCode, loadtest.Report{}
 		}
-		return resp.StatusCode, loadtest.CheckStream(resp.Body, nil)
+		return resp.StatusCode, loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 	}
 
 	// 30 % of 100 requests failed: level 2 on both apis.
@@ -520,7 +520,7 @@ func TestDegradationFollowsASustainedFailure(t *testing.T) {
 						_ = json.NewDecoder(resp.Body).Decode(&p)
 						outcome = fmt.Sprint("refused ", resp.StatusCode, " ", p.Slug())
 					} else {
-						rep := loadtest.CheckStream(resp.Body, nil)
+						rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 						outcome = rep.Terminal
 						if rep.Problem != nil {
 							outcome += " " + rep.Problem.Slug()
@@ -660,7 +660,7 @@ func TestAdaptiveLimitSharedByAPIAndConsumer(t *testing.T) {
 		go func() {
 			resp := postStream(t, ctx, url, prompt(text), nil)
 			defer resp.Body.Close()
-			results <- result{text, loadtest.CheckStream(resp.Body, c.want(text))}
+			results <- result{text, loadtest.StreamCheck{Want: c.want(text)}.Check(resp.Body)}
 		}()
 	}
 	for range 10 {

@@ -49,7 +49,7 @@ func TestDirectStreamEqualsSimulatorText(t *testing.T) {
 			t.Fatalf("headers %v", resp.Header)
 		}
 		want := llm.SimChunks(userMsgs(text), 7, 24)
-		rep := loadtest.CheckStream(resp.Body, want)
+		rep := loadtest.StreamCheck{Want: want}.Check(resp.Body)
 		resp.Body.Close()
 		if rep.Lost || rep.Terminal != protocol.EventDone {
 			t.Fatalf("prompt %d: lost=%v reason=%s detail=%s terminal=%q", i, rep.Lost, rep.Reason, rep.Detail, rep.Terminal)
@@ -143,7 +143,7 @@ func TestDirectUpstreamErrorMidStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := loadtest.CheckStream(strings.NewReader(string(body)), nil)
+	rep := loadtest.StreamCheck{Want: nil}.Check(strings.NewReader(string(body)))
 	if rep.Lost || rep.Terminal != protocol.EventError || rep.Chunks == 0 {
 		t.Fatalf("report %+v", rep)
 	}
@@ -251,7 +251,7 @@ func TestRoutesAndMetrics(t *testing.T) {
 	}
 	// One stream so the histogram has a sample.
 	s := postStream(t, t.Context(), url, prompt("metrics"), nil)
-	loadtest.CheckStream(s.Body, nil)
+	loadtest.StreamCheck{Want: nil}.Check(s.Body)
 	s.Body.Close()
 	resp, err = http.Get(url + "/metrics")
 	if err != nil {
@@ -292,8 +292,8 @@ func TestGracefulShutdownWithOpenStreams(t *testing.T) {
 	go func() { stopped <- stop() }()
 	go func() { stopped <- stop2() }()
 	began := time.Now()
-	rs := loadtest.CheckStream(short.Body, nil)
-	rl := loadtest.CheckStream(long.Body, nil)
+	rs := loadtest.StreamCheck{Want: nil}.Check(short.Body)
+	rl := loadtest.StreamCheck{Want: nil}.Check(long.Body)
 	short.Body.Close()
 	long.Body.Close()
 	if rs.Lost || rs.Terminal != protocol.EventDone {
@@ -353,7 +353,7 @@ func TestAPIKeys(t *testing.T) {
 				readProblem(t, resp)
 				return
 			}
-			rep := loadtest.CheckStream(resp.Body, nil)
+			rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 			resp.Body.Close()
 			if rep.Terminal != protocol.EventDone {
 				t.Fatalf("%+v", rep)

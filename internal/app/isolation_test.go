@@ -188,7 +188,7 @@ func TestHostileRequestsGetProblems(t *testing.T) {
 	}
 	body["model"] = "model-b"
 	resp = postStream(t, t.Context(), url, body, nil)
-	rep := loadtest.CheckStream(resp.Body, nil)
+	rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 	resp.Body.Close()
 	if rep.Terminal != protocol.EventDone {
 		t.Fatalf("model-b: %+v", rep)
@@ -531,7 +531,7 @@ func TestHostileClientsAndBoundedDrain(t *testing.T) {
 	if pr := readProblem(t, resp); resp.StatusCode != http.StatusServiceUnavailable || pr.Slug() != protocol.ProblemShuttingDown {
 		t.Fatalf("a new stream during the drain: HTTP %d %+v, want 503 shutting-down", resp.StatusCode, pr)
 	}
-	rep := loadtest.CheckStream(endless.Body, nil)
+	rep := loadtest.StreamCheck{Want: nil}.Check(endless.Body)
 	if rep.Terminal != protocol.EventError || rep.Problem.Slug() != protocol.ProblemShuttingDown {
 		t.Fatalf("endless stream: %+v", rep)
 	}

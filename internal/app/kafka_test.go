@@ -150,7 +150,7 @@ func TestKafkaBrokerDownRefusesQueuedServesDirect(t *testing.T) {
 		t.Fatalf("refusal took %v", took)
 	}
 	t.Logf("queue-unavailable refusal after %v", took)
-	rep := loadtest.CheckStream(slow.Body, nil)
+	rep := loadtest.StreamCheck{Want: nil}.Check(slow.Body)
 	if rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("direct stream while Kafka is down: %+v", rep)
 	}
@@ -160,7 +160,7 @@ func TestKafkaBrokerDownRefusesQueuedServesDirect(t *testing.T) {
 	if again.Header.Get("X-Stream-Path") != protocol.PathDirect {
 		t.Fatalf("after the slot freed: path %q status %d", again.Header.Get("X-Stream-Path"), again.StatusCode)
 	}
-	if rep := loadtest.CheckStream(again.Body, c.want("direct again")); rep.Lost || rep.Terminal != protocol.EventDone {
+	if rep := (loadtest.StreamCheck{Want: c.want("direct again")}).Check(again.Body); rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("second direct stream: %+v", rep)
 	}
 	health, err := http.Get(url + "/healthz")
@@ -190,7 +190,7 @@ func TestKafkaLargeBodyQueued(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != protocol.PathQueued {
 		t.Fatalf("3 MiB body: status %d path %q, want 200 queued", resp.StatusCode, resp.Header.Get("X-Stream-Path"))
 	}
-	if rep := loadtest.CheckStream(resp.Body, c.want(text)); rep.Lost || rep.Terminal != protocol.EventDone {
+	if rep := (loadtest.StreamCheck{Want: c.want(text)}).Check(resp.Body); rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("3 MiB body over Kafka: %+v", rep)
 	}
 }

@@ -97,6 +97,6 @@ func leaveGarbage() {
 	for range 256 {
 		junk = append(junk, make([]byte, 64<<10))
 	}
-	junk = nil
+	runtime.KeepAlive(junk)
 	_ = junk
 }

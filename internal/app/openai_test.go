@@ -33,7 +33,7 @@ func streamAnswer(tb testing.TB, url string, msgs []protocol.Message, want []str
 	tb.Helper()
 	resp := postStream(tb, tb.(*testing.T).Context(), url, map[string]any{"messages": msgs}, nil)
 	defer resp.Body.Close()
-	rep := loadtest.CheckStream(resp.Body, want)
+	rep := loadtest.StreamCheck{Want: want}.Check(resp.Body)
 	if resp.StatusCode != http.StatusOK || rep.Lost || rep.Terminal != protocol.EventDone {
 		tb.Fatalf("/v1/stream: HTTP %d %+v", resp.StatusCode, rep)
 	}

@@ -57,7 +57,7 @@ func TestQueueOverflowRefusesAndKeepsAccepted(t *testing.T) {
 		if i >= 3 {
 			text = "one more"
 		}
-		rep := loadtest.CheckStream(resp.Body, c.want(text))
+		rep := loadtest.StreamCheck{Want: c.want(text)}.Check(resp.Body)
 		resp.Body.Close()
 		if rep.Lost || rep.Terminal != protocol.EventDone {
 			t.Fatalf("accepted request %d: %+v", i, rep)
@@ -70,7 +70,7 @@ func TestQueueOverflowRefusesAndKeepsAccepted(t *testing.T) {
 		if resp.StatusCode != http.StatusOK {
 			return false
 		}
-		return loadtest.CheckStream(resp.Body, nil).Terminal == protocol.EventDone
+		return loadtest.StreamCheck{Want: nil}.Check(resp.Body).Terminal == protocol.EventDone
 	}, "accepting after the backlog drained")
 }
 
@@ -82,7 +82,7 @@ func TestRateLimit429(t *testing.T) {
 	_, url := c.api(nil)
 	for i := range 2 {
 		resp := postStream(t, t.Context(), url, prompt("hi"), map[string]string{"X-User-ID": "alice"})
-		rep := loadtest.CheckStream(resp.Body, nil)
+		rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || rep.Terminal != protocol.EventDone {
 			t.Fatalf("burst request %d: %d %+v", i, resp.StatusCode, rep)
@@ -117,7 +117,7 @@ func TestCircuitOpenFailsFastAndQueueStaysEmpty(t *testing.T) {
 	// Five consecutive failures open it (BREAKER_FAILURES).
 	for i := range 5 {
 		resp := postStream(t, t.Context(), url, prompt("fail"), nil)
-		rep := loadtest.CheckStream(resp.Body, nil)
+		rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 		resp.Body.Close()
 		if rep.Terminal != protocol.EventError {
 			t.Fatalf("failure %d: %+v", i, rep)

@@ -79,7 +79,7 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 
 	c.consumer(nil)
 	for _, s := range accepted {
-		rep := loadtest.CheckStream(s.resp.Body, c.want(s.text))
+		rep := loadtest.StreamCheck{Want: c.want(s.text)}.Check(s.resp.Body)
 		s.resp.Body.Close()
 		if rep.Lost || rep.Terminal != protocol.EventDone {
 			t.Fatalf("accepted request %q: %+v", s.text, rep)
@@ -89,7 +89,7 @@ func TestQueueShedsLowPriorityFirst(t *testing.T) {
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		resp := postStream(t, ctx, url, prompt("low after drain"), map[string]string{"X-Priority": "low"})
 		defer resp.Body.Close()
-		return resp.StatusCode == http.StatusOK && loadtest.CheckStream(resp.Body, nil).Terminal == protocol.EventDone
+		return resp.StatusCode == http.StatusOK && loadtest.StreamCheck{Want: nil}.Check(resp.Body).Terminal == protocol.EventDone
 	}, "low priority accepted after the backlog drained")
 }
 

@@ -442,7 +442,7 @@ func TestOpenAIGoSDKToolCallBothPaths(t *testing.T) {
 		}
 		comp, err := client.Chat.Completions.New(context.Background(), params)
 		if err != nil || len(comp.Choices) != 1 || comp.Choices[0].Message.ToolCalls[0].ID != "call_abc" ||
-			comp.Usage.CompletionTokensDetails.ReasoningTokens != 0 || comp.SystemFingerprint != "fp_up" {
+			comp.Usage.CompletionTokensDetails.ReasoningTokens != 0 || comp.JSON.SystemFingerprint.Raw() != `"fp_up"` {
 			t.Fatalf("%s: not streamed: %v %s", path, err, comp.RawJSON())
 		}
 		var sent struct {

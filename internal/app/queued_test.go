@@ -172,7 +172,7 @@ func TestSubscribeBeforeEnqueue(t *testing.T) {
 				return
 			}
 			id := resp.Header.Get("X-Request-ID")
-			rep := loadtest.CheckStream(resp.Body, []string{id})
+			rep := loadtest.StreamCheck{Want: []string{id}}.Check(resp.Body)
 			if rep.Lost || rep.Terminal != protocol.EventDone {
 				t.Errorf("request %d: HTTP %d %+v", i, resp.StatusCode, rep)
 			}
@@ -322,7 +322,7 @@ func TestQueueTimeoutWithoutWorkers(t *testing.T) {
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	start := time.Now()
 	resp := postStream(t, t.Context(), url, prompt("anyone?"), nil)
-	rep := loadtest.CheckStream(resp.Body, nil)
+	rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 	resp.Body.Close()
 	waited := time.Since(start)
 	if rep.Lost || rep.Terminal != protocol.EventError || rep.Problem.Slug() != protocol.ProblemQueueTimeout ||
@@ -351,7 +351,7 @@ func TestQueuedRetriesThenSucceeds(t *testing.T) {
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	worker := c.consumer(nil)
 	resp := postStream(t, t.Context(), url, prompt("flaky"), nil)
-	rep := loadtest.CheckStream(resp.Body, c.want("flaky"))
+	rep := loadtest.StreamCheck{Want: c.want("flaky")}.Check(resp.Body)
 	resp.Body.Close()
 	if rep.Lost || rep.Terminal != protocol.EventDone || rep.Resets != 0 || rep.Retryings != 2 {
 		t.Fatalf("%+v, want done, no reset, two retrying events", rep)
@@ -374,7 +374,7 @@ func TestQueuedAlwaysFailingDeadLetters(t *testing.T) {
 	_, url := c.api(map[string]string{"DIRECT_PATH_ENABLED": "false"})
 	worker := c.consumer(nil)
 	resp := postStream(t, t.Context(), url, prompt("doomed"), nil)
-	rep := loadtest.CheckStream(resp.Body, nil)
+	rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 	resp.Body.Close()
 	if rep.Lost || rep.Terminal != protocol.EventError || rep.Problem.Slug() != protocol.ProblemProviderError {
 		t.Fatalf("%+v", rep)
@@ -409,7 +409,7 @@ func TestGarbageIsCountedAndSkipped(t *testing.T) {
 		}
 	}
 	worker := c.consumer(nil)
-	rep := loadtest.CheckStream(resp.Body, c.want("through the noise"))
+	rep := loadtest.StreamCheck{Want: c.want("through the noise")}.Check(resp.Body)
 	if rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("%+v", rep)
 	}

@@ -25,7 +25,7 @@ func TestRedisDownDirectStillServed(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Stream-Path") != protocol.PathDirect {
 			t.Fatalf("%s: status %d path %q", text, resp.StatusCode, resp.Header.Get("X-Stream-Path"))
 		}
-		rep := loadtest.CheckStream(resp.Body, c.want(text))
+		rep := loadtest.StreamCheck{Want: c.want(text)}.Check(resp.Body)
 		if took := time.Since(start); took > 5*time.Second {
 			t.Fatalf("%s took %v", text, took)
 		}

@@ -112,7 +112,7 @@ func TestResumeOwnership(t *testing.T) {
 	c := newCluster(t, fastSim(), map[string]string{"QUEUE_FAILOVER_ENABLED": "false"})
 	_, url := c.api(nil)
 	resp := postStream(t, t.Context(), url, prompt("mine"), map[string]string{"X-User-ID": "alice"})
-	rep := loadtest.CheckStream(resp.Body, c.want("mine"))
+	rep := loadtest.StreamCheck{Want: c.want("mine")}.Check(resp.Body)
 	resp.Body.Close()
 	if rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("stream: %+v", rep)
@@ -137,7 +137,7 @@ func TestResumeOwnership(t *testing.T) {
 	}
 	// The owner replays the whole stream, ids from 1.
 	resp = streamReq(t, t.Context(), http.MethodGet, url, id, "alice", -1)
-	replay := loadtest.CheckStream(resp.Body, c.want("mine"))
+	replay := loadtest.StreamCheck{Want: c.want("mine")}.Check(resp.Body)
 	resp.Body.Close()
 	if replay.Lost || replay.Terminal != protocol.EventDone || replay.LastID != rep.LastID {
 		t.Fatalf("replay: %+v (original ended at id %d)", replay, rep.LastID)
@@ -292,7 +292,7 @@ func TestQueuedPositionEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep := loadtest.CheckStream(strings.NewReader(string(body)), c.want(q))
+	rep := loadtest.StreamCheck{Want: c.want(q)}.Check(strings.NewReader(string(body)))
 	if rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("stream: %+v", rep)
 	}

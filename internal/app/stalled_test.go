@@ -208,7 +208,7 @@ func TestStalledReadersCutAndShutdown(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 		defer cancel()
 		resp := postStream(t, ctx, url, prompt(fmt.Sprint("normal ", i)), map[string]string{"X-User-ID": fmt.Sprint("normal-", i)})
-		rep := loadtest.CheckStream(resp.Body, nil)
+		rep := loadtest.StreamCheck{Want: nil}.Check(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || rep.Terminal != protocol.EventDone {
 			t.Fatalf("normal request %d: HTTP %d %+v", i, resp.StatusCode, rep)

@@ -163,7 +163,7 @@ func TestSeveralUpstreamsShareCapsAcrossApis(t *testing.T) {
 				t.Errorf("request %d: status %d", i, resp.StatusCode)
 				return
 			}
-			rep := loadtest.CheckStream(resp.Body, llm.SimChunks(userMsgs(text), sc.Seed, sc.Tokens))
+			rep := loadtest.StreamCheck{Want: llm.SimChunks(userMsgs(text), sc.Seed, sc.Tokens)}.Check(resp.Body)
 			if rep.Lost || rep.Terminal != protocol.EventDone {
 				t.Errorf("request %d: lost=%v reason=%s detail=%s terminal=%q", i, rep.Lost, rep.Reason, rep.Detail, rep.Terminal)
 				return
@@ -206,7 +206,7 @@ func streamOnce(t *testing.T, url, text string, sc llm.SimConfig, hdr map[string
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("%q: status %d", text, resp.StatusCode)
 	}
-	rep := loadtest.CheckStream(resp.Body, llm.SimChunks(userMsgs(text), sc.Seed, sc.Tokens))
+	rep := loadtest.StreamCheck{Want: llm.SimChunks(userMsgs(text), sc.Seed, sc.Tokens)}.Check(resp.Body)
 	if rep.Lost || rep.Terminal != protocol.EventDone {
 		t.Fatalf("%q: lost=%v reason=%s detail=%s terminal=%q", text, rep.Lost, rep.Reason, rep.Detail, rep.Terminal)
 	}
@@ -446,7 +446,7 @@ func TestUpstreamModelsAndSessionHeader(t *testing.T) {
 			body["model"] = m
 		}
 		resp := postStream(t, ctx, url, body, map[string]string{"X-Session-ID": "conv-1"})
-		rep := loadtest.CheckStream(resp.Body, llm.SimChunks(userMsgs("model "+m), sc.Seed, sc.Tokens))
+		rep := loadtest.StreamCheck{Want: llm.SimChunks(userMsgs("model "+m), sc.Seed, sc.Tokens)}.Check(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK || rep.Terminal != protocol.EventDone {
 			t.Fatalf("model %q: status %d, terminal %q", m, resp.StatusCode, rep.Terminal)

@@ -172,12 +172,6 @@ func problemSlugs(tb testing.TB) map[string]string {
 						slugs[s] = rel
 					}
 				}
-			case *ast.CallExpr:
-				if calleeName(n.Fun) == "NewProblem" && len(n.Args) > 0 {
-					if s, ok := stringLit(n.Args[0]); ok && slugRE.MatchString(s) {
-						slugs[s] = rel
-					}
-				}
 			}
 			return true
 		})
@@ -196,16 +190,6 @@ func stringLit(e ast.Expr) (string, bool) {
 	}
 	s, err := strconv.Unquote(lit.Value)
 	return s, err == nil
-}
-
-func calleeName(e ast.Expr) string {
-	switch f := e.(type) {
-	case *ast.Ident:
-		return f.Name
-	case *ast.SelectorExpr:
-		return f.Sel.Name
-	}
-	return ""
 }
 
 // TestProblemTypesDocumented: every problem type slug in the code has a row

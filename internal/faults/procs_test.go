@@ -2,16 +2,13 @@ package faults
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -186,29 +183,3 @@ func (p *proc) mentions(s string) []string {
 	return out
 }
 
-// metric scrapes the process's /metrics for the value of the sample whose
-// name and labels are series; 0 when absent.
-func (p *proc) metric(series string) float64 {
-	p.tb.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, p.URL()+"/metrics", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		p.tb.Fatalf("scrape %s: %v", p.name, err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, series+" ") {
-			v, err := strconv.ParseFloat(strings.Fields(line[len(series):])[0], 64)
-			if err != nil {
-				p.tb.Fatalf("metric %s: %v", line, err)
-			}
-			return v
-		}
-	}
-	return 0
-}

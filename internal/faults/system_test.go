@@ -255,8 +255,9 @@ func (s *system) liveLeases(ctx context.Context) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.rdb.ZRangeByScore(ctx, redispool.LeasesKey(queuePrefix+"pool:"), &redis.ZRangeBy{
-		Min: "(" + strconv.FormatInt(now.UnixMilli(), 10), Max: "+inf",
+	return s.rdb.ZRangeArgs(ctx, redis.ZRangeArgs{
+		Key: redispool.LeasesKey(queuePrefix + "pool:"), ByScore: true,
+		Start: "(" + strconv.FormatInt(now.UnixMilli(), 10), Stop: "+inf",
 	}).Result()
 }
 

@@ -137,7 +137,7 @@ func (circuitOpen) CircuitOpen() bool { return true }
 type reserving struct{ chunky }
 
 func (r reserving) Reserve(context.Context, protocol.ChatRequest) (llm.Reservation, error) {
-	return reservation{r.chunky}, nil
+	return reservation(r), nil
 }
 
 type reservation struct{ chunky }

@@ -148,12 +148,6 @@ type StreamCheck struct {
 	Format Format
 }
 
-// CheckStream checks the stream r against want (nil: any content) and
-// times it from now.
-func CheckStream(r io.Reader, want []string) Report {
-	return StreamCheck{Want: want}.Check(r)
-}
-
 // Check reads r until its end, the first contract violation, or StopAfter
 // chunks, and reports what it saw. It does not close r.
 func (c StreamCheck) Check(r io.Reader) Report {

@@ -17,7 +17,8 @@ var testWant = []string{"Hel", "lo", " wörld"}
 func chunks(first int, contents ...string) string {
 	var b []byte
 	for i, c := range contents {
-		b = protocol.AppendChunkEvent(b, first+i, c)
+		d, _ := json.Marshal(map[string]string{"content": c})
+		b = protocol.AppendIDEvent(b, int64(first+i), "", d)
 	}
 	return string(b)
 }
@@ -39,7 +40,7 @@ func TestCheckStream(t *testing.T) {
 		return event(t, id, protocol.EventDone, protocol.Done{RequestID: "r1", FinishReason: "stop", Path: "direct",
 			Usage: &protocol.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5}})
 	}
-	problem := protocol.NewProblem(protocol.ProblemWorkerLost, "Worker Lost", 503, "gone")
+	problem := &protocol.Problem{Type: protocol.ProblemTypeBase + protocol.ProblemWorkerLost, Title: "Worker Lost", Status: 503, Detail: "gone"}
 	errAt := func(id int) string { return event(t, id, protocol.EventError, problem) }
 	resetAt := func(id int) string { return event(t, id, protocol.EventReset, protocol.Reset{Attempt: 2}) }
 	done := doneAt(4) // after good
@@ -141,7 +142,7 @@ func TestCheckStream(t *testing.T) {
 				if want == nil && !tt.anyText {
 					want = testWant
 				}
-				rep := CheckStream(wrap(strings.NewReader(tt.stream)), want)
+				rep := StreamCheck{Want: want}.Check(wrap(strings.NewReader(tt.stream)))
 				if rep.Lost != (tt.lost != "") || rep.Reason != tt.lost {
 					t.Fatalf("lost = %v (%s: %s), want reason %q", rep.Lost, rep.Reason, rep.Detail, tt.lost)
 				}
@@ -170,7 +171,7 @@ func TestCheckStreamPayloads(t *testing.T) {
 	t.Parallel()
 	done := event(t, 4, protocol.EventDone, protocol.Done{RequestID: "r1", FinishReason: "length", Path: "queued",
 		Usage: &protocol.Usage{PromptTokens: 2, CompletionTokens: 3, TotalTokens: 5}})
-	rep := CheckStream(strings.NewReader(chunks(1, testWant...)+done), testWant)
+	rep := StreamCheck{Want: testWant}.Check(strings.NewReader(chunks(1, testWant...) + done))
 	if rep.Lost || rep.Done == nil {
 		t.Fatalf("report %+v", rep)
 	}
@@ -181,8 +182,8 @@ func TestCheckStreamPayloads(t *testing.T) {
 		t.Errorf("first chunk %v, total %v", rep.FirstChunk, rep.Total)
 	}
 
-	p := protocol.NewProblem(protocol.ProblemQueueTimeout, "Queue Timeout", 503, "waited").WithRetryAfter(2)
-	rep = CheckStream(strings.NewReader(event(t, 1, protocol.EventError, p)), testWant)
+	p := (&protocol.Problem{Type: protocol.ProblemTypeBase + protocol.ProblemQueueTimeout, Title: "Queue Timeout", Status: 503, Detail: "waited"}).WithRetryAfter(2)
+	rep = StreamCheck{Want: testWant}.Check(strings.NewReader(event(t, 1, protocol.EventError, p)))
 	if rep.Lost || rep.Problem == nil || rep.Problem.Type != protocol.ProblemTypeBase+protocol.ProblemQueueTimeout ||
 		rep.Problem.RetryAfterSeconds != 2 {
 		t.Errorf("error report %+v, problem %+v", rep, rep.Problem)
@@ -247,7 +248,7 @@ func TestCheckStreamReadErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			rep := CheckStream(&errAfterReader{strings.NewReader(tt.stream), cut}, testWant)
+			rep := StreamCheck{Want: testWant}.Check(&errAfterReader{strings.NewReader(tt.stream), cut})
 			if !errors.Is(rep.Err, cut) {
 				t.Errorf("err = %v, want %v", rep.Err, cut)
 			}

@@ -132,7 +132,7 @@ func TestCheckOpenAIStream(t *testing.T) {
 // an OpenAI stream is not a valid /v1/stream answer.
 func TestCheckSpillwayIgnoresOpenAI(t *testing.T) {
 	t.Parallel()
-	rep := CheckStream(strings.NewReader(oaChunks(t, testWant...)+oaDone), testWant)
+	rep := StreamCheck{Want: testWant}.Check(strings.NewReader(oaChunks(t, testWant...) + oaDone))
 	if !rep.Lost {
 		t.Fatalf("an OpenAI stream passed the /v1/stream check: %+v", rep)
 	}
@@ -175,7 +175,7 @@ func TestCheckPingIntervals(t *testing.T) {
 			}
 			_ = pw.Close()
 		})
-		rep := CheckStream(pr, testWant)
+		rep := StreamCheck{Want: testWant}.Check(pr)
 		wg.Wait()
 		if rep.Lost || rep.Terminal != "done" {
 			t.Fatalf("report %+v", rep)

@@ -127,10 +127,10 @@ func TestRunOutcomes(t *testing.T) {
 			w.Header().Set("Content-Type", "application/problem+json")
 			w.Header().Set("Retry-After", "7")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(w).Encode(protocol.NewProblem(protocol.ProblemQueueOverflow, "Queue Overflow", 503, "full"))
+			_ = json.NewEncoder(w).Encode((&protocol.Problem{Type: protocol.ProblemTypeBase + protocol.ProblemQueueOverflow, Title: "Queue Overflow", Status: 503, Detail: "full"}))
 		case 5: // an explicit error terminal
 			send := sse(w, "direct")
-			p, _ := json.Marshal(protocol.NewProblem(protocol.ProblemWorkerLost, "Worker Lost", 503, "gone"))
+			p, _ := json.Marshal((&protocol.Problem{Type: protocol.ProblemTypeBase + protocol.ProblemWorkerLost, Title: "Worker Lost", Status: 503, Detail: "gone"}))
 			b := protocol.AppendIDEvent(nil, 2, protocol.EventError, p)
 			send(chunks(1, want[0]) + string(b))
 		case 6: // wrong content

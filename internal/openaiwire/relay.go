@@ -168,7 +168,7 @@ func AppendNativeEvents(dst []byte, raw []byte, withChoice bool) ([]byte, [][2]i
 
 // compact returns b on one line.
 func compact(b []byte) []byte {
-	if bytes.IndexAny(b, " \t\r\n") < 0 {
+	if !bytes.ContainsAny(b, " \t\r\n") {
 		return b
 	}
 	var buf bytes.Buffer

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"encoding/json"
 	"errors"
 	"reflect"
 	"strings"
@@ -281,46 +282,26 @@ func checkMessages(tb testing.TB, msgs []Message, max int) {
 	}
 }
 
-func FuzzAppendEvent(f *testing.F) {
-	f.Add("", "", "")
-	f.Add(EventDone, "", `{"request_id":"req-1","finish_reason":"stop","path":"queued"}`)
-	f.Add(EventReset, "", `{"attempt":2}`)
-	f.Add("", "1", `{"content":"Hel"}`)
-	f.Add("note", "7", "a\nb\r\nc\rd")
-	f.Add("x\ny", "", "data")
-	f.Add("", "1\r", "data")
-	f.Add("", "", "\n\nevent: done\ndata: {}\nid: 9\n\n")
-	f.Add("", "", "a\x00b\r\r\n\n")
-	f.Fuzz(func(t *testing.T, name, id, data string) {
-		dst := []byte("id: 0\ndata: prior\n\n")
-		out, err := AppendEvent(dst, name, id, data)
-		if strings.ContainsAny(name, "\r\n\x00") || strings.ContainsAny(id, "\r\n\x00") {
-			if !errors.Is(err, ErrFieldInjection) {
-				t.Fatalf("AppendEvent(%q, %q) error = %v, want ErrFieldInjection", name, id, err)
-			}
-			if string(out) != string(dst) {
-				t.Fatalf("AppendEvent changed dst on error: %q", out)
-			}
-			return
-		}
+// FuzzAppendIDEvent: any content, encoded as JSON the way the relays
+// encode it, makes one frame of one id, one data line and a blank line,
+// and parses back to itself.
+func FuzzAppendIDEvent(f *testing.F) {
+	for _, s := range []string{"", "Hel", "a\nb\r\nc\rd", "\n\nevent: done\ndata: {}\nid: 9\n\n", "a\x00b", "\u2028\u2029"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, content string) {
+		data, err := json.Marshal(map[string]string{"content": content})
 		if err != nil {
-			t.Fatalf("AppendEvent(%q, %q, %q): %v", name, id, data, err)
+			t.Fatal(err)
 		}
-		events := checkFrames(t, out)
-		if len(events) != 2 {
-			t.Fatalf("output holds %d events, want 2: %q", len(events), out)
+		out := AppendIDEvent(nil, 7, "", data)
+		ev := checkFrames(t, out)
+		if len(ev) != 1 || ev[0].id != "7" || strings.Count(string(out), "\n") != 3 {
+			t.Fatalf("content %q made %q, want one id line, one data line and a blank line", content, out)
 		}
-		want := sseEvent{
-			id: id, event: name,
-			data: strings.NewReplacer("\r\n", "\n", "\r", "\n", "\x00", "\uFFFD").Replace(data),
-		}
-		if events[1] != want {
-			t.Fatalf("event parsed back as %+v, want %+v", events[1], want)
-		}
-
-		chunk := AppendChunkEvent(nil, 1, data)
-		if ev := checkFrames(t, chunk); len(ev) != 1 || strings.Count(string(chunk), "\n") != 3 {
-			t.Fatalf("chunk frame for %q is not one id line, one data line and a blank line: %q", data, chunk)
+		var back map[string]string
+		if err := json.Unmarshal([]byte(ev[0].data), &back); err != nil || back["content"] != strings.ToValidUTF8(content, "\uFFFD") {
+			t.Fatalf("content %q parsed back as %q (%v)", content, back["content"], err)
 		}
 	})
 }

@@ -56,11 +56,6 @@ type Problem struct {
 	UpstreamError json.RawMessage `json:"upstream_error,omitempty"`
 }
 
-// NewProblem returns a problem of the given slug, title, status and detail.
-func NewProblem(slug, title string, status int, detail string) *Problem {
-	return &Problem{Type: ProblemTypeBase + slug, Title: title, Status: status, Detail: detail}
-}
-
 // Error makes *Problem usable as an error that carries its own client text.
 func (p *Problem) Error() string {
 	return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail)

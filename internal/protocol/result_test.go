@@ -49,8 +49,8 @@ func TestEncodeResultGolden(t *testing.T) {
 		},
 		{
 			name: "error",
-			in: Result{Kind: KindError, Problem: NewProblem(ProblemQueueTimeout, "Queue Timeout", 503,
-				"no worker started the request in time").WithRetryAfter(2)},
+			in: Result{Kind: KindError, Problem: (&Problem{Type: ProblemTypeBase + ProblemQueueTimeout, Title: "Queue Timeout", Status: 503,
+				Detail: "no worker started the request in time"}).WithRetryAfter(2)},
 			want: `SIGNAL:ERROR:{"type":"https://spillway.dev/errors/queue-timeout","title":"Queue Timeout","status":503,"detail":"no worker started the request in time","retry_after_seconds":2}`,
 		},
 		{

@@ -55,12 +55,3 @@ var userinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^\s/@]+@`)
 func Text(s string) string {
 	return userinfo.ReplaceAllString(s, "${1}xxxxx@")
 }
-
-// URLs is URL of each of raws.
-func URLs(raws []string) []string {
-	out := make([]string, len(raws))
-	for i, r := range raws {
-		out[i] = URL(r)
-	}
-	return out
-}

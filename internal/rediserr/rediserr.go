@@ -29,16 +29,6 @@ const (
 	Gone
 )
 
-func (s State) String() string {
-	switch s {
-	case Busy:
-		return "busy"
-	case Gone:
-		return "gone"
-	}
-	return "fine"
-}
-
 // Classify sorts err, an error of a go-redis call that its caller did not
 // cause by giving up itself (check the caller's context first).
 func Classify(err error) State {

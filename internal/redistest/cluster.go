@@ -113,20 +113,11 @@ func (c *Cluster) Client(tb testing.TB) *redis.ClusterClient {
 func (c *Cluster) NodeFor(ctx context.Context, key string) (string, error) {
 	cc := redis.NewClusterClient(c.Options())
 	defer cc.Close()
-	slot, err := cc.ClusterKeySlot(ctx, key).Result()
+	node, err := cc.MasterForKey(ctx, key)
 	if err != nil {
-		return "", fmt.Errorf("redistest: cluster keyslot %s: %w", key, err)
+		return "", fmt.Errorf("redistest: the primary of %s: %w", key, err)
 	}
-	slots, err := cc.ClusterSlots(ctx).Result()
-	if err != nil {
-		return "", fmt.Errorf("redistest: cluster slots: %w", err)
-	}
-	for _, r := range slots {
-		if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
-			return r.Nodes[0].Addr, nil
-		}
-	}
-	return "", fmt.Errorf("redistest: slot %d of %s is served by no node", slot, key)
+	return node.Options().Addr, nil
 }
 
 // waitUntil calls check every 20ms until it returns nil or ctx ends; then

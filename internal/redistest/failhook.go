@@ -145,7 +145,7 @@ func FailEachCommand(t *testing.T, h *FailHook, paths ...FailPath) {
 					p.Setup(t)
 				}
 				h.Arm(at, whole)
-				err, panicked := run(p.Run)
+				panicked, err := run(p.Run)
 				fired := h.Disarm()
 				if panicked != nil {
 					t.Errorf("%s: panic with command %d (%s) failed (whole pipeline: %v): %v", p.Name, at, fired, whole, panicked)
@@ -167,7 +167,7 @@ func FailEachCommand(t *testing.T, h *FailHook, paths ...FailPath) {
 	}
 }
 
-func run(f func() error) (err error, panicked any) {
+func run(f func() error) (panicked any, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			panicked = fmt.Sprint(r)

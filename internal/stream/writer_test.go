@@ -81,7 +81,7 @@ func TestWriterErrorEvent(t *testing.T) {
 	t.Parallel()
 	rec := httptest.NewRecorder()
 	sw := NewWriter(rec, 0)
-	p := protocol.NewProblem(protocol.ProblemQueueTimeout, "Queue Timeout", 503, "No worker started the job in time.").WithRetryAfter(2)
+	p := (&protocol.Problem{Type: protocol.ProblemTypeBase + protocol.ProblemQueueTimeout, Title: "Queue Timeout", Status: 503, Detail: "No worker started the job in time."}).WithRetryAfter(2)
 	if err := sw.Event(errorEvent(7, p)); err != nil {
 		t.Fatal(err)
 	}

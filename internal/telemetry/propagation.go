@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus"
 	kafka "github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/baggage"
 	"go.opentelemetry.io/otel/propagation"
@@ -21,14 +20,6 @@ type Metrics interface {
 	// ran without a parent span.
 	TraceContextInvalid()
 }
-
-// CounterMetrics adapts the Prometheus counter
-// spillway_trace_context_invalid_total to Metrics.
-func CounterMetrics(c prometheus.Counter) Metrics { return counterMetrics{c} }
-
-type counterMetrics struct{ c prometheus.Counter }
-
-func (m counterMetrics) TraceContextInvalid() { m.c.Inc() }
 
 func (p *Provider) countInvalid() {
 	if p.metrics != nil {
@@ -214,15 +205,6 @@ func (p *Provider) ExtractKafka(ctx context.Context, headers []kafka.Header) con
 	}
 	tc, dropped := TraceFromKafkaHeaders(headers)
 	return p.ExtractJob(ctx, protocol.Job{Trace: tc, TraceDropped: dropped})
-}
-
-// KafkaHeaders returns the record headers that carry tc: what the Kafka
-// queue writes instead of the job's trace field. Nil when tc is nil.
-func KafkaHeaders(tc *protocol.TraceContext) []kafka.Header {
-	if tc == nil {
-		return nil
-	}
-	return appendKafkaHeaders(nil, tc)
 }
 
 func appendKafkaHeaders(headers []kafka.Header, tc *protocol.TraceContext) []kafka.Header {

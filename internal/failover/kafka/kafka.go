@@ -424,12 +424,6 @@ func (q *Queue) Close() error {
 	return errors.Join(errs...)
 }
 
-func (q *Queue) isClosed() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.closed
-}
-
 // EnsureTopics creates the job topic and the dead-letter topic with
 // Config.Partitions, Config.ReplicationFactor and TopicMaxMessageBytes
 // unless they exist. Of topics that exist, a smaller partition count than

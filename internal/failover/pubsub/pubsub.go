@@ -466,7 +466,7 @@ func (sub *Subscription) OnReady(f func()) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sub.ready = f
-	if sub.state == stateEnded || (sub.c != nil && len(sub.c) > 0) {
+	if sub.state == stateEnded || len(sub.c) > 0 {
 		sub.readyLocked()
 	}
 }

@@ -966,7 +966,7 @@ func TestOnReady(t *testing.T) {
 	testutil.Eventually(t, within, func() bool {
 		s.shards[0].mu.Lock()
 		defer s.shards[0].mu.Unlock()
-		return late.c != nil && len(late.c) == 1
+		return len(late.c) == 1
 	}, "payload not buffered")
 	var lateCalls atomic.Int32
 	late.OnReady(func() { lateCalls.Add(1) })

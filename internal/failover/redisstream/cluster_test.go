@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/failover"
+	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redistest"
 )
 
@@ -33,7 +34,7 @@ func backends(t *testing.T) []backend {
 
 func TestShardKeys(t *testing.T) {
 	t.Parallel()
-	if got := ShardStreamKey("queue:", 3); got != "queue:streaming_requests_failover:{s3}" {
+	if got := ShardPriorityStreamKey("queue:", 3, protocol.PriorityNormal); got != "queue:streaming_requests_failover:{s3}" {
 		t.Errorf("ShardStreamKey = %q", got)
 	}
 	if got := ShardDeadLetterKey("queue:", 0); got != "queue:dead_letter:{s0}" {
@@ -72,7 +73,7 @@ func TestShardLayout(t *testing.T) {
 			one := newShardedQueue(t, c, prefix+"one:", "a", 1)
 			want := []string{StreamKey(prefix + "one:")}
 			if b.name == "cluster" {
-				want = []string{ShardStreamKey(prefix+"one:", 0)}
+				want = []string{ShardPriorityStreamKey(prefix+"one:", 0, protocol.PriorityNormal)}
 			}
 			if !slices.Equal(one.Streams(), want) {
 				t.Fatalf("one shard: streams %q, want %q", one.Streams(), want)
@@ -87,8 +88,8 @@ func TestShardLayout(t *testing.T) {
 			}
 			var sum int64
 			for i, key := range q.Streams() {
-				if key != ShardStreamKey(prefix, i) {
-					t.Fatalf("stream %d = %q, want %q", i, key, ShardStreamKey(prefix, i))
+				if key != ShardPriorityStreamKey(prefix, i, protocol.PriorityNormal) {
+					t.Fatalf("stream %d = %q, want %q", i, key, ShardPriorityStreamKey(prefix, i, protocol.PriorityNormal))
 				}
 				l := c.XLen(ctx, key).Val()
 				if l < n/10 {
@@ -114,12 +115,11 @@ func TestShardLayout(t *testing.T) {
 				cc := c.(*redis.ClusterClient)
 				nodes := map[string]bool{}
 				for _, key := range q.Streams() {
-					slot := cc.ClusterKeySlot(ctx, key).Val()
-					for _, r := range cc.ClusterSlots(ctx).Val() {
-						if int64(r.Start) <= slot && slot <= int64(r.End) {
-							nodes[r.Nodes[0].Addr] = true
-						}
+					node, err := cc.MasterForKey(ctx, key)
+					if err != nil {
+						t.Fatalf("the primary of %s: %v", key, err)
 					}
+					nodes[node.Options().Addr] = true
 				}
 				if len(nodes) < 2 {
 					t.Errorf("4 shards on %d node(s), want them spread", len(nodes))

@@ -69,14 +69,6 @@ func StreamKey(prefix string) string { return prefix + "streaming_requests_failo
 // DeadLetterKey returns the dead-letter stream's key.
 func DeadLetterKey(prefix string) string { return prefix + "dead_letter" }
 
-// ShardStreamKey returns the job stream of shard i of a queue split over
-// several streams or kept on a Redis Cluster:
-// queue:streaming_requests_failover:{s<i>}. It holds the normal-priority
-// jobs of the shard (ShardPriorityStreamKey).
-func ShardStreamKey(prefix string, i int) string {
-	return StreamKey(prefix) + ":" + shardTag(i)
-}
-
 // PriorityStreamKey returns the job stream of priority p:
 // StreamKey(prefix) for normal (and the zero priority), with ":high" or
 // ":low" added for the others.
@@ -85,8 +77,8 @@ func PriorityStreamKey(prefix string, p protocol.Priority) string {
 }
 
 // ShardPriorityStreamKey returns the job stream of priority p in shard i,
-// in the shard's Cluster slot: ShardStreamKey(prefix, i) for normal,
-// queue:streaming_requests_failover:high:{s<i>} for high.
+// in the shard's Cluster slot: queue:streaming_requests_failover:{s<i>}
+// for normal, queue:streaming_requests_failover:high:{s<i>} for high.
 func ShardPriorityStreamKey(prefix string, i int, p protocol.Priority) string {
 	return StreamKey(prefix) + prioritySuffix(p) + ":" + shardTag(i)
 }
@@ -99,7 +91,7 @@ func prioritySuffix(p protocol.Priority) string {
 }
 
 // ShardDeadLetterKey returns the dead-letter stream of shard i, in the
-// same Cluster slot as ShardStreamKey(prefix, i): queue:dead_letter:{s<i>}.
+// same Cluster slot as the shard's job streams: queue:dead_letter:{s<i>}.
 func ShardDeadLetterKey(prefix string, i int) string {
 	return DeadLetterKey(prefix) + ":" + shardTag(i)
 }

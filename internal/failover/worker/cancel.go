@@ -65,9 +65,3 @@ func (c *cancelWatch) track(requestID string, cancel context.CancelCauseFunc) (f
 		c.mu.Unlock()
 	}
 }
-
-func (c *cancelWatch) running() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.jobs)
-}

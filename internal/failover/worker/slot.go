@@ -343,17 +343,6 @@ func (s *scheduler) stop() {
 	}
 }
 
-// parked returns how many jobs wait for their turn.
-func (s *scheduler) parked() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n := len(s.urgent)
-	for _, q := range s.queues {
-		n += len(q)
-	}
-	return n
-}
-
 // slotLease is a pool lease that also holds a worker slot.
 type slotLease struct {
 	s     *scheduler

@@ -264,6 +264,3 @@ func (w *Worker) Run(ctx context.Context) error {
 	cancelJobs(errStopping)
 	return nil
 }
-
-// Running returns how many jobs the worker is answering now.
-func (w *Worker) Running() int { return w.cancels.running() }

@@ -113,17 +113,6 @@ func (p *Policy) allows(origin string) bool {
 	return p.any || p.allowed[strings.ToLower(origin)]
 }
 
-// Handler wraps next with the policy: preflights are answered here, every
-// other request gets its headers and goes on to next.
-func (p *Policy) Handler(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p.Apply(w, r) {
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
 // Gin is the policy as gin middleware. Installed first with Engine.Use, it
 // runs before the panic recovery and for the 404 and 405 handlers too
 // (gin adds global middleware to those), so every refusal carries the
