@@ -9,9 +9,9 @@ import (
 	"github.com/spillway-dev/spillway/internal/admin"
 	"github.com/spillway-dev/spillway/internal/app"
 	"github.com/spillway-dev/spillway/internal/failover/kafka"
-	"github.com/spillway-dev/spillway/internal/kafkatest"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // kafkaQueue opens the rig's Kafka queue with keep as

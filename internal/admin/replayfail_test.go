@@ -12,7 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/admin"
 	"github.com/spillway-dev/spillway/internal/app"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // failingConsumer runs a worker whose upstream answers every call 500,

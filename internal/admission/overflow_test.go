@@ -11,7 +11,7 @@ import (
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 func newTestOverflow(tb testing.TB, cfg OverflowConfig) (*Overflow, *fakeDepth, *logBuffer, func() (depth, threshold, rejected float64)) {

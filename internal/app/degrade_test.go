@@ -21,8 +21,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // errUpstream is a failure the provider owns, as a worker's or the

@@ -20,7 +20,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // quotaCount is how many jobs of identity the queue quota counts.

@@ -8,11 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/kafkatest"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // kafkaCluster is a cluster whose queue is a real Kafka-protocol broker

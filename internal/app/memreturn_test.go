@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // The returner gives memory back once the goroutine count fell by a

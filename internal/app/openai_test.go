@@ -16,7 +16,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // sdkClient is the official OpenAI Go SDK pointed at an api, as a user

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // lockedBuffer is a bytes.Buffer safe for a logger and a reader at once.

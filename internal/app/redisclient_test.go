@@ -12,7 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/rediserr"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // TestNewRedisClient: each Redis mode gets its kind of client, and the

@@ -7,7 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/metrics"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // TestRedisTimer: every command and pipeline of a real client is observed

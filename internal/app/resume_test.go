@@ -14,7 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/streamlog"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // streamReq sends method to /v1/streams/{id} on url as user, with

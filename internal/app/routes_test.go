@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // POST /v1/embeddings and /v1/completions (docs/API.md): whole-answer

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
-	"github.com/spillway-dev/spillway/internal/oteltest"
+	"github.com/spillway-dev/spillway/internal/testkit/oteltest"
 )
 
 // BenchmarkDirectTracing measures what tracing at 100% sampling costs one

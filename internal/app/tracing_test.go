@@ -13,10 +13,10 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
-	"github.com/spillway-dev/spillway/internal/oteltest"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/telemetry"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/oteltest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // The trace a test request continues: its traceparent's ids.

@@ -11,8 +11,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // acceptJobs enqueues n jobs as the api does (protocol.EncodeJob, then

@@ -11,8 +11,8 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // TestConsumerCrashUnderLoad (the consumer crash, issue 29): one api, two

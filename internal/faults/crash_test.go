@@ -8,8 +8,8 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // TestAPICrashOrphansCancelled (the api crash): two api processes share

@@ -182,4 +182,3 @@ func (p *proc) mentions(s string) []string {
 	}
 	return out
 }
-

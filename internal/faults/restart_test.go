@@ -13,8 +13,8 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // shutdownNoSave stops the server as `SHUTDOWN NOSAVE` does (no snapshot;

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/loadtest"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // TestResumeAfterProducerCrash (issue 29): a client reads a few chunks of

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Streams held open spread over the backends by the requests in flight

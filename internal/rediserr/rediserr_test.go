@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // timeoutErr is a net.Error that timed out, as a read deadline gives.

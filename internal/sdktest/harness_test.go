@@ -21,7 +21,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/app"
 	"github.com/spillway-dev/spillway/internal/config"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // clientKey is the API key the SDKs send, and the one API_KEYS lets in.

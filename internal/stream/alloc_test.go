@@ -14,7 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // discardLog is a stream log that keeps nothing and allocates nothing.

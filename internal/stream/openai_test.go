@@ -18,7 +18,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 func chatHandler(tb testing.TB, d deps, models ...string) (*stream.OpenAI, http.Handler) {

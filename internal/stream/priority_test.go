@@ -7,7 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // X-Priority reaches the gate and the job: none is normal, an ask above

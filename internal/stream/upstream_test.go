@@ -10,14 +10,14 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover/gateway"
 	"github.com/spillway-dev/spillway/internal/failover/memqueue"
-	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/memresults"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // These tests run the handler, and for the queued path the gateway and a
@@ -75,7 +75,7 @@ func newSystem(tb testing.TB, up *upstream, poolSize int, queued bool, retry llm
 	}
 	d := stream.Deps{Pool: hp, Provider: up.client, Log: log}
 	if queued {
-		res, err := results.NewMemory(results.MemoryConfig{})
+		res, err := memresults.New(memresults.Config{})
 		if err != nil {
 			tb.Fatalf("results.NewMemory: %v", err)
 		}

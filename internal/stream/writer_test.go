@@ -18,7 +18,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 func TestWriterGoldenAndOneFlushPerEvent(t *testing.T) {

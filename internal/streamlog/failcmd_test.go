@@ -7,8 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // TestEveryRedisCommandFailing fails each Redis command of the log

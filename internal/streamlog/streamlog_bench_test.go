@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/streamlog"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // BenchmarkAppend drives the stream log at saturation: Append per event

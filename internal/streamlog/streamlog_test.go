@@ -10,9 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/streamlog"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 func startAppender(tb testing.TB, cfg streamlog.Config, srv *redistest.Server) *streamlog.Appender {

@@ -16,10 +16,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
-	"github.com/spillway-dev/spillway/internal/kafkatest"
-	"github.com/spillway-dev/spillway/internal/oteltest"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/telemetry"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/oteltest"
 )
 
 // The browser's span, as an incoming W3C traceparent.

@@ -13,9 +13,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/spillway-dev/spillway/internal/oteltest"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/telemetry"
+	"github.com/spillway-dev/spillway/internal/testkit/oteltest"
 )
 
 // clearOTelEnv unsets every variable Setup or the SDK reads, so a test sees

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Caps, health and quotas of two processes on a 3-primary Redis Cluster:

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // callerCtx is a context whose calls are for identity, queued at since.

@@ -19,10 +19,10 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/spillway-dev/spillway/internal/app"
-	"github.com/spillway-dev/spillway/internal/browsertest"
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testkit/browsertest"
 )
 
 // The simulator the embedded api runs in these tests; answers are

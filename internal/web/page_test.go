@@ -16,8 +16,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/spillway-dev/spillway/internal/browsertest"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testkit/browsertest"
 	"github.com/spillway-dev/spillway/internal/web"
 )
 

@@ -15,8 +15,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/spillway-dev/spillway/internal/browsertest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/browsertest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Stop sends DELETE, which frees the slot at once even though the api

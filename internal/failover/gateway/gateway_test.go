@@ -17,13 +17,13 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/gateway"
 	"github.com/spillway-dev/spillway/internal/failover/memqueue"
-	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/memresults"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Every test runs inside a testing/synctest bubble on plain in-memory
-// fakes: memqueue for the queue, results.Memory for the result channel and
+// fakes: memqueue for the queue, memresults.Memory for the result channel and
 // cancellations, counters for metrics. Durations are exact on the
 // bubble's clock.
 
@@ -75,7 +75,7 @@ func (c *counters) StreamGap(outcome string)                         { c.add("ga
 type env struct {
 	tb  testing.TB
 	q   *memqueue.Queue
-	res *results.Memory
+	res *memresults.Memory
 	m   *counters
 }
 
@@ -85,7 +85,7 @@ func newEnv(tb testing.TB) *env {
 	if err != nil {
 		tb.Fatalf("memqueue.New: %v", err)
 	}
-	res, err := results.NewMemory(results.MemoryConfig{})
+	res, err := memresults.New(memresults.Config{})
 	if err != nil {
 		tb.Fatalf("results.NewMemory: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
-	"github.com/spillway-dev/spillway/internal/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
 )
 
 // deadLetterN enqueues n jobs, fetches them with one member and

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
 )
 
 // The benchmarks run against kfake in the same process: they measure this

@@ -18,10 +18,10 @@ import (
 	kafkago "github.com/segmentio/kafka-go"
 
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/failover/failovertest"
-	"github.com/spillway-dev/spillway/internal/kafkatest"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/failovertest"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // testClaimTTL is the takeover time in tests: long against a heartbeat

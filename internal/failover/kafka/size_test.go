@@ -10,7 +10,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/kafkatest"
+	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
 )
 
 // topicMessageBytes reads a topic's max.message.bytes from the broker.

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/failover/failovertest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/failovertest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 func newQueue(tb testing.TB, idle time.Duration) *Queue {

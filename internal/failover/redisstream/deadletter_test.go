@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // deadLetterN enqueues n jobs (request ids req-0…) on q and dead-letters

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // TestStalledMemberCannotSettle: after another member took a job over, the

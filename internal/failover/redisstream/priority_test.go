@@ -11,7 +11,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // agedJob is a job of a backlog, put in its line as if enqueued age ago

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 var benchBody = []byte(`{"request_id":"3f6c1b2e-bench","user_id":"u1","messages":[{"role":"user","content":"Hello there, how are you today?"}],"model":"sim-1","max_tokens":256}`)

@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // TestCarriesOnThroughSentinelFailover: under a steady load of enqueues

@@ -12,7 +12,7 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/results"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // pipeCounter counts what reaches Redis: single commands and pipelines.

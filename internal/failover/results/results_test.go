@@ -12,8 +12,9 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/results"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/memresults"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // halves is one implementation's api half and worker half.
@@ -117,7 +118,7 @@ func TestRedis(t *testing.T) {
 func TestMemory(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		m, err := results.NewMemory(results.MemoryConfig{Buffer: 2})
+		m, err := memresults.New(memresults.Config{Buffer: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,7 +139,7 @@ func TestMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := m.SubscribeResults(ctx, "slow"); !errors.Is(err, results.ErrMemoryDuplicate) {
+		if _, err := m.SubscribeResults(ctx, "slow"); !errors.Is(err, memresults.ErrDuplicate) {
 			t.Errorf("second subscription: %v, want ErrMemoryDuplicate", err)
 		}
 		for range 3 {

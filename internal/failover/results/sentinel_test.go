@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/failover/results"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // A worker's cancel watch on a Sentinel-managed Redis hears cancellations

@@ -14,7 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // TestBusyWorkerTakesOrphansFirst (docs/QUEUE.md, "Takeover"), on a real

@@ -16,17 +16,17 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/failover/memqueue"
-	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/memresults"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Most tests here run inside a testing/synctest bubble on plain in-memory
-// fakes: results.Memory carries results and cancellations, memqueue the
+// fakes: memresults.Memory carries results and cancellations, memqueue the
 // jobs, and the pool and the simulator wait only on channels and timers,
 // so durations are exact on the bubble's fake clock and a loaded machine
 // cannot make them flaky.
@@ -34,7 +34,7 @@ import (
 // env is one test's result channel, queue, pool and metrics.
 type env struct {
 	tb   testing.TB
-	res  *results.Memory
+	res  *memresults.Memory
 	q    *memqueue.Queue
 	pool *pool.Local
 	m    *metrics.Metrics
@@ -47,7 +47,7 @@ func newEnv(tb testing.TB, reclaimIdle time.Duration, poolSize int) *env {
 	tb.Helper()
 	// The listener of a test reads every message, so its buffer only has
 	// to hold what arrives between two reads.
-	res, err := results.NewMemory(results.MemoryConfig{Buffer: 10000})
+	res, err := memresults.New(memresults.Config{Buffer: 10000})
 	if err != nil {
 		tb.Fatalf("results.NewMemory: %v", err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 const seed = 5

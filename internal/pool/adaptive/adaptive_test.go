@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 var epoch = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)

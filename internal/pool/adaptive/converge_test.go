@@ -19,8 +19,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // The convergence run: an upstream that answers 429 above upstreamCap

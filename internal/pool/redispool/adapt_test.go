@@ -8,8 +8,8 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/pool/adaptive"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // adapt.lua follows adaptive.State.Apply, report for report, on

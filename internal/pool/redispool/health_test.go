@@ -17,8 +17,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/spillway-dev/spillway/internal/pool"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // A busy Redis is not a dead one. Under load from 40 callers, Redis stops

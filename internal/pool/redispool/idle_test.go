@@ -14,8 +14,8 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/pool/adaptive"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Idle leases (idle.go) against a real redis-server: exact limits across

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/pool"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // Fast checks of the scripts and the key layout on miniredis, with its

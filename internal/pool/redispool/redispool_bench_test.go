@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
 // BenchmarkTryAcquireRelease measures one TryAcquire plus its Release

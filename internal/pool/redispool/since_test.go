@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/pool"
-	"github.com/spillway-dev/spillway/internal/redistest"
-	"github.com/spillway-dev/spillway/internal/testutil"
+	"github.com/spillway-dev/spillway/internal/testkit/redistest"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // AcquireSince places waiters, across processes, by when their work was

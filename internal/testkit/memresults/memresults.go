@@ -1,4 +1,7 @@
-package results
+// Package memresults is the result-and-cancel channel of
+// internal/failover/results in one process, for tests: Memory has Redis'
+// semantics and runs inside a testing/synctest bubble.
+package memresults
 
 import (
 	"context"
@@ -9,23 +12,23 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 )
 
-// DefaultMemoryBuffer is the default MemoryConfig.Buffer, the same as the
+// DefaultBuffer is the default Config.Buffer, the same as the
 // Redis subscriber's (pubsub.DefaultBuffer).
-const DefaultMemoryBuffer = 256
+const DefaultBuffer = 256
 
 // cancelBuffer is how many announcements a cancel stream holds for a slow
 // watcher before it drops them; a dropped one still reaches the job
 // through Cancelled or an unheard publish, as a lost Redis notice does.
 const cancelBuffer = 1024
 
-// ErrMemoryDuplicate is returned by SubscribeResults for a request that
+// ErrDuplicate is returned by SubscribeResults for a request that
 // already has a subscription, as pubsub.ErrDuplicate is on Redis.
-var ErrMemoryDuplicate = errors.New("results: request already subscribed")
+var ErrDuplicate = errors.New("memresults: request already subscribed")
 
-// MemoryConfig configures a Memory.
-type MemoryConfig struct {
+// Config configures a Memory.
+type Config struct {
 	// Buffer is results held per subscription before it ends with
-	// failover.ErrResultOverflow. Zero means DefaultMemoryBuffer.
+	// failover.ErrResultOverflow. Zero means DefaultBuffer.
 	Buffer int
 }
 
@@ -53,12 +56,12 @@ var (
 )
 
 // NewMemory returns an empty Memory.
-func NewMemory(cfg MemoryConfig) (*Memory, error) {
+func New(cfg Config) (*Memory, error) {
 	if cfg.Buffer < 0 {
-		return nil, errors.New("results: memory Buffer must not be negative")
+		return nil, errors.New("memresults: memory Buffer must not be negative")
 	}
 	if cfg.Buffer == 0 {
-		cfg.Buffer = DefaultMemoryBuffer
+		cfg.Buffer = DefaultBuffer
 	}
 	return &Memory{buffer: cfg.Buffer, subs: map[string]*memSub{}, marks: map[string]time.Time{},
 		watchers: map[*memCancels]struct{}{}}, nil
@@ -110,7 +113,7 @@ func (m *Memory) SubscribeResults(ctx context.Context, requestID string) (failov
 	defer m.mu.Unlock()
 	m.ops++
 	if m.subs[requestID] != nil {
-		return nil, ErrMemoryDuplicate
+		return nil, ErrDuplicate
 	}
 	s := &memSub{m: m, id: requestID, c: make(chan []byte, m.buffer), done: make(chan struct{})}
 	m.subs[requestID] = s

@@ -13,7 +13,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/spillway-dev/spillway/internal/oteltest"
+	"github.com/spillway-dev/spillway/internal/testkit/oteltest"
 )
 
 func request() *coltracepb.ExportTraceServiceRequest {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/spillway-dev/spillway/internal/browsertest"
+	"github.com/spillway-dev/spillway/internal/testkit/browsertest"
 )
 
 func TestMain(m *testing.M) { os.Exit(browsertest.Main(m)) }
