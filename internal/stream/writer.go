@@ -71,7 +71,14 @@ var ErrTerminated = errors.New("stream: terminal event already written")
 // NewWriter returns a writer for w. writeTimeout bounds each write; zero
 // means no deadline.
 func NewWriter(w http.ResponseWriter, writeTimeout time.Duration) *Writer {
-	return &Writer{w: w, rc: http.NewResponseController(w), errFlusher: innerErrFlusher(w),
+	sw := newWriter(w, writeTimeout)
+	return &sw
+}
+
+// newWriter is NewWriter's Writer, for a sink that holds its writer in
+// itself: one allocation a stream fewer.
+func newWriter(w http.ResponseWriter, writeTimeout time.Duration) Writer {
+	return Writer{w: w, rc: http.NewResponseController(w), errFlusher: innerErrFlusher(w),
 		writeTimeout: writeTimeout}
 }
 
