@@ -199,7 +199,6 @@ func answerRestarted() *protocol.Problem {
 // the problem's status and Retry-After, as a refusal would be.
 type sseAnswer struct {
 	sw        Writer
-	buf       []byte
 	requestID string
 	path      string
 	started   bool // the 200 was sent
@@ -231,12 +230,34 @@ func (a *sseAnswer) begin() error {
 	return a.sw.Start(a.requestID, a.path)
 }
 
-func (a *sseAnswer) write(b []byte, terminal bool) error {
+// frame opens the answer and returns the writer's buffer, to which the
+// caller appends one event and hands it to put: an event is built where
+// it goes out from rather than copied there, one copy of every chunk
+// fewer.
+func (a *sseAnswer) frame() ([]byte, error) {
 	if err := a.begin(); err != nil {
+		return nil, err
+	}
+	if a.sw.terminal {
+		return nil, ErrTerminated
+	}
+	return a.sw.buf, nil
+}
+
+// put sends b, the buffer frame returned with one more event appended,
+// unless the writer holds it.
+func (a *sseAnswer) put(b []byte, terminal bool) error {
+	a.sw.buf = b
+	return a.sw.commit(terminal)
+}
+
+// write writes the event that add appends.
+func (a *sseAnswer) write(add func([]byte) []byte, terminal bool) error {
+	b, err := a.frame()
+	if err != nil {
 		return err
 	}
-	a.buf = b[:0]
-	return a.sw.write(b, terminal)
+	return a.put(add(b), terminal)
 }
 
 // done notes the path of an answer that ends before it started: a direct
@@ -269,18 +290,31 @@ func (a *sseAnswer) failEarly(p *protocol.Problem) (bool, error) {
 // restart is a reset's answer: nothing while nothing of the answer was
 // sent (the new attempt continues seamlessly); after that the stream
 // ends with line, an error (docs/API.md).
-func (a *sseAnswer) restart(line func(*protocol.Problem) []byte) error {
+func (a *sseAnswer) restart(line func([]byte, *protocol.Problem) []byte) error {
 	if !a.sentContent {
 		return nil
 	}
-	if err := a.write(line(answerRestarted()), true); err != nil {
+	p := answerRestarted()
+	if err := a.write(func(b []byte) []byte { return line(b, p) }, true); err != nil {
 		return err
 	}
 	return errAnswerEnded
 }
 
+// fail ends a started answer with line, an error event.
+func (a *sseAnswer) fail(line func([]byte, *protocol.Problem) []byte, p *protocol.Problem) error {
+	if ok, err := a.failEarly(p); ok {
+		return err
+	}
+	return a.write(func(b []byte) []byte { return line(b, p) }, true)
+}
+
 func (a *sseAnswer) ping() error {
-	return a.write(append(a.buf[:0], protocol.PingFrame...), false)
+	b, err := a.frame()
+	if err != nil {
+		return err
+	}
+	return a.put(append(b, protocol.PingFrame...), false)
 }
 
 // gather and send put the chunks ready at the same moment into one write
@@ -319,14 +353,11 @@ func (c *chatChunks) event(e Event) error {
 	case "":
 		return c.relay(e.Content, e.Raw)
 	case protocol.EventReset:
-		return c.restart(c.errorLine)
+		return c.restart(openaiwire.AppendErrorEvent)
 	case protocol.EventDone:
 		return c.finish(*e.Done)
 	case protocol.EventError:
-		if ok, err := c.failEarly(e.Problem); ok {
-			return err
-		}
-		return c.write(c.errorLine(e.Problem), true)
+		return c.fail(openaiwire.AppendErrorEvent, e.Problem)
 	}
 	// A queued position and a retry have no form in OpenAI's format: the
 	// retry's answer follows on the same stream as if it were the first.
@@ -338,30 +369,30 @@ func (c *chatChunks) event(e Event) error {
 // for one. Plain content (a provider without chunks of its own) is
 // written as a chunk of ours.
 func (c *chatChunks) relay(content string, raw []byte) error {
-	if raw == nil {
-		b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
+	if raw != nil {
+		c.raw = true
+		// A chunk with content is never the usage chunk.
+		if !c.includeUsage && content == "" && usageOnly(raw) {
+			return nil
+		}
+	}
+	b, err := c.frame()
+	if err != nil {
+		return err
+	}
+	switch {
+	case raw == nil:
+		b = c.enc.AppendContent(b, content, !c.sentContent)
 		c.sentContent = true
-		return c.write(b, false)
+	case c.keepIDs:
+		b = append(append(append(b, "data: "...), raw...), "\n\n"...)
+	default:
+		b = openaiwire.AppendChunkEvent(b, raw, c.id)
 	}
-	c.raw = true
-	// A chunk with content is never the usage chunk.
-	if !c.includeUsage && content == "" && usageOnly(raw) {
-		return nil
-	}
-	if content != "" || !c.sentContent && !openaiwire.IsPreamble(raw) {
+	if raw != nil && !c.sentContent && (content != "" || !openaiwire.IsPreamble(raw)) {
 		c.sentContent = true
 	}
-	if c.keepIDs {
-		b := append(append(c.buf[:0], "data: "...), raw...)
-		return c.write(append(b, "\n\n"...), false)
-	}
-	return c.write(openaiwire.AppendChunkEvent(c.buf[:0], raw, c.id), false)
-}
-
-// errorLine is the line that ends a stream which failed after it started:
-// `data: {"error":{…}}`.
-func (c *chatChunks) errorLine(p *protocol.Problem) []byte {
-	return openaiwire.AppendErrorEvent(c.buf[:0], p)
+	return c.put(b, false)
 }
 
 // usageOnly reports a chunk of usage and no choices.
@@ -372,10 +403,13 @@ func usageOnly(raw []byte) bool {
 
 func (c *chatChunks) finish(d protocol.Done) error {
 	c.done(d)
-	b := c.buf[:0]
+	b, err := c.frame()
+	if err != nil {
+		return err
+	}
 	if c.raw {
 		// The upstream's finish and usage chunks went out as they came.
-		return c.write(append(b, openaiwire.DoneFrame...), true)
+		return c.put(append(b, openaiwire.DoneFrame...), true)
 	}
 	if !c.sentContent {
 		// The first delta carries the role, even of an empty answer.
@@ -386,7 +420,7 @@ func (c *chatChunks) finish(d protocol.Done) error {
 		b = c.enc.AppendUsage(b, *d.Usage)
 	}
 	b = append(b, openaiwire.DoneFrame...)
-	return c.write(b, true)
+	return c.put(b, true)
 }
 
 // responsesEvents writes a streamed Responses API answer: the upstream's
@@ -399,16 +433,17 @@ func (c *responsesEvents) event(e Event) error {
 	case "":
 		return c.relay(e.Raw)
 	case protocol.EventReset:
-		return c.restart(c.errorLine)
+		return c.restart(responsesError)
 	case protocol.EventDone:
 		// The upstream's response.completed went out as it came.
 		c.done(*e.Done)
-		return c.write(c.buf[:0], true)
-	case protocol.EventError:
-		if ok, err := c.failEarly(e.Problem); ok {
+		b, err := c.frame()
+		if err != nil {
 			return err
 		}
-		return c.write(c.errorLine(e.Problem), true)
+		return c.put(b, true)
+	case protocol.EventError:
+		return c.fail(responsesError, e.Problem)
 	}
 	// A queued position and a retry have no form in the Responses API.
 	return nil
@@ -424,16 +459,20 @@ func (c *responsesEvents) relay(raw []byte) error {
 	if typ != "response.created" && typ != "response.in_progress" {
 		c.sentContent = true
 	}
-	b := append(c.buf[:0], "event: "...)
+	b, err := c.frame()
+	if err != nil {
+		return err
+	}
+	b = append(b, "event: "...)
 	b = append(b, typ...)
 	b = append(b, "\ndata: "...)
 	b = append(b, raw...)
-	return c.write(append(b, "\n\n"...), false)
+	return c.put(append(b, "\n\n"...), false)
 }
 
-// errorLine is the Responses API's error event, which ends a stream that
-// failed after it started.
-func (c *responsesEvents) errorLine(p *protocol.Problem) []byte {
+// responsesError appends the Responses API's error event, which ends a
+// stream that failed after it started.
+func responsesError(dst []byte, p *protocol.Problem) []byte {
 	e := openaiwire.ErrorOf(p)
 	b, _ := json.Marshal(struct {
 		Type    string  `json:"type"`
@@ -441,7 +480,7 @@ func (c *responsesEvents) errorLine(p *protocol.Problem) []byte {
 		Message string  `json:"message"`
 		Param   *string `json:"param"`
 	}{"error", e.Code, e.Message, nil}) // strings only
-	out := append(c.buf[:0], "event: error\ndata: "...)
+	out := append(dst, "event: error\ndata: "...)
 	out = append(out, b...)
 	return append(out, "\n\n"...)
 }
