@@ -33,7 +33,7 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 
 	began := time.Now()
 	s := h.sessionOf(x, protocol.PathDirect)
-	s.src = source{frames: frames, next: p.handed}
+	s.src = source{frames: frames, next: p}
 	outcome, _ := s.serve(x.r.Context())
 	held := time.Since(began)
 	// The provider call (or the hand-off) ends before the lease is

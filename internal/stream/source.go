@@ -24,10 +24,17 @@ type source struct {
 	// stream ends (session.release), telling it whether the answer was
 	// complete.
 	relay failover.Relay
-	// next, called once frames closed without a terminal frame, returns
-	// the source that goes on from there; false when none does. The
-	// caller then owns the new source's relay.
-	next func() (source, bool)
+	// next, once frames closed without a terminal frame, gives the
+	// source that goes on from there; nil when none may.
+	next successor
+}
+
+// successor gives the source that goes on from one whose frames closed
+// without a terminal frame (directProducer.handed): false when none does.
+// The caller then owns the new source's relay. It is called on the
+// session's goroutine, after it saw frames closed.
+type successor interface {
+	handed() (source, bool)
 }
 
 // relaySource is the source of a queue relay: what the workers publish.

@@ -298,7 +298,7 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 	case wakeFrame:
 		if !ok {
 			if s.src.next != nil {
-				if next, ok := s.src.next(); ok {
+				if next, ok := s.src.next.handed(); ok {
 					// The direct call handed the request to the queue:
 					// the loop reads the relay from here on.
 					s.src = next
