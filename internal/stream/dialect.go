@@ -52,7 +52,7 @@ func openNative(w http.ResponseWriter, writeTimeout time.Duration) sink {
 }
 
 func openNativeChoices(w http.ResponseWriter, writeTimeout time.Duration) sink {
-	return &nativeSink{sw: newWriter(w, writeTimeout), choices: true}
+	return &nativeChoices{nativeSink{sw: newWriter(w, writeTimeout)}}
 }
 
 // errAnswerEnded is returned by a sink that ended the answer with

@@ -101,16 +101,13 @@ type sink interface {
 
 // nativeSink writes /v1/stream's events (docs/API.md): a chunk's content,
 // and the extra deltas of an upstream chunk, one event per choice that
-// shows something, with their SSE ids.
-type nativeSink struct {
-	sw Writer
-	// choices: the request asked for several (n > 1), so every chunk
-	// event says its choice.
-	choices bool
-	// slab holds the events' data handed to the stream log, which keeps
-	// it until its next batch is written (chunkData).
-	slab []byte
-}
+// shows something, with their SSE ids. nativeChoices is the same for a
+// request that asked for several choices (n > 1): every chunk event says
+// its choice. It is the Writer alone, so a waiting stream holds no more
+// than one.
+type nativeSink struct{ sw Writer }
+
+type nativeChoices struct{ nativeSink }
 
 func (n *nativeSink) start(requestID, path string) error { return n.sw.Start(requestID, path) }
 func (n *nativeSink) event(e Event) error                { return n.sw.Event(e) }
@@ -119,52 +116,45 @@ func (n *nativeSink) gather()                            { n.sw.Hold() }
 func (n *nativeSink) send() error                        { return n.sw.Flush() }
 func (n *nativeSink) sse() *Writer                       { return &n.sw }
 
-func (n *nativeSink) chunk(s *session, c protocol.Chunk) error {
+func (n *nativeSink) chunk(s *session, c protocol.Chunk) error { return nativeChunk(s, c, false) }
+
+func (n *nativeChoices) chunk(s *session, c protocol.Chunk) error { return nativeChunk(s, c, true) }
+
+// nativeChunk emits the /v1/stream events of c; choices says that every
+// one names its choice. The data of the events handed to the log is
+// carved from the session's slab (chunkData).
+func nativeChunk(s *session, c protocol.Chunk, choices bool) error {
 	switch {
 	case c.Raw != nil:
-		return n.deltas(s, c.Raw)
+		return nativeDeltas(s, c.Raw, choices)
 	case c.Content == "":
 		return nil // nothing a /v1/stream event shows
-	case n.choices:
+	case choices:
 		// Plain content of the first choice, which says so when the
 		// request asked for several.
-		return s.emit(Event{Data: n.choiceData(c.Content)})
+		return s.emit(Event{Data: s.choiceData(c.Content)})
 	case s.logged():
 		// The data is encoded for the log; the writer copies it.
-		return s.emit(Event{Content: c.Content, Data: n.chunkData(c.Content)})
+		return s.emit(Event{Content: c.Content, Data: s.chunkData(c.Content)})
 	}
 	// The writer encodes the content straight into its own buffer.
 	return s.emit(Event{Content: c.Content})
 }
 
-// chunkData returns the data of a chunk of content, carved from the end of
-// the slab: blocks that are only appended to (never written below their
-// length), a new one when the last is full, so bytes handed to the log are
-// never overwritten. One allocation per block rather than per chunk.
-func (n *nativeSink) chunkData(content string) []byte {
-	size := len(`{"content":""}`) + len(content) // more when escaped: append grows the block
-	if cap(n.slab)-len(n.slab) < size {
-		n.slab = make([]byte, 0, max(slabBlock, 2*size))
-	}
-	start := len(n.slab)
-	n.slab = appendChunkData(n.slab, content)
-	return n.slab[start:len(n.slab):len(n.slab)]
-}
-
-// deltas emits the events of an upstream chunk with extra deltas: one per
-// choice that shows something (docs/API.md, "The native /v1/stream
-// dialect"). Their data is carved from the slab, as chunkData's. The
-// first failed write to the client is returned; the rest are still
-// numbered and logged.
-func (n *nativeSink) deltas(s *session, raw []byte) error {
-	if cap(n.slab)-len(n.slab) < 2*len(raw) {
-		n.slab = make([]byte, 0, max(slabBlock, 2*len(raw)))
+// nativeDeltas emits the events of an upstream chunk with extra deltas:
+// one per choice that shows something (docs/API.md, "The native
+// /v1/stream dialect"). Their data is carved from the session's slab, as
+// chunkData's. The first failed write to the client is returned; the rest
+// are still numbered and logged.
+func nativeDeltas(s *session, raw []byte, choices bool) error {
+	if cap(s.slab)-len(s.slab) < 2*len(raw) {
+		s.slab = make([]byte, 0, max(slabBlock, 2*len(raw)))
 	}
 	var spans [][2]int
-	n.slab, spans = openaiwire.AppendNativeEvents(n.slab, raw, n.choices)
+	s.slab, spans = openaiwire.AppendNativeEvents(s.slab, raw, choices)
 	var err error
 	for _, sp := range spans {
-		data := n.slab[sp[0]:sp[1]:sp[1]]
+		data := s.slab[sp[0]:sp[1]:sp[1]]
 		if e := s.emit(Event{Data: data}); e != nil && err == nil {
 			err = e
 		}
@@ -172,20 +162,36 @@ func (n *nativeSink) deltas(s *session, raw []byte) error {
 	return err
 }
 
-// choiceData is chunkData with "choice":0, carved from the slab.
-func (n *nativeSink) choiceData(content string) []byte {
-	d := n.chunkData(content)
-	start := len(n.slab)
-	n.slab = append(n.slab, d[:len(d)-1]...)
-	n.slab = append(n.slab, `,"choice":0}`...)
-	return n.slab[start:len(n.slab):len(n.slab)]
+// chunkData returns the data of a chunk of content, carved from the end of
+// the session's slab: blocks that are only appended to (never written
+// below their length), a new one when the last is full, so bytes handed
+// to the log are never overwritten. One allocation per block rather than
+// per chunk.
+func (s *session) chunkData(content string) []byte {
+	size := len(`{"content":""}`) + len(content) // more when escaped: append grows the block
+	if cap(s.slab)-len(s.slab) < size {
+		s.slab = make([]byte, 0, max(slabBlock, 2*size))
+	}
+	start := len(s.slab)
+	s.slab = appendChunkData(s.slab, content)
+	return s.slab[start:len(s.slab):len(s.slab)]
 }
 
-// slabBlock is the size of one block of a stream's chunk data.
+// choiceData is chunkData with "choice":0, carved from the slab.
+func (s *session) choiceData(content string) []byte {
+	d := s.chunkData(content)
+	start := len(s.slab)
+	s.slab = append(s.slab, d[:len(d)-1]...)
+	s.slab = append(s.slab, `,"choice":0}`...)
+	return s.slab[start:len(s.slab):len(s.slab)]
+}
+
+// slabBlock is the size of one block of a session's chunk data.
 const slabBlock = 4 << 10
 
 var (
 	_ sink = (*nativeSink)(nil)
+	_ sink = (*nativeChoices)(nil)
 	_ sink = (*chatChunks)(nil)
 	_ sink = (*responsesEvents)(nil)
 	_ sink = (*wholeAnswer)(nil)

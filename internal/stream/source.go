@@ -16,10 +16,9 @@ type source struct {
 	// without one either ended wrongly or, when next gives one, handed
 	// the request on.
 	frames <-chan protocol.Result
-	// done, of a relay, closes when the relay gave up; problem then says
-	// why. nil for the direct call.
-	done    <-chan struct{}
-	problem func() *protocol.Problem
+	// done, of a relay, closes when the relay gave up; its Problem then
+	// says why. nil for the direct call.
+	done <-chan struct{}
 	// relay, when the source is one, is closed by the session when the
 	// stream ends (session.release), telling it whether the answer was
 	// complete.
@@ -39,5 +38,5 @@ type successor interface {
 
 // relaySource is the source of a queue relay: what the workers publish.
 func relaySource(r failover.Relay) source {
-	return source{frames: r.Results(), done: r.Done(), problem: r.Problem, relay: r}
+	return source{frames: r.Results(), done: r.Done(), relay: r}
 }

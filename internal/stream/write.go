@@ -50,7 +50,10 @@ type session struct {
 	terminated bool // a done or error event was emitted
 	attached   bool
 	firstChunk bool
-	window     *time.Timer // runs while detached
+	// slab holds the data of the chunk events handed to the stream log,
+	// which keeps it until its next batch is written (chunkData).
+	slab   []byte
+	window *time.Timer // runs while detached
 
 	// taken is the writer that took the connection over from net/http
 	// (Writer.takeOver), if one did; gone then closes when the client
@@ -331,7 +334,7 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 			err = s.sink.ping()
 		}
 	case wakeRelayDone:
-		return s.end(s.src.problem()), false, true
+		return s.end(s.src.relay.Problem()), false, true
 	case wakeClientGone:
 		s.clientGone = nil
 		if s.attached {
