@@ -380,6 +380,11 @@ func (c *chatChunks) relay(content string, raw []byte) error {
 	if err != nil {
 		return err
 	}
+	if cap(b) < eventBuf {
+		// Room for the chunks gathered into one write, as /v1/stream's.
+		c.sw.chunkRoom()
+		b = c.sw.buf
+	}
 	switch {
 	case raw == nil:
 		b = c.enc.AppendContent(b, content, !c.sentContent)
