@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -16,7 +17,8 @@ import (
 // direct streams from the provider in this process while holding lease
 // (docs/ARCHITECTURE.md, "Direct path"), through res when the provider
 // reserved capacity for it (reserveUpstream). A retryable failure before
-// the first chunk is handed to the queue on the same response (handOff).
+// the first chunk is handed to the queue on the same response (handOff):
+// the session's source becomes the queue's relay.
 func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	release := sync.OnceFunc(lease.Release)
 	defer release()
@@ -31,13 +33,17 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 
 	began := time.Now()
 	s := h.sessionOf(x, protocol.PathDirect)
-	s.frames = frames
+	s.src = source{frames: frames, next: p}
 	outcome, _ := s.serve(x.r.Context())
 	held := time.Since(began)
-	// The provider call (or the hand-off's relay) ends before the lease is
+	// The provider call (or the hand-off) ends before the lease is
 	// released.
 	cancel()
 	producer.Wait()
+	if p.relay != nil {
+		// The stream ended before its session took the hand-off's relay.
+		p.relay.Close(false)
+	}
 	// A handed-off stream held its slot only for the failed call: its
 	// length says nothing of how long a slot is held.
 	if outcome == OutcomeDone && !p.handedOff.Load() {
@@ -62,6 +68,9 @@ type directProducer struct {
 	release   func()          // releases the slot; idempotent
 	frames    chan<- protocol.Result
 	handedOff atomic.Bool
+	// relay is the queue's, once handOff spilled the request, until the
+	// session takes it (handed).
+	relay failover.Relay
 }
 
 func (p *directProducer) send(ctx context.Context, res protocol.Result) error {
@@ -188,8 +197,10 @@ func (h *Handler) requestEnded(err error) {
 // its first chunk as a queued request, on the same SSE response
 // (docs/API.md, "Hand-off to the queue"): the headers (X-Stream-Path:
 // direct) are already out, so the client sees a `retrying` event, then
-// what a worker publishes, as on the queued path. The slot is released
-// first: the wait and the queue need none, and the worker takes its own.
+// what a worker publishes, as on the queued path: the session's loop
+// reads the relay in place of this producer (handed). The slot is
+// released first: the wait and the queue need none, and the worker takes
+// its own.
 // The retry starts after the retry policy's delay, so an upstream
 // Retry-After is honoured on this path too; the worker then retries on
 // its own with a fresh budget.
@@ -227,30 +238,23 @@ func (p *directProducer) handOff(ctx context.Context, cause error) {
 		_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
 		return
 	}
-	completed := false
-	// Close tells the workers when the client left before the end.
-	defer func() { relay.Close(completed) }()
-	for {
-		select {
-		case res, ok := <-relay.Results():
-			if !ok {
-				_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: protocol.StreamFailed()})
-				return
-			}
-			if p.send(ctx, res) != nil {
-				return
-			}
-			if res.Kind == protocol.KindDone || res.Kind == protocol.KindError {
-				completed = true
-				return
-			}
-		case <-relay.Done():
-			_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: relay.Problem()})
-			return
-		case <-ctx.Done():
-			return
-		}
+	// The session reads the relay itself from here on: closing frames
+	// tells it to take the relay (handed), after the frames sent before.
+	p.relay = relay
+	close(p.frames)
+}
+
+// handed gives the session the relay handOff spilled the request to, once
+// the producer closed its frames; false when it closed them without one.
+// It runs on the session's goroutine, after the close, which orders it
+// after handOff's write of p.relay.
+func (p *directProducer) handed() (source, bool) {
+	r := p.relay
+	if r == nil {
+		return source{}, false
 	}
+	p.relay = nil
+	return relaySource(r), true
 }
 
 // circuitOpen is an error of a provider behind a circuit breaker that

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -243,4 +244,83 @@ func TestHandlerDirectTellsHowRequestsEnded(t *testing.T) {
 			})
 		})
 	}
+}
+
+// After a hand-off the stream reads the relay itself: a relay that gives
+// up (a worker lost) ends the stream with its problem, and the relay is
+// closed once, as not completed, so the workers are told.
+func TestHandlerDirectHandOffRelayGivesUp(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		relay := newFakeRelay(protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "Hel"}}})
+		close(relay.done)
+		sp := &fakeSpiller{relay: relay}
+		prov := &fakeProvider{err: &llm.Error{Retryable: true, Status: http.StatusBadGateway, Err: errors.New("fake: 502")}}
+		h := newDirectHandler(t, &fakePool{free: 1}, prov, sp, &fakeGate{})
+		w := post(h, validBody, nil)
+		body := w.Body.String()
+		if !strings.Contains(body, "event: retrying") || !strings.Contains(body, "worker-lost") {
+			t.Fatalf("body %q, want retrying, then the relay's worker-lost error", body)
+		}
+		if completed := <-relay.closed; completed {
+			t.Error("relay closed as completed after it gave up")
+		}
+		h.Wait()
+		if len(relay.closed) != 0 {
+			t.Error("relay closed twice")
+		}
+	})
+}
+
+// blockingSpiller spills once release closes, whatever its context says:
+// a Spill that succeeds as the stream ends.
+type blockingSpiller struct {
+	*fakeSpiller
+	entered, release chan struct{}
+}
+
+func (s *blockingSpiller) Spill(ctx context.Context, job protocol.Job) (failover.Relay, error) {
+	close(s.entered)
+	<-s.release
+	return s.fakeSpiller.Spill(ctx, job)
+}
+
+// A hand-off whose job is spilled only after the client left (and its
+// stream ended) leaves no relay open: the one the stream never read is
+// closed as not completed, which tells the workers to skip the job.
+func TestHandlerDirectHandOffAfterClientLeftClosesRelay(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		relay := newFakeRelay()
+		sp := &blockingSpiller{fakeSpiller: &fakeSpiller{relay: relay}, entered: make(chan struct{}), release: make(chan struct{})}
+		prov := &fakeProvider{err: &llm.Error{Retryable: true, Status: http.StatusBadGateway, Err: errors.New("fake: 502")}}
+		h := newDirectHandler(t, &fakePool{free: 1}, prov, sp, &fakeGate{})
+		ctx, leave := context.WithCancel(t.Context())
+		r := httptest.NewRequest(http.MethodPost, "/v1/stream", strings.NewReader(validBody)).WithContext(ctx)
+		r.Header.Set("Content-Type", "application/json")
+		w := httptest.NewRecorder()
+		served := make(chan struct{})
+		go func() {
+			defer close(served)
+			h.ServeHTTP(w, r)
+		}()
+		<-sp.entered
+		leave()
+		synctest.Wait() // the stream ended; its handler waits for the hand-off
+		select {
+		case <-served:
+			t.Fatal("the handler returned while its hand-off was still spilling")
+		default:
+		}
+		close(sp.release)
+		<-served
+		select {
+		case completed := <-relay.closed:
+			if completed {
+				t.Error("relay closed as completed, want not: the client left")
+			}
+		default:
+			t.Fatal("the relay spilled after the stream ended was left open")
+		}
+	})
 }

@@ -178,7 +178,7 @@ func (h *Handler) Cut() {
 // take its connection over from net/http (Writer.takeOver); the
 // connection is tracked until giveBack.
 func (h *Handler) takeOver(s *session, r *http.Request) {
-	sw := sseWriterOf(s.sink)
+	sw := s.sink.sse()
 	if sw == nil {
 		return
 	}
@@ -190,20 +190,6 @@ func (h *Handler) takeOver(s *session, r *http.Request) {
 	h.liveMu.Lock()
 	h.taken.Set(sw.conn, struct{}{})
 	h.liveMu.Unlock()
-}
-
-// sseWriterOf returns the SSE Writer under sink: /v1/stream's, or a
-// streamed OpenAI answer's; nil for an answer written in one piece.
-func sseWriterOf(sink Sink) *Writer {
-	switch k := sink.(type) {
-	case *Writer:
-		return k
-	case eventSink:
-		if c, ok := k.ew.(*openaiChunks); ok {
-			return c.sw
-		}
-	}
-	return nil
 }
 
 // giveBack closes the connection sw took over, once its stream ended.
@@ -277,11 +263,6 @@ func (h *Handler) park(s *session) {
 	// The writer writes to the connection only: the ResponseWriter,
 	// recycled once the handler returned, must not be touched again.
 	s.taken.w, s.taken.rc = nil, nil
-	if es, ok := s.sink.(eventSink); ok {
-		if c, ok := es.ew.(*openaiChunks); ok {
-			c.w = nil
-		}
-	}
 	release := func() {}
 	if h.hold != nil {
 		release = h.hold()

@@ -71,12 +71,12 @@ func (d wholeDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatReq
 		// A streamed legacy completion: its chunks relayed as they came,
 		// the upstream's ids kept (they are not chat completions'), then
 		// [DONE].
-		return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
-			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: req.Model, keepIDs: true}}
+		return req, func(w http.ResponseWriter, writeTimeout time.Duration) sink {
+			return &chatChunks{sseAnswer: sseAnswer{sw: newWriter(w, writeTimeout)}, model: req.Model, keepIDs: true}
 		}, nil
 	}
-	return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
-		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, whole: true}}
+	return req, func(w http.ResponseWriter, writeTimeout time.Duration) sink {
+		return &wholeAnswer{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, whole: true}
 	}, nil
 }
 
@@ -97,12 +97,12 @@ func (responsesDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatR
 		return protocol.ChatRequest{}, nil, err
 	}
 	if req.Stream {
-		return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
-			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: req.Model, responses: true}}
+		return req, func(w http.ResponseWriter, writeTimeout time.Duration) sink {
+			return &responsesEvents{sseAnswer{sw: newWriter(w, writeTimeout)}}
 		}, nil
 	}
-	return req, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
-		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, responses: true}}
+	return req, func(w http.ResponseWriter, writeTimeout time.Duration) sink {
+		return &wholeAnswer{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: req.Model, responses: true}
 	}, nil
 }
 
@@ -142,12 +142,12 @@ func (d openaiDialect) decode(body []byte, lim protocol.Limits) (protocol.ChatRe
 		model = d.defaultModel
 	}
 	if req.Stream {
-		return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
-			return eventSink{&openaiChunks{sw: NewWriter(w, writeTimeout), w: w, model: model, includeUsage: req.IncludeUsage}}
+		return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) sink {
+			return &chatChunks{sseAnswer: sseAnswer{sw: newWriter(w, writeTimeout)}, model: model, includeUsage: req.IncludeUsage}
 		}, nil
 	}
-	return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) Sink {
-		return eventSink{&openaiCompletion{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: model}}
+	return req.Chat, func(w http.ResponseWriter, writeTimeout time.Duration) sink {
+		return &wholeAnswer{w: w, rc: http.NewResponseController(w), writeTimeout: writeTimeout, model: model}
 	}, nil
 }
 
@@ -192,122 +192,212 @@ func answerRestarted() *protocol.Problem {
 		"The worker answering the request stopped after part of the answer was sent, and the answer restarted elsewhere; retry the request.")
 }
 
-// openaiChunks writes a streamed answer: chat.completion.chunk events,
-// then `data: [DONE]`. The 200 and the headers are held back until the
-// first thing is written, so a failure before it is still an HTTP error
-// with the problem's status and Retry-After, as a refusal would be.
-type openaiChunks struct {
-	sw           *Writer // SSE framing, flushes and write deadlines
-	w            http.ResponseWriter
+// sseAnswer is what the streamed OpenAI answers share (chatChunks,
+// responsesEvents): SSE framing, flushes and write deadlines through
+// their Writer, and the 200 and the headers held back until the first
+// thing is written, so a failure before it is still an HTTP error with
+// the problem's status and Retry-After, as a refusal would be.
+type sseAnswer struct {
+	sw        Writer
+	requestID string
+	path      string
+	started   bool // the 200 was sent
+	// sentContent: something of the answer was sent, so a restart can no
+	// longer be hidden.
+	sentContent bool
+}
+
+func (a *sseAnswer) start(requestID, path string) error {
+	a.requestID, a.path = requestID, path
+	h := a.sw.header()
+	setRequestID(h, requestID)
+	h.Set("X-Stream-Path", path)
+	return nil
+}
+
+// chunk hands the upstream's chunk on as it came: the dialect's event
+// relays it (its raw JSON is the answer's wire form).
+func (a *sseAnswer) chunk(s *session, c protocol.Chunk) error {
+	return s.emit(Event{Content: c.Content, Raw: c.Raw})
+}
+
+// begin sends the 200 with the SSE headers, once.
+func (a *sseAnswer) begin() error {
+	if a.started {
+		return nil
+	}
+	a.started = true
+	return a.sw.Start(a.requestID, a.path)
+}
+
+// frame opens the answer and returns the writer's buffer, to which the
+// caller appends one event and hands it to put: an event is built where
+// it goes out from rather than copied there, one copy of every chunk
+// fewer.
+func (a *sseAnswer) frame() ([]byte, error) {
+	if err := a.begin(); err != nil {
+		return nil, err
+	}
+	if a.sw.terminal {
+		return nil, ErrTerminated
+	}
+	return a.sw.buf, nil
+}
+
+// put sends b, the buffer frame returned with one more event appended,
+// unless the writer holds it.
+func (a *sseAnswer) put(b []byte, terminal bool) error {
+	a.sw.buf = b
+	return a.sw.commit(terminal)
+}
+
+// write writes the event that add appends.
+func (a *sseAnswer) write(add func([]byte) []byte, terminal bool) error {
+	b, err := a.frame()
+	if err != nil {
+		return err
+	}
+	return a.put(add(b), terminal)
+}
+
+// done notes the path of an answer that ends before it started: a direct
+// request handed to the queue was answered by a worker (docs/API.md,
+// "Hand-off to the queue").
+func (a *sseAnswer) done(d protocol.Done) {
+	if !a.started {
+		a.path = d.Path
+	}
+}
+
+// failEarly answers p as an HTTP error when nothing was sent yet, and
+// reports whether it did; after that the dialect ends its stream with an
+// error event of its own.
+func (a *sseAnswer) failEarly(p *protocol.Problem) (bool, error) {
+	if a.started {
+		return false, nil
+	}
+	a.started = true
+	if a.sw.conn != nil {
+		// The connection was taken over while the answer waited: the
+		// writer sends the whole error response itself.
+		return true, a.sw.respond(p.Status, openAIError(a.sw.header(), p))
+	}
+	a.sw.terminal = true
+	writeOpenAIError(a.sw.w, p)
+	return true, nil
+}
+
+// restart is a reset's answer: nothing while nothing of the answer was
+// sent (the new attempt continues seamlessly); after that the stream
+// ends with line, an error (docs/API.md).
+func (a *sseAnswer) restart(line func([]byte, *protocol.Problem) []byte) error {
+	if !a.sentContent {
+		return nil
+	}
+	p := answerRestarted()
+	if err := a.write(func(b []byte) []byte { return line(b, p) }, true); err != nil {
+		return err
+	}
+	return errAnswerEnded
+}
+
+// fail ends a started answer with line, an error event.
+func (a *sseAnswer) fail(line func([]byte, *protocol.Problem) []byte, p *protocol.Problem) error {
+	if ok, err := a.failEarly(p); ok {
+		return err
+	}
+	return a.write(func(b []byte) []byte { return line(b, p) }, true)
+}
+
+func (a *sseAnswer) ping() error {
+	b, err := a.frame()
+	if err != nil {
+		return err
+	}
+	return a.put(append(b, protocol.PingFrame...), false)
+}
+
+// gather and send put the chunks ready at the same moment into one write
+// (Writer.Hold).
+func (a *sseAnswer) gather() { a.sw.Hold() }
+
+func (a *sseAnswer) send() error { return a.sw.Flush() }
+
+func (a *sseAnswer) sse() *Writer { return &a.sw }
+
+// chatChunks writes a streamed chat completion: chat.completion.chunk
+// events, then `data: [DONE]`; a streamed legacy completion the same way,
+// with the upstream's ids kept.
+type chatChunks struct {
+	sseAnswer
 	enc          *openaiwire.ChunkEncoder
 	id           []byte // the answer's id as a JSON string, for raw chunks
-	buf          []byte
 	model        string
 	includeUsage bool
-	requestID    string
-	path         string
-	started      bool // the 200 was sent
-	sentContent  bool // a chunk with content was sent
 	// raw: the answer's chunks are the upstream's (relayed, with their
 	// own finish and usage chunks), not made from plain content.
 	raw bool
 	// keepIDs: the chunks keep the upstream's ids (a streamed legacy
 	// completion's).
 	keepIDs bool
-	// responses: the answer is the Responses API's: its events are
-	// relayed as they came, each under its type's SSE event name, with
-	// no [DONE] after them (POST /v1/responses).
-	responses bool
 }
 
-func (c *openaiChunks) Start(requestID, path string) error {
-	c.requestID, c.path = requestID, path
+func (c *chatChunks) start(requestID, path string) error {
 	c.enc = openaiwire.NewChunkEncoder(requestID, c.model, time.Now().Unix())
 	c.id = protocol.AppendJSONString(nil, openaiwire.CompletionID(requestID))
-	h := c.w.Header()
-	setRequestID(h, requestID)
-	h.Set("X-Stream-Path", path)
+	return c.sseAnswer.start(requestID, path)
+}
+
+func (c *chatChunks) event(e Event) error {
+	switch e.Name {
+	case "":
+		return c.relay(e.Content, e.Raw)
+	case protocol.EventReset:
+		return c.restart(openaiwire.AppendErrorEvent)
+	case protocol.EventDone:
+		return c.finish(*e.Done)
+	case protocol.EventError:
+		return c.fail(openaiwire.AppendErrorEvent, e.Problem)
+	}
+	// A queued position and a retry have no form in OpenAI's format: the
+	// retry's answer follows on the same stream as if it were the first.
 	return nil
 }
 
-// begin sends the 200 with the SSE headers, once.
-func (c *openaiChunks) begin() error {
-	if c.started {
-		return nil
-	}
-	c.started = true
-	return c.sw.Start(c.requestID, c.path)
-}
-
-func (c *openaiChunks) write(b []byte, terminal bool) error {
-	if err := c.begin(); err != nil {
-		return err
-	}
-	c.buf = b[:0]
-	return c.sw.write(b, terminal)
-}
-
-// Chunk relays an upstream chunk as it came, with only its id made ours
+// relay relays an upstream chunk as it came, with only its id made ours
 // (stable across a takeover); a usage chunk only when the client asked
 // for one. Plain content (a provider without chunks of its own) is
 // written as a chunk of ours.
-func (c *openaiChunks) Chunk(_ int, content string, raw []byte) error {
-	if c.responses {
-		return c.responsesEvent(raw)
+func (c *chatChunks) relay(content string, raw []byte) error {
+	if raw != nil {
+		c.raw = true
+		// A chunk with content is never the usage chunk.
+		if !c.includeUsage && content == "" && usageOnly(raw) {
+			return nil
+		}
 	}
-	if raw == nil {
-		b := c.enc.AppendContent(c.buf[:0], content, !c.sentContent)
+	b, err := c.frame()
+	if err != nil {
+		return err
+	}
+	if cap(b) < eventBuf {
+		// Room for the chunks gathered into one write, as /v1/stream's.
+		c.sw.chunkRoom()
+		b = c.sw.buf
+	}
+	switch {
+	case raw == nil:
+		b = c.enc.AppendContent(b, content, !c.sentContent)
 		c.sentContent = true
-		return c.write(b, false)
+	case c.keepIDs:
+		b = append(append(append(b, "data: "...), raw...), "\n\n"...)
+	default:
+		b = openaiwire.AppendChunkEvent(b, raw, c.id)
 	}
-	c.raw = true
-	// A chunk with content is never the usage chunk.
-	if !c.includeUsage && content == "" && usageOnly(raw) {
-		return nil
-	}
-	if content != "" || !c.sentContent && !openaiwire.IsPreamble(raw) {
-		c.sentContent = true
-	}
-	if c.keepIDs {
-		b := append(append(c.buf[:0], "data: "...), raw...)
-		return c.write(append(b, "\n\n"...), false)
-	}
-	return c.write(openaiwire.AppendChunkEvent(c.buf[:0], raw, c.id), false)
-}
-
-// responsesEvent relays one Responses API event as it came: its ids are
-// the upstream's, which a later previous_response_id names.
-func (c *openaiChunks) responsesEvent(raw []byte) error {
-	var typ string
-	if raw == nil || json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) != nil || typ == "" {
-		return nil
-	}
-	if typ != "response.created" && typ != "response.in_progress" {
+	if raw != nil && !c.sentContent && (content != "" || !openaiwire.IsPreamble(raw)) {
 		c.sentContent = true
 	}
-	b := append(c.buf[:0], "event: "...)
-	b = append(b, typ...)
-	b = append(b, "\ndata: "...)
-	b = append(b, raw...)
-	return c.write(append(b, "\n\n"...), false)
-}
-
-// errorLine is the line that ends a stream which failed after it started:
-// `data: {"error":{…}}`, or the Responses API's error event.
-func (c *openaiChunks) errorLine(p *protocol.Problem) []byte {
-	if !c.responses {
-		return openaiwire.AppendErrorEvent(c.buf[:0], p)
-	}
-	e := openaiwire.ErrorOf(p)
-	b, _ := json.Marshal(struct {
-		Type    string  `json:"type"`
-		Code    string  `json:"code"`
-		Message string  `json:"message"`
-		Param   *string `json:"param"`
-	}{"error", e.Code, e.Message, nil}) // strings only
-	out := append(c.buf[:0], "event: error\ndata: "...)
-	out = append(out, b...)
-	return append(out, "\n\n"...)
+	return c.put(b, false)
 }
 
 // usageOnly reports a chunk of usage and no choices.
@@ -316,36 +406,15 @@ func usageOnly(raw []byte) bool {
 		openaiwire.IsUsageChunk(raw)
 }
 
-// Reset continues seamlessly while nothing of the answer was sent; after
-// that it ends the stream with an error (docs/API.md).
-func (c *openaiChunks) Reset(protocol.Reset) error {
-	if !c.sentContent {
-		return nil
-	}
-	if err := c.write(c.errorLine(answerRestarted()), true); err != nil {
+func (c *chatChunks) finish(d protocol.Done) error {
+	c.done(d)
+	b, err := c.frame()
+	if err != nil {
 		return err
-	}
-	return errAnswerEnded
-}
-
-// Retrying sends nothing: OpenAI's format has no such event, and the
-// retry's answer follows on the same stream as if it were the first.
-func (c *openaiChunks) Retrying(protocol.Retrying) error { return nil }
-
-func (c *openaiChunks) Done(d protocol.Done) error {
-	if !c.started {
-		// A direct request handed to the queue was answered by a worker
-		// (docs/API.md, "Hand-off to the queue").
-		c.path = d.Path
-	}
-	b := c.buf[:0]
-	if c.responses {
-		// The upstream's response.completed went out as it came.
-		return c.write(b, true)
 	}
 	if c.raw {
 		// The upstream's finish and usage chunks went out as they came.
-		return c.write(append(b, openaiwire.DoneFrame...), true)
+		return c.put(append(b, openaiwire.DoneFrame...), true)
 	}
 	if !c.sentContent {
 		// The first delta carries the role, even of an empty answer.
@@ -356,39 +425,78 @@ func (c *openaiChunks) Done(d protocol.Done) error {
 		b = c.enc.AppendUsage(b, *d.Usage)
 	}
 	b = append(b, openaiwire.DoneFrame...)
-	return c.write(b, true)
+	return c.put(b, true)
 }
 
-func (c *openaiChunks) Error(p *protocol.Problem) error {
-	if !c.started {
-		c.started = true
-		if c.sw.conn != nil {
-			// The connection was taken over while the answer waited:
-			// the writer sends the whole error response itself.
-			return c.sw.respond(p.Status, openAIError(c.sw.header(), p))
+// responsesEvents writes a streamed Responses API answer: the upstream's
+// events relayed as they came, each under its type's SSE event name, with
+// no [DONE] after them (POST /v1/responses).
+type responsesEvents struct{ sseAnswer }
+
+func (c *responsesEvents) event(e Event) error {
+	switch e.Name {
+	case "":
+		return c.relay(e.Raw)
+	case protocol.EventReset:
+		return c.restart(responsesError)
+	case protocol.EventDone:
+		// The upstream's response.completed went out as it came.
+		c.done(*e.Done)
+		b, err := c.frame()
+		if err != nil {
+			return err
 		}
-		c.sw.terminal = true
-		writeOpenAIError(c.w, p)
+		return c.put(b, true)
+	case protocol.EventError:
+		return c.fail(responsesError, e.Problem)
+	}
+	// A queued position and a retry have no form in the Responses API.
+	return nil
+}
+
+// relay relays one Responses API event as it came: its ids are the
+// upstream's, which a later previous_response_id names.
+func (c *responsesEvents) relay(raw []byte) error {
+	var typ string
+	if raw == nil || json.Unmarshal(protocol.MemberValue(raw, "type"), &typ) != nil || typ == "" {
 		return nil
 	}
-	return c.write(c.errorLine(p), true)
+	if typ != "response.created" && typ != "response.in_progress" {
+		c.sentContent = true
+	}
+	b, err := c.frame()
+	if err != nil {
+		return err
+	}
+	b = append(b, "event: "...)
+	b = append(b, typ...)
+	b = append(b, "\ndata: "...)
+	b = append(b, raw...)
+	return c.put(append(b, "\n\n"...), false)
 }
 
-// Hold and Flush gather the chunks ready at the same moment into one
-// write (Writer.Hold).
-func (c *openaiChunks) Hold() { c.sw.Hold() }
-
-func (c *openaiChunks) Flush() error { return c.sw.Flush() }
-
-func (c *openaiChunks) Ping() error {
-	return c.write(append(c.buf[:0], protocol.PingFrame...), false)
+// responsesError appends the Responses API's error event, which ends a
+// stream that failed after it started.
+func responsesError(dst []byte, p *protocol.Problem) []byte {
+	e := openaiwire.ErrorOf(p)
+	b, _ := json.Marshal(struct {
+		Type    string  `json:"type"`
+		Code    string  `json:"code"`
+		Message string  `json:"message"`
+		Param   *string `json:"param"`
+	}{"error", e.Code, e.Message, nil}) // strings only
+	out := append(dst, "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
 }
 
-// openaiCompletion collects an answer and writes it as one
-// chat.completion object when it is done. Nothing is sent before, so a
+// wholeAnswer collects an answer and writes it in one piece when it is
+// done: the chat.completion object assembled from the chunks, the
+// response object of the Responses API's last event, or a whole-answer
+// route's one upstream answer as it came. Nothing is sent before, so a
 // failure at any point is an HTTP error, and a restarted answer simply
 // starts over.
-type openaiCompletion struct {
+type wholeAnswer struct {
 	w            http.ResponseWriter
 	rc           *http.ResponseController
 	writeTimeout time.Duration
@@ -406,7 +514,7 @@ type openaiCompletion struct {
 	whole bool
 }
 
-func (c *openaiCompletion) Start(requestID, path string) error {
+func (c *wholeAnswer) start(requestID, path string) error {
 	c.requestID, c.created = requestID, time.Now().Unix()
 	c.asm = openaiwire.NewAssembler(requestID, c.model, c.created)
 	h := c.w.Header()
@@ -415,7 +523,34 @@ func (c *openaiCompletion) Start(requestID, path string) error {
 	return nil
 }
 
-func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
+func (c *wholeAnswer) chunk(s *session, ch protocol.Chunk) error {
+	return s.emit(Event{Content: ch.Content, Raw: ch.Raw})
+}
+
+func (c *wholeAnswer) event(e Event) error {
+	switch e.Name {
+	case "":
+		return c.collect(e.Content, e.Raw)
+	case protocol.EventReset:
+		c.asm.Reset()
+		c.response = nil
+		return nil
+	case protocol.EventDone:
+		return c.finish(*e.Done)
+	case protocol.EventError:
+		if c.ended {
+			return ErrTerminated
+		}
+		c.ended = true
+		writeOpenAIError(c.w, e.Problem)
+		return nil
+	}
+	// A queued position and a retry send nothing: the retry's answer is
+	// collected as the first.
+	return nil
+}
+
+func (c *wholeAnswer) collect(content string, raw []byte) error {
 	if c.ended {
 		return ErrTerminated
 	}
@@ -438,20 +573,7 @@ func (c *openaiCompletion) Chunk(_ int, content string, raw []byte) error {
 	return nil
 }
 
-func (c *openaiCompletion) Reset(protocol.Reset) error {
-	c.asm.Reset()
-	c.response = nil
-	return nil
-}
-
-// Retrying sends nothing: the retry's answer is collected as the first.
-func (c *openaiCompletion) Retrying(protocol.Retrying) error { return nil }
-
-// Ping sends nothing: a byte sent would commit the status before the
-// answer is known.
-func (c *openaiCompletion) Ping() error { return nil }
-
-func (c *openaiCompletion) Done(d protocol.Done) error {
+func (c *wholeAnswer) finish(d protocol.Done) error {
 	if c.ended {
 		return ErrTerminated
 	}
@@ -480,11 +602,14 @@ func (c *openaiCompletion) Done(d protocol.Done) error {
 	return nil
 }
 
-func (c *openaiCompletion) Error(p *protocol.Problem) error {
-	if c.ended {
-		return ErrTerminated
-	}
-	c.ended = true
-	writeOpenAIError(c.w, p)
-	return nil
-}
+// ping sends nothing: a byte sent would commit the status before the
+// answer is known.
+func (c *wholeAnswer) ping() error { return nil }
+
+// gather and send have nothing to gather: the answer goes out at its end.
+func (c *wholeAnswer) gather() {}
+
+func (c *wholeAnswer) send() error { return nil }
+
+// sse is nil: an answer written in one piece is not an SSE stream.
+func (c *wholeAnswer) sse() *Writer { return nil }

@@ -178,7 +178,7 @@ func TestQueuedHeadersGoWithTheFirstPosition(t *testing.T) {
 			w := &writeCounter{h: http.Header{}}
 			frames := make(chan protocol.Result)
 			s := h.newSession(w, "r", "u", protocol.PathQueued, time.Now())
-			s.frames = frames
+			s.src.frames = frames
 			s.position = &position{p: h.progress, sent: -1, ahead0: 2}
 			ctx, cancel := context.WithCancel(t.Context())
 			done := make(chan struct{})

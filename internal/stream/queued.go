@@ -34,8 +34,7 @@ func (h *Handler) queued(x *exchange) *session {
 		return nil
 	}
 	s := h.sessionOf(x, protocol.PathQueued)
-	s.relay = relay
-	s.frames, s.relayDone, s.relayProblem = relay.Results(), relay.Done(), relay.Problem
+	s.src = relaySource(relay)
 	s.position = h.newPosition()
 	if h.cfg.TakeOverAfter < 0 {
 		h.takeOver(s, x.r)

@@ -39,8 +39,7 @@ func TestDirectPathTracingOffAllocatesNothing(t *testing.T) {
 	}
 	m := metrics.New(prometheus.NewRegistry())
 	h := &Handler{cfg: Config{}.withDefaults(), gate: openGate{}, m: m, log: testutil.DiscardLogger(), tel: tel}
-	sw := NewWriter(discardResponse{h: http.Header{}}, time.Second)
-	s := &session{h: h, sink: sw, attached: true, requestID: "r", path: protocol.PathDirect,
+	s := &session{h: h, sink: openNative(discardResponse{h: http.Header{}}, time.Second), attached: true, requestID: "r", path: protocol.PathDirect,
 		start: time.Now(), ctx: context.Background()}
 	batch := protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: 1, Content: "token"}}}
 	ctx := context.Background()

@@ -10,8 +10,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/spillway-dev/spillway/internal/failover"
-	"github.com/spillway-dev/spillway/internal/openaiwire"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
@@ -25,34 +23,23 @@ const shuttingDownRetryAfter = 1
 // a stream whose first client left.
 const attachedCheckTimeout = time.Second
 
-// session is one request's write loop: where it writes, what it relays,
-// and from where. It numbers the events, hands each to the stream log and,
+// session is one request's write loop: one source it reads (source.go:
+// the direct call or a queue relay) and one sink it writes (sink.go: the
+// dialect's). It numbers the events, hands each to the stream log and,
 // while the client is there, to its sink. When the client leaves and a
 // resume window is configured, it goes on without one (detached), so the
 // answer keeps landing in the log for a resume on any api process.
 type session struct {
 	h         *Handler
-	sink      Sink
+	sink      sink
 	resumable bool // the stream is logged and may outlive its client (native dialect only)
-	// native: the client reads /v1/stream's events, which show an
-	// upstream chunk's extra deltas (reasoning, tool calls, …) in the
-	// event's data; otherwise the sink relays the raw chunks.
-	native bool
-	// choices: the request asked for several (n > 1), so every native
-	// chunk event says its choice.
-	choices   bool
 	requestID string
 	owner     string
 	path      string // protocol.PathDirect or PathQueued
 	start     time.Time
-	frames    <-chan protocol.Result
-	// relayDone, on the queued path, closes when the relay gave up;
-	// relayProblem then says why.
-	relayDone    <-chan struct{}
-	relayProblem func() *protocol.Problem
-	// relay, on the queued path, is closed when the stream ended;
-	// finished says whether the source finished (sent done or error).
-	relay    failover.Relay
+	src       source
+	// finished says whether the source finished (sent done or error),
+	// for its relay's Close.
 	finished bool
 	// stop closes when the owner asked to stop the stream (DELETE).
 	stop <-chan struct{}
@@ -63,8 +50,10 @@ type session struct {
 	terminated bool // a done or error event was emitted
 	attached   bool
 	firstChunk bool
-	slab       []byte      // chunk data handed to the log (chunkData)
-	window     *time.Timer // runs while detached
+	// slab holds the data of the chunk events handed to the stream log,
+	// which keeps it until its next batch is written (chunkData).
+	slab   []byte
+	window *time.Timer // runs while detached
 
 	// taken is the writer that took the connection over from net/http
 	// (Writer.takeOver), if one did; gone then closes when the client
@@ -95,7 +84,7 @@ type session struct {
 // newSession returns the session of a /v1/stream stream; the caller fills
 // in its source.
 func (h *Handler) newSession(w http.ResponseWriter, requestID, owner, path string, start time.Time) *session {
-	return &session{h: h, sink: NewWriter(w, h.cfg.WriteTimeout), resumable: true, native: true,
+	return &session{h: h, sink: openNative(w, h.cfg.WriteTimeout), resumable: true,
 		requestID: requestID, owner: owner, path: path, start: start}
 }
 
@@ -109,8 +98,6 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 		open = openNative
 	}
 	return &session{h: h, sink: open(x.w, h.cfg.WriteTimeout), resumable: x.d.resumable(),
-		native:    x.req.Route == protocol.RouteStream || x.req.Route == "",
-		choices:   x.req.N > 1,
 		requestID: x.requestID, owner: x.user, path: path, start: x.start}
 }
 
@@ -151,13 +138,13 @@ func (s *session) loop() (string, bool) {
 			window = s.window.C
 		}
 		select {
-		case res, ok = <-s.frames:
+		case res, ok = <-s.src.frames:
 			k = wakeFrame
 		case <-s.positions:
 			k = wakePosition
 		case <-s.heartbeat.C:
 			k = wakeHeartbeat
-		case <-s.relayDone:
+		case <-s.src.done:
 			k = wakeRelayDone
 		case <-s.clientGone:
 			k = wakeClientGone
@@ -239,8 +226,8 @@ func (s *session) release() {
 	if s.closed != nil {
 		s.closed()
 	}
-	if s.relay != nil {
-		s.relay.Close(s.finished)
+	if s.src.relay != nil {
+		s.src.relay.Close(s.finished)
 	}
 	if s.taken != nil {
 		s.h.giveBack(s.taken)
@@ -273,14 +260,11 @@ func (s *session) open(ctx context.Context) bool {
 	h := s.h
 	// A queued stream's headers and its first position go out in one
 	// write (Writer.Start under Hold): one system call fewer a stream.
-	gather, _ := s.sink.(*Writer)
-	if s.position == nil {
-		gather = nil
+	gather := s.position != nil
+	if gather {
+		s.sink.gather()
 	}
-	if gather != nil {
-		gather.Hold()
-	}
-	s.attached = s.sink.Start(s.requestID, s.path) == nil
+	s.attached = s.sink.start(s.requestID, s.path) == nil
 	s.clientGone = ctx.Done()
 	if s.gone != nil {
 		s.clientGone = s.gone
@@ -294,8 +278,8 @@ func (s *session) open(ctx context.Context) bool {
 		if _, err := s.sendPosition(); err != nil && !s.lose() {
 			return false
 		}
-		if gather != nil && s.attached {
-			if err := gather.Flush(); err != nil && !s.lose() {
+		if gather && s.attached {
+			if err := s.sink.send(); err != nil && !s.lose() {
 				return false
 			}
 		}
@@ -316,6 +300,14 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 	switch k {
 	case wakeFrame:
 		if !ok {
+			if s.src.next != nil {
+				if next, ok := s.src.next.handed(); ok {
+					// The direct call handed the request to the queue:
+					// the loop reads the relay from here on.
+					s.src = next
+					return "", false, false
+				}
+			}
 			h.log.Error("stream source ended without a terminal event", "request_id", s.requestID, "path", s.path)
 			return s.end(protocol.StreamFailed()), false, true
 		}
@@ -339,10 +331,10 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 	case wakeHeartbeat:
 		s.mayTakeOver()
 		if s.attached {
-			err = s.sink.Ping()
+			err = s.sink.ping()
 		}
 	case wakeRelayDone:
-		return s.end(s.relayProblem()), false, true
+		return s.end(s.src.relay.Problem()), false, true
 	case wakeClientGone:
 		s.clientGone = nil
 		if s.attached {
@@ -414,15 +406,14 @@ const maxCoalesce = 64
 // full decode"): chunks that are ready at the same moment cost one system
 // call. A terminal frame is written at once, with what came before it.
 func (s *session) writeReady(res protocol.Result) (outcome string, end bool, err error) {
-	h, _ := s.sink.(holder)
-	if h == nil || !s.attached {
+	if !s.attached {
 		return s.write(res)
 	}
-	h.Hold()
+	s.sink.gather()
 	outcome, end, err = s.write(res)
 	for n := 1; !end && err == nil && n < maxCoalesce; n++ {
 		select {
-		case next, ok := <-s.frames:
+		case next, ok := <-s.src.frames:
 			if !ok {
 				n = maxCoalesce // the loop's next receive sees the close again
 				continue
@@ -435,7 +426,7 @@ func (s *session) writeReady(res protocol.Result) (outcome string, end bool, err
 			n = maxCoalesce
 		}
 	}
-	if ferr := h.Flush(); err == nil && !end {
+	if ferr := s.sink.send(); err == nil && !end {
 		err = ferr
 	}
 	return outcome, end, err
@@ -498,80 +489,30 @@ func (s *session) end(p *protocol.Problem) string {
 	return OutcomeError
 }
 
-// emit numbers ev, encodes its data, logs it and writes it to the client
-// when there is one. An error is a failed write to the client.
+// emit numbers ev, encodes the data of a named event, logs it and writes
+// it to the client when there is one. A chunk event comes from the sink
+// (sink.chunk), with its data when the stream is logged. An error is a
+// failed write to the client.
 func (s *session) emit(ev Event) error {
 	s.lastID++
 	ev.ID = s.lastID
-	logged := s.h.logw != nil && s.resumable
-	switch {
-	case ev.Name != "":
+	if ev.Name != "" {
 		ev = ev.encoded()
-	case logged && ev.Data == nil:
-		// A chunk's data is encoded for the log only; the sink encodes
-		// it again into its own buffer. The log keeps the bytes until
-		// its next batch is written, so they come from the session's
-		// slab rather than an allocation per chunk.
-		ev.Data = s.chunkData(ev.Content)
 	}
 	if ev.Terminal() {
 		s.terminated = true
 	}
-	if logged {
+	if s.logged() {
 		s.h.logw.Append(s.requestID, streamlog.Event{ID: ev.ID, Name: ev.Name, Data: ev.Data})
 	}
 	if !s.attached {
 		return nil
 	}
-	return s.sink.Event(ev)
+	return s.sink.event(ev)
 }
 
-// chunkData returns the data of a chunk of content, carved from the end of
-// the session's slab: blocks that are only appended to (never written
-// below their length), a new one when the last is full, so bytes handed
-// to the log are never overwritten.
-func (s *session) chunkData(content string) []byte {
-	n := len(`{"content":""}`) + len(content) // more when escaped: append grows the block
-	if cap(s.slab)-len(s.slab) < n {
-		s.slab = make([]byte, 0, max(slabBlock, 2*n))
-	}
-	start := len(s.slab)
-	s.slab = appendChunkData(s.slab, content)
-	return s.slab[start:len(s.slab):len(s.slab)]
-}
-
-// emitDeltas emits the /v1/stream events of an upstream chunk with extra
-// deltas: one per choice that shows something (docs/API.md, "The native
-// /v1/stream dialect"). Their data is carved from the slab, as
-// chunkData's. The first failed write to the client is returned; the
-// rest are still numbered and logged.
-func (s *session) emitDeltas(raw []byte) error {
-	if cap(s.slab)-len(s.slab) < 2*len(raw) {
-		s.slab = make([]byte, 0, max(slabBlock, 2*len(raw)))
-	}
-	var spans [][2]int
-	s.slab, spans = openaiwire.AppendNativeEvents(s.slab, raw, s.choices)
-	var err error
-	for _, sp := range spans {
-		data := s.slab[sp[0]:sp[1]:sp[1]]
-		if e := s.emit(Event{Data: data}); e != nil && err == nil {
-			err = e
-		}
-	}
-	return err
-}
-
-// choiceData is chunkData with "choice":0, carved from the slab.
-func (s *session) choiceData(content string) []byte {
-	d := s.chunkData(content)
-	start := len(s.slab)
-	s.slab = append(s.slab, d[:len(d)-1]...)
-	s.slab = append(s.slab, `,"choice":0}`...)
-	return s.slab[start:len(s.slab):len(s.slab)]
-}
-
-// slabBlock is the size of one block of a session's chunk data.
-const slabBlock = 4 << 10
+// logged reports whether the stream's events go to the stream log.
+func (s *session) logged() bool { return s.resumable && s.h.logw != nil }
 
 // write writes one frame. end reports a terminal frame, whose outcome is
 // then final; err is a failed write to the client.
@@ -584,22 +525,7 @@ func (s *session) write(res protocol.Result) (outcome string, end bool, err erro
 		}
 		attached := s.attached
 		for _, c := range res.Chunks {
-			var e error
-			switch {
-			case !s.native:
-				e = s.emit(Event{Content: c.Content, Raw: c.Raw})
-			case c.Raw != nil:
-				e = s.emitDeltas(c.Raw)
-			case c.Content == "":
-				continue // nothing a /v1/stream event shows
-			case s.choices:
-				// Plain content of the first choice, which says so when
-				// the request asked for several.
-				e = s.emit(Event{Data: s.choiceData(c.Content)})
-			default:
-				e = s.emit(Event{Content: c.Content})
-			}
-			if e != nil && err == nil {
+			if e := s.sink.chunk(s, c); e != nil && err == nil {
 				// Keep numbering and logging the rest: a resume wants them.
 				err = e
 				s.attached = false

@@ -71,7 +71,14 @@ var ErrTerminated = errors.New("stream: terminal event already written")
 // NewWriter returns a writer for w. writeTimeout bounds each write; zero
 // means no deadline.
 func NewWriter(w http.ResponseWriter, writeTimeout time.Duration) *Writer {
-	return &Writer{w: w, rc: http.NewResponseController(w), errFlusher: innerErrFlusher(w),
+	sw := newWriter(w, writeTimeout)
+	return &sw
+}
+
+// newWriter is NewWriter's Writer, for a sink that holds its writer in
+// itself: one allocation a stream fewer.
+func newWriter(w http.ResponseWriter, writeTimeout time.Duration) Writer {
+	return Writer{w: w, rc: http.NewResponseController(w), errFlusher: innerErrFlusher(w),
 		writeTimeout: writeTimeout}
 }
 
@@ -148,10 +155,8 @@ func (sw *Writer) Event(e Event) error {
 	if sw.terminal {
 		return ErrTerminated
 	}
-	if e.Name == "" && cap(sw.buf) < eventBuf {
-		// Sized at the first chunk, not at the first ping or queue
-		// position: a stream that only waits keeps a few bytes.
-		sw.buf = slices.Grow(sw.buf, eventBuf)
+	if e.Name == "" {
+		sw.chunkRoom()
 	}
 	if e.Data == nil && e.Name == "" {
 		sw.buf = appendChunkEvent(sw.buf, e.ID, e.Content)
@@ -164,6 +169,15 @@ func (sw *Writer) Event(e Event) error {
 // eventBuf is the write buffer a stream gets at its first chunk: room
 // for a few dozen chunks gathered into one write.
 const eventBuf = 2 << 10
+
+// chunkRoom sizes the buffer for chunks, at the first: at the first
+// chunk, not at the first ping or queue position, so a stream that only
+// waits keeps a few bytes.
+func (sw *Writer) chunkRoom() {
+	if cap(sw.buf) < eventBuf {
+		sw.buf = slices.Grow(sw.buf, eventBuf)
+	}
+}
 
 // appendChunkEvent appends a chunk event with its data encoded from
 // content, as Event.encoded would encode it.

@@ -155,7 +155,7 @@ func TestHeartbeatTimerResetsAfterEachWrite(t *testing.T) {
 		out := make(chan result)
 		go func() {
 			s := h.newSession(rec, "r", "u", protocol.PathDirect, start)
-			s.frames = frames
+			s.src.frames = frames
 			o, _ := s.serve(t.Context())
 			out <- result{o, rec.Body()}
 		}()
@@ -196,7 +196,7 @@ func TestDrainEndsStreamWithError(t *testing.T) {
 		out := make(chan string)
 		go func() {
 			s := h.newSession(rec, "r", "u", protocol.PathQueued, time.Now())
-			s.frames = make(chan protocol.Result)
+			s.src.frames = make(chan protocol.Result)
 			o, _ := s.serve(t.Context())
 			out <- o
 		}()
@@ -283,7 +283,7 @@ func TestSessionCoalescesReadyFrames(t *testing.T) {
 	}
 	frames <- protocol.Result{Kind: protocol.KindDone}
 	s := h.newSession(w, "r", "u", protocol.PathDirect, time.Now())
-	s.frames = frames
+	s.src.frames = frames
 	if o, _ := s.serve(t.Context()); o != OutcomeDone {
 		t.Fatalf("outcome %s, want done", o)
 	}
@@ -307,7 +307,7 @@ func TestSessionCoalescesReadyFrames(t *testing.T) {
 		frames <- protocol.Result{Kind: protocol.KindBatch, Chunks: []protocol.Chunk{{Seq: i + 1, Content: "x"}}}
 	}
 	s = h.newSession(w, "r2", "u", protocol.PathDirect, time.Now())
-	s.frames = frames
+	s.src.frames = frames
 	if o, _ := s.serve(t.Context()); o != OutcomeCancelled {
 		t.Fatalf("outcome %s after a failed write, want cancelled", o)
 	}
