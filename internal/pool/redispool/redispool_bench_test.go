@@ -2,9 +2,13 @@ package redispool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -142,8 +146,9 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 //
 // Against one redis-server and against a Redis Cluster of 3 primaries
 // (the pool's keys share the {pool} hash tag: one slot, one primary).
-// It reports streams/s, the p50/p99 of acquire plus release, and the
-// script calls per stream.
+// It reports streams/s, the p50/p99 of acquire plus release, the script
+// calls and the Redis CPU (every primary's, INFO cpu) per stream, and per-stream's calls that timed out (500 ms), which
+// the api took for a full pool before slot blocks.
 func BenchmarkStreamsPerSecond(b *testing.B) {
 	for _, deploy := range []string{"single", "cluster3"} {
 		b.Run(deploy, func(b *testing.B) {
@@ -170,8 +175,10 @@ func BenchmarkStreamsPerSecond(b *testing.B) {
 					}
 					var mu sync.Mutex
 					var lat []time.Duration
+					var timedOut atomic.Int64
 					b.SetParallelism(64)
 					calls := cc.calls.Load()
+					cpu := redisCPU(b, rdb)
 					b.ResetTimer()
 					b.RunParallel(func(pb *testing.PB) {
 						ctx := context.Background()
@@ -179,7 +186,12 @@ func BenchmarkStreamsPerSecond(b *testing.B) {
 						mine := make([]time.Duration, 0, 1<<12)
 						for pb.Next() {
 							start := time.Now()
-							if err := stream(ctx, user); err != nil {
+							err := stream(ctx, user)
+							if _, slow := errors.AsType[*slowError](err); slow && mode == "per-stream" {
+								timedOut.Add(1) // what the api took for a full pool
+								continue
+							}
+							if err != nil {
 								b.Error(err)
 								return
 							}
@@ -190,12 +202,15 @@ func BenchmarkStreamsPerSecond(b *testing.B) {
 						mu.Unlock()
 					})
 					b.StopTimer()
+					cpu = redisCPU(b, rdb) - cpu
 					if len(lat) == 0 {
 						return
 					}
+					b.ReportMetric(cpu.Seconds()*1e6/float64(len(lat)), "redis-µs/stream")
 					reportLatency(b, lat)
 					b.ReportMetric(float64(len(lat))/b.Elapsed().Seconds(), "streams/s")
 					b.ReportMetric(float64(cc.calls.Load()-calls)/float64(len(lat)), "calls/stream")
+					b.ReportMetric(float64(timedOut.Load())/float64(len(lat)), "timeouts/stream")
 				})
 			}
 		})
@@ -240,4 +255,46 @@ func streamOp(b *testing.B, p *Pool, mode string) func(ctx context.Context, user
 	}
 	b.Fatalf("unknown mode %q", mode)
 	return nil
+}
+
+// redisCPU returns the CPU time (user + system) the Redis primaries behind
+// rdb have used so far.
+func redisCPU(tb testing.TB, rdb redis.UniversalClient) time.Duration {
+	tb.Helper()
+	ctx := context.Background()
+	var mu sync.Mutex
+	var total time.Duration
+	add := func(ctx context.Context, c *redis.Client) error {
+		info, err := c.Info(ctx, "cpu").Result()
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			k, v, ok := strings.Cut(line, ":")
+			if !ok || (k != "used_cpu_sys" && k != "used_cpu_user") {
+				continue
+			}
+			sec, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return fmt.Errorf("INFO cpu %s: %w", line, err)
+			}
+			mu.Lock()
+			total += time.Duration(sec * float64(time.Second))
+			mu.Unlock()
+		}
+		return nil
+	}
+	var err error
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, add)
+	case *redis.Client:
+		err = add(ctx, c)
+	default:
+		tb.Fatalf("redisCPU: client %T", rdb)
+	}
+	if err != nil {
+		tb.Fatalf("redisCPU: %v", err)
+	}
+	return total
 }
