@@ -60,8 +60,8 @@ if released > 0 then
 end
 
 local codes = {}
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 if n > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
   local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now_ms, 'LIMIT', 0, 1000)
   if #gone > 0 then
     redis.call('ZREM', KEYS[2], unpack(gone))
