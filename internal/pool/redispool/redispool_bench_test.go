@@ -142,7 +142,10 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 //     called once each per stream;
 //   - direct: TryAcquire and Release, in slot blocks (block.go);
 //   - queued: AcquireSince and Release, as a worker takes its slot while
-//     slots are free (its first try goes in a block too).
+//     slots are free (its first try goes in a block too);
+//   - queued-full: the same with 32 slots for the 128 goroutines, so most
+//     wait in line and are served by the dispatcher, one acquire.lua call
+//     a waiter (wait.go).
 //
 // Against one redis-server and against a Redis Cluster of 3 primaries
 // (the pool's keys share the {pool} hash tag: one slot, one primary).
@@ -160,9 +163,12 @@ func BenchmarkStreamsPerSecond(b *testing.B) {
 				c := redistest.StartCluster(b, 3)
 				newClient = func(tb testing.TB) redis.UniversalClient { return c.Client(tb) }
 			}
-			for _, mode := range []string{"per-stream", "direct", "queued"} {
+			for _, mode := range []string{"per-stream", "direct", "queued", "queued-full"} {
 				b.Run(mode, func(b *testing.B) {
 					cfg := Config{Prefix: redistest.Prefix(b), Size: 1 << 20, PerUser: 1 << 20, LeaseTTL: 30 * time.Second}
+					if mode == "queued-full" {
+						cfg.Size = 32 // a quarter of the goroutines: the others wait in line
+					}
 					rdb := newClient(b)
 					cc := &callCounter{}
 					rdb.AddHook(cc)
@@ -243,7 +249,7 @@ func streamOp(b *testing.B, p *Pool, mode string) func(ctx context.Context, user
 			l.Release()
 			return nil
 		}
-	case "queued":
+	case "queued", "queued-full":
 		return func(ctx context.Context, user string) error {
 			l, err := p.AcquireSince(ctx, user, time.Now())
 			if err != nil {
