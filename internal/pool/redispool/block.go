@@ -356,7 +356,13 @@ func (p *Pool) answerBlock(reqs []*blockReq, codes []int64, start time.Time) {
 		l.direct, l.granted = r.direct, start
 		r.res <- blockRes{lease: l, code: codeGranted}
 	}
-	if len(back) > 0 && !p.closed {
+	switch {
+	case len(back) == 0:
+	case p.closed:
+		p.mu.Unlock()
+		p.closedRels(back) // Close gives them back with the held ones
+		return
+	default:
 		p.blockRels = append(p.blockRels, back...)
 		p.kickBlock()
 	}
