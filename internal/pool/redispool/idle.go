@@ -112,6 +112,28 @@ func (p *Pool) takeSwap(user string) swapLease {
 	return swapLease{}
 }
 
+// takeStale takes user's idle leases out of the cache when takeIdle could
+// not hand one out (the cache is off for now, or they are not fresh): the
+// caller gives them back in the same block as user's request, so they do
+// not count against its per-user limit there.
+func (p *Pool) takeStale(user string) []swapLease {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.idle[user]
+	if len(s) == 0 {
+		return nil
+	}
+	out := make([]swapLease, 0, len(s))
+	for _, e := range s {
+		delete(p.held, e.id)
+		out = append(out, swapLease{id: e.id, user: user})
+	}
+	clear(s)
+	delete(p.idle, user)
+	p.idleCount -= len(out)
+	return out
+}
+
 // putIdleLocked keeps lease id of user idle, if the rules allow.
 func (p *Pool) putIdleLocked(id, user string, granted time.Time) bool {
 	if !p.cacheOKLocked(true) || !p.freshLocked(granted) {

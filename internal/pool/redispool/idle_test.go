@@ -23,9 +23,9 @@ import (
 // lease goes back.
 
 // callCounter is a go-redis hook that counts the commands a client sends,
-// and among them the runs of acquire.lua.
+// and among them the runs of acquire.lua and of block.lua.
 type callCounter struct {
-	calls, acquires atomic.Int64
+	calls, acquires, blocks atomic.Int64
 }
 
 func (c *callCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -35,6 +35,9 @@ func (c *callCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		c.calls.Add(1)
 		if a := cmd.Args(); len(a) > 1 && (a[1] == acquireScript.Hash() || a[1] == acquireSource) {
 			c.acquires.Add(1)
+		}
+		if a := cmd.Args(); len(a) > 1 && (a[1] == blockScript.Hash() || a[1] == blockSource) {
+			c.blocks.Add(1)
 		}
 		return next(ctx, cmd)
 	}
@@ -246,7 +249,8 @@ func TestIdleLeasesExactAcrossPools(t *testing.T) {
 	})
 	wg.Wait()
 	acquires := counters[0].acquires.Load() + counters[1].acquires.Load()
-	t.Logf("%d grants, %d from the cache; %d acquire.lua calls", granted.Load(), reused.Load(), acquires)
+	blocks := counters[0].blocks.Load() + counters[1].blocks.Load()
+	t.Logf("%d grants, %d from the cache; %d acquire.lua and %d block.lua calls", granted.Load(), reused.Load(), acquires, blocks)
 	if granted.Load() < 100 {
 		t.Fatalf("only %d grants: the test did not run", granted.Load())
 	}

@@ -36,6 +36,11 @@
 // lost while reconnecting). Acquire with no local waiter first tries like a
 // direct request, which succeeds only when no waiter is deprived.
 //
+// Slot blocks (block.go). Direct requests that need Redis, and releases,
+// join the process's next block: one block.lua call carries every request
+// and release that arrived while the previous call was out, so the pool's
+// primary sees a call per block, not per stream.
+//
 // Idle leases (idle.go). With Config.IdleHold a direct lease released by
 // its holder stays a lease of this process for IdleHold, and the same
 // user's next TryAcquire here takes it without a Redis call; it is given
@@ -50,7 +55,9 @@
 // every second and returns to Redis on the first answer
 // (onFallback(false), one line). Every Redis call has a short timeout, so
 // no caller hangs on a Redis that stopped answering; a call that times out
-// fails alone (a direct request goes to the queue). Leases
+// fails alone (a waiter tries again), except a slot block's, which waits
+// for the health watch's verdict (block.go): a slow Redis is not a full
+// pool. Leases
 // from the fallback pool release to it; Redis leases released while in
 // fallback (or whose release found Redis gone) are released in Redis by
 // the renewal round that follows the return, so a failover does not keep
@@ -258,6 +265,12 @@ type Pool struct {
 	flushAll   bool                // give every idle lease back now
 	flushUsers map[string]struct{} // give these users' idle leases back now
 
+	// Slot blocks (block.go): requests and releases for the next call.
+	blockReqs []*blockReq
+	blockRels []blockRel
+	blocking  bool          // the block goroutine runs
+	blockKick chan struct{} // cap 1: send what waits
+
 	kick        chan struct{} // cap 1: run a dispatcher pass
 	reclaimKick chan struct{} // cap 1: run the reclaimer's sweep
 	statsKick   chan struct{} // cap 1: refresh the cached stats now
@@ -324,6 +337,7 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 		held:         make(map[string]string),
 		kick:         make(chan struct{}, 1),
 		reclaimKick:  make(chan struct{}, 1),
+		blockKick:    make(chan struct{}, 1),
 		busy:         true, // until a reply shows the line empty
 		statsKick:    make(chan struct{}, 1),
 		changed:      make(chan struct{}),
@@ -338,12 +352,16 @@ func limitKeyOf(cfg Config) string {
 	return LimitKey(cfg.Prefix, cfg.AdaptiveLimit)
 }
 
-// TryAcquire takes a slot for user without waiting: an idle lease of
-// user kept by this process (no Redis call, idle.go), else one script
-// call to Redis (at most 500ms), or the fallback pool. It returns an error
-// wrapping pool.ErrPoolExhausted (also when the free slots belong to
-// older waiting jobs, or Redis did not answer in time) or
-// pool.ErrUserLimit, ctx's error, or ErrClosed.
+// TryAcquire takes a slot for user without waiting for one to free: an
+// idle lease of user kept by this process (no Redis call, idle.go), else
+// a place in the process's next slot block, one script call for every
+// request that arrived meanwhile (block.go), or the fallback pool. A slow
+// Redis is waited for, not taken for a full pool: until the block's reply,
+// or until the health watch judges Redis gone and the fallback pool
+// serves the request. It returns an error wrapping pool.ErrPoolExhausted
+// (also when the free slots belong to older waiting jobs, or Redis stayed
+// silent while its probe answered) or pool.ErrUserLimit, ctx's error, or
+// ErrClosed.
 func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) {
 	user = identity.Bucket(user)
 	if p.isClosed() {
@@ -555,33 +573,11 @@ func (p *Pool) startRenewalLocked() {
 	}
 }
 
-// tryRedis is one direct attempt; direct marks a TryAcquire, whose lease
-// may be kept idle when released.
+// tryRedis is one direct attempt, made in the next slot block
+// (block.go); direct marks a TryAcquire, whose lease may be kept idle when
+// released.
 func (p *Pool) tryRedis(ctx context.Context, user string, direct bool) (pool.Lease, error) {
-	id := p.newLeaseID()
-	var swap swapLease
-	if direct && p.cfg.IdleHold > 0 {
-		swap = p.takeSwap(user)
-	}
-	start := time.Now()
-	rep, err := p.runAcquire(ctx, user, id, "", 0, swap)
-	if err != nil {
-		return nil, err
-	}
-	switch rep.code {
-	case codeGranted:
-		p.mu.Lock()
-		l := p.grantLocked(id, user)
-		l.direct, l.granted = direct, start
-		p.mu.Unlock()
-		return l, nil
-	case codeUserLimit:
-		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, pool.ErrUserLimit)
-	case codeReserved:
-		return nil, fmt.Errorf("redispool: acquire for %s: free slots go to older waiting jobs: %w", user, pool.ErrPoolExhausted)
-	default:
-		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, pool.ErrPoolExhausted)
-	}
+	return p.acquireBlock(ctx, user, direct)
 }
 
 // grantLocked records a lease granted in Redis so that it is renewed.
@@ -653,7 +649,7 @@ func (p *Pool) release(l *lease) {
 		p.releaseLater(id, user)
 		return
 	}
-	p.releaseRedis([]string{id}, []string{user})
+	p.releaseBlock(id, user)
 }
 
 // releaseLater files a release for the next renewal round: a lease held

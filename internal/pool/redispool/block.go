@@ -1,0 +1,460 @@
+package redispool
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/rediserr"
+)
+
+// Slot blocks (docs/OPERATIONS.md, "Slot blocks"). Direct requests that
+// need Redis (TryAcquire without an idle lease, a waiter's first try) and
+// leases given back do not make a script call each: they join the
+// process's next block, and one goroutine sends a block at a time as one
+// block.lua call. What arrives while a call is out waits for the next one,
+// so under load the pool's primary sees a call per block, not per stream,
+// and a lone request still goes at once. Each request in a block is judged
+// by acquire.lua's rules for a direct request, in arrival order, so both
+// limits and the waiters' precedence hold exactly as before.
+//
+// A block that Redis is slow to answer is waited for, not refused: after
+// callTimeout the health watch starts (health.go), and the block waits
+// for its reply until the watch judges Redis gone (no probe answer for
+// DownAfter): its requests then go to the fallback pool. Only a block
+// that outlives even that (a probe that answers while the block's call
+// does not) tells its requests the pool is exhausted. A request whose caller gave up meanwhile leaves
+// the block; a lease granted to it goes back in the next block.
+
+//go:embed block.lua
+var blockSource string
+var blockScript = redis.NewScript(blockSource)
+
+// maxBlock bounds the requests, and separately the leases given back, of
+// one block.lua call.
+const maxBlock = 512
+
+// blockReq is one request waiting for a block.
+type blockReq struct {
+	user   string
+	id     string // the lease id it is granted under
+	direct bool   // TryAcquire's: its lease may be kept idle when released
+	// state: reqPending until the block's goroutine delivers (reqDelivered)
+	// or the caller gives up (reqGone).
+	state atomic.Int32
+	res   chan blockRes // cap 1
+}
+
+const (
+	reqPending int32 = iota
+	reqDelivered
+	reqGone
+)
+
+type blockRes struct {
+	lease *lease
+	code  int64
+	err   error
+}
+
+// blockRel is a lease given back in a block; done, if not nil, is closed
+// once the call carrying it ended.
+type blockRel struct {
+	id, user string
+	done     chan struct{}
+}
+
+// acquireBlock asks for a slot for user in the next block: the Redis path
+// of TryAcquire and of a waiter's first try. Errors are those of tryRedis.
+func (p *Pool) acquireBlock(ctx context.Context, user string, direct bool) (pool.Lease, error) {
+	r := &blockReq{user: user, id: p.newLeaseID(), direct: direct, res: make(chan blockRes, 1)}
+	var back []swapLease
+	if direct && p.cfg.IdleHold > 0 {
+		// user's own idle leases, which takeIdle could not hand out,
+		// go back first: they would count against its per-user limit.
+		back = p.takeStale(user)
+		if s := p.takeSwap(user); s.id != "" {
+			back = append(back, s)
+		}
+	}
+	p.mu.Lock()
+	if p.closed {
+		for _, s := range back {
+			p.releaseLaterLocked(s.id, s.user) // no-op: Close releases what it holds
+		}
+		p.mu.Unlock()
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ErrClosed)
+	}
+	for _, s := range back {
+		p.blockRels = append(p.blockRels, blockRel{id: s.id, user: s.user})
+	}
+	p.blockReqs = append(p.blockReqs, r)
+	p.startBlocksLocked()
+	p.mu.Unlock()
+	p.kickBlock()
+
+	var res blockRes
+	select {
+	case res = <-r.res:
+	case <-ctx.Done():
+		if r.state.CompareAndSwap(reqPending, reqGone) {
+			return nil, fmt.Errorf("redispool: acquire for %s: %w", user, ctx.Err())
+		}
+		res = <-r.res // delivered just now
+	}
+	if res.err != nil {
+		return nil, res.err
+	}
+	switch res.code {
+	case codeGranted:
+		return res.lease, nil
+	case codeUserLimit:
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, pool.ErrUserLimit)
+	case codeReserved:
+		return nil, fmt.Errorf("redispool: acquire for %s: free slots go to older waiting jobs: %w", user, pool.ErrPoolExhausted)
+	default:
+		return nil, fmt.Errorf("redispool: acquire for %s: %w", user, pool.ErrPoolExhausted)
+	}
+}
+
+// releaseBlock gives lease id of user back in the next block and waits
+// until the call carrying it ended (or Close).
+func (p *Pool) releaseBlock(id, user string) {
+	done := make(chan struct{})
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.blockRels = append(p.blockRels, blockRel{id: id, user: user, done: done})
+	p.startBlocksLocked()
+	p.mu.Unlock()
+	p.kickBlock()
+	select {
+	case <-done:
+	case <-p.closing:
+	}
+}
+
+func (p *Pool) kickBlock() {
+	select {
+	case p.blockKick <- struct{}{}:
+	default:
+	}
+}
+
+func (p *Pool) startBlocksLocked() {
+	if !p.blocking {
+		p.blocking = p.goLocked(p.blockLoop)
+	}
+}
+
+// blockLoop sends the blocks, one call at a time.
+func (p *Pool) blockLoop() {
+	for {
+		select {
+		case <-p.closing:
+			p.failBlocks()
+			return
+		case <-p.blockKick:
+		}
+		for {
+			reqs, rels := p.takeBlock()
+			if len(reqs) == 0 && len(rels) == 0 {
+				break
+			}
+			p.runBlock(reqs, rels)
+		}
+	}
+}
+
+// takeBlock takes up to maxBlock requests still waiting and as many
+// leases to give back.
+func (p *Pool) takeBlock() ([]*blockReq, []blockRel) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var reqs []*blockReq
+	n := 0
+	for _, r := range p.blockReqs {
+		n++
+		if r.state.Load() == reqGone {
+			continue
+		}
+		reqs = append(reqs, r)
+		if len(reqs) == maxBlock {
+			break
+		}
+	}
+	p.blockReqs = p.blockReqs[n:]
+	m := min(len(p.blockRels), maxBlock)
+	rels := p.blockRels[:m:m]
+	p.blockRels = p.blockRels[m:]
+	if len(p.blockReqs) == 0 {
+		p.blockReqs = nil
+	}
+	if len(p.blockRels) == 0 {
+		p.blockRels = nil
+	}
+	return reqs, rels
+}
+
+// failBlocks answers what still waits for a block once the Pool closed;
+// the leases to give back go to Close with the held ones.
+func (p *Pool) failBlocks() {
+	p.mu.Lock()
+	reqs, rels := p.blockReqs, p.blockRels
+	p.blockReqs, p.blockRels = nil, nil
+	p.mu.Unlock()
+	for _, r := range reqs {
+		p.deliver(r, blockRes{err: fmt.Errorf("redispool: acquire for %s: %w", r.user, ErrClosed)})
+	}
+	p.closedRels(rels)
+	closeRels(rels)
+}
+
+// closedRels hands leases given back after Close began to Close's cleanup
+// (unreleased); it runs before Close reads them (the goroutines end first).
+func (p *Pool) closedRels(rels []blockRel) {
+	p.mu.Lock()
+	for _, rel := range rels {
+		if p.unreleased == nil {
+			p.unreleased = make(map[string]string)
+		}
+		p.unreleased[rel.id] = rel.user
+	}
+	p.mu.Unlock()
+}
+
+func closeRels(rels []blockRel) {
+	for _, rel := range rels {
+		if rel.done != nil {
+			close(rel.done)
+		}
+	}
+}
+
+// deliver hands res to r unless its caller gave up; it reports whether it
+// did.
+func (p *Pool) deliver(r *blockReq, res blockRes) bool {
+	if !r.state.CompareAndSwap(reqPending, reqDelivered) {
+		return false
+	}
+	r.res <- res
+	return true
+}
+
+// runBlock makes one block.lua call for reqs and rels and answers them.
+func (p *Pool) runBlock(reqs []*blockReq, rels []blockRel) {
+	defer closeRels(rels)
+	if fb, _ := p.mode(); fb {
+		p.unavailableBlock(reqs, rels, nil)
+		return
+	}
+	limitKey, adaptive := p.limitKey, "1"
+	if limitKey == "" {
+		limitKey, adaptive = p.leasesKey, "0"
+	}
+	keys := make([]string, 0, 4+len(rels)+len(reqs))
+	keys = append(keys, p.leasesKey, p.waitersKey, p.waiterExpKey, limitKey)
+	args := make([]any, 0, 8+len(rels)+len(reqs))
+	args = append(args, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, adaptive, p.reclaim, p.channel, len(rels))
+	for _, rel := range rels {
+		keys = append(keys, UserKey(p.cfg.Prefix, rel.user))
+		args = append(args, rel.id)
+	}
+	for _, r := range reqs {
+		keys = append(keys, UserKey(p.cfg.Prefix, r.user))
+		args = append(args, r.id)
+	}
+	what := fmt.Sprintf("block of %d requests and %d releases", len(reqs), len(rels))
+	gen := p.reclaimGen.Load()
+	start := time.Now()
+	v, err := p.callBlock(keys, args, what, func(v any) { p.lateBlock(reqs, v) })
+	if err == nil {
+		var n []int64
+		if n, err = ints(v, 4+len(reqs)); err == nil {
+			p.setStats(int(n[0]))
+			if len(reqs) > 0 {
+				p.setLimit(int(n[1]))
+			}
+			p.noteWaiters(gen, n[2])
+			p.answerBlock(reqs, n[4:], start)
+			return
+		}
+		err = fmt.Errorf("redispool: %s: %w", what, err)
+	}
+	var ue *unavailableError
+	var se *slowError
+	switch {
+	case errors.Is(err, ErrClosed):
+		p.closedRels(rels) // Close gives them back with the held ones
+		for _, r := range reqs {
+			p.deliver(r, blockRes{err: fmt.Errorf("redispool: acquire for %s: %w", r.user, ErrClosed)})
+		}
+		return
+	case errors.Is(err, errModeChanged):
+		p.unavailableBlock(reqs, rels, err)
+		return
+	case errors.As(err, &ue):
+		p.setFallback(true, err)
+		p.unavailableBlock(reqs, rels, err)
+		return
+	case errors.As(err, &se):
+		p.suspect(err)
+	}
+	// The call may have run, or run later: what it may have granted and
+	// given back is settled by the next renewal round.
+	p.releaseAllLater(relIDs(rels))
+	for _, r := range reqs {
+		p.forget(r.id, r.user, "")
+		p.deliver(r, blockRes{err: fmt.Errorf("redispool: acquire for %s: %w", r.user, err)})
+	}
+}
+
+func relIDs(rels []blockRel) (ids, users []string) {
+	for _, rel := range rels {
+		ids, users = append(ids, rel.id), append(users, rel.user)
+	}
+	return ids, users
+}
+
+// unavailableBlock answers a block Redis could not take because it is
+// gone: its requests go to the fallback pool (an *unavailableError), its
+// releases wait for Redis to come back.
+func (p *Pool) unavailableBlock(reqs []*blockReq, rels []blockRel, cause error) {
+	if cause == nil {
+		cause = errModeChanged
+	}
+	p.releaseAllLater(relIDs(rels))
+	for _, r := range reqs {
+		p.forget(r.id, r.user, "") // in case the call ran
+		p.deliver(r, blockRes{err: &unavailableError{fmt.Errorf("redispool: acquire for %s: %w", r.user, cause)}})
+	}
+}
+
+// answerBlock hands each request its code; a lease granted to a caller
+// that gave up goes back in the next block.
+func (p *Pool) answerBlock(reqs []*blockReq, codes []int64, start time.Time) {
+	var back []blockRel
+	p.mu.Lock()
+	for i, r := range reqs {
+		if codes[i] != codeGranted {
+			p.deliver(r, blockRes{code: codes[i]})
+			continue
+		}
+		if !r.state.CompareAndSwap(reqPending, reqDelivered) {
+			back = append(back, blockRel{id: r.id, user: r.user})
+			continue
+		}
+		l := p.grantLocked(r.id, r.user)
+		l.direct, l.granted = r.direct, start
+		r.res <- blockRes{lease: l, code: codeGranted}
+	}
+	switch {
+	case len(back) == 0:
+	case p.closed:
+		p.mu.Unlock()
+		p.closedRels(back) // Close gives them back with the held ones
+		return
+	default:
+		p.blockRels = append(p.blockRels, back...)
+		p.kickBlock()
+	}
+	p.mu.Unlock()
+}
+
+// lateBlock handles the reply of a block that was given up (Redis judged
+// gone, or Close): the leases it granted have no holder.
+func (p *Pool) lateBlock(reqs []*blockReq, v any) {
+	n, err := ints(v, 4+len(reqs))
+	if err != nil {
+		return
+	}
+	var ids, users []string
+	for i, r := range reqs {
+		if n[4+i] == codeGranted {
+			ids, users = append(ids, r.id), append(users, r.user)
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	_, _ = p.runRelease(ctx, ids, users)
+}
+
+// callBlock runs block.lua. From callTimeout on the health watch runs,
+// and its verdict that Redis is gone (DownAfter later at the latest) ends
+// the wait with errModeChanged, as Close does with ErrClosed; the call
+// itself is bounded just past that verdict. late gets the reply of a call
+// given up that succeeds after all.
+func (p *Pool) callBlock(keys []string, args []any, what string, late func(any)) (any, error) {
+	bound := callTimeout + p.cfg.DownAfter + probeTimeout
+	cctx, cancel := context.WithTimeout(context.Background(), bound)
+	type reply struct {
+		v   any
+		err error
+	}
+	const pending, delivered, abandoned = 0, 1, 2
+	var state atomic.Int32
+	ch := make(chan reply, 1)
+	done := p.trackCall()
+	go func() {
+		defer done()
+		defer cancel()
+		v, err := blockScript.Run(cctx, p.rdb, keys, args...).Result()
+		if state.CompareAndSwap(pending, delivered) {
+			ch <- reply{v, err}
+		} else if err == nil && late != nil {
+			late(v)
+		}
+	}()
+	_, changed := p.mode()
+	slow := time.NewTimer(callTimeout)
+	defer slow.Stop()
+	for {
+		var r reply
+		select {
+		case r = <-ch:
+		case <-slow.C:
+			p.suspect(&slowError{fmt.Errorf("redispool: %s: no answer in %s", what, callTimeout)})
+			continue
+		case <-cctx.Done():
+			if !state.CompareAndSwap(pending, abandoned) {
+				r = <-ch
+				break
+			}
+			r.err = cctx.Err()
+		case <-changed:
+			if !state.CompareAndSwap(pending, abandoned) {
+				r = <-ch
+				break
+			}
+			return nil, errModeChanged
+		case <-p.closing:
+			if !state.CompareAndSwap(pending, abandoned) {
+				r = <-ch
+				break
+			}
+			return nil, fmt.Errorf("redispool: %s: %w", what, ErrClosed)
+		}
+		if r.err == nil {
+			return r.v, nil
+		}
+		err := fmt.Errorf("redispool: %s: %w", what, r.err)
+		switch rediserr.Classify(r.err) {
+		case rediserr.Gone:
+			return nil, &unavailableError{err}
+		case rediserr.Busy:
+			return nil, &slowError{err}
+		}
+		return nil, err
+	}
+}
