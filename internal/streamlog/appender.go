@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,16 +40,13 @@ const (
 	// dropLogEvery is the least time between two log lines about dropped
 	// entries; each says how many were dropped since the last.
 	dropLogEvery = time.Minute
-	// DefaultBuffer is how many events may wait to be taken by the
-	// appender's goroutine, which takes them as they come.
-	DefaultBuffer = 16384
-	// DefaultBacklog is how many events the appender holds while a write
-	// is under way; the next write takes them all. Only when Redis is
-	// slower than that and Buffer is full too are events dropped (and
-	// counted) rather than slowing every stream down: at the 73,000
-	// events/s of one api at 200 concurrent, about a second of a Redis
-	// that does not answer (docs/BENCHMARKS.md, "Stream log at load").
-	DefaultBacklog = 65536
+	// DefaultBuffer is how many events may wait for a write besides the
+	// one under way; the next write takes them all. Only beyond that are
+	// events dropped (and counted) rather than slowing every stream down:
+	// at the 73,000 events/s of one api at 200 concurrent, about a second
+	// of a Redis that does not answer (docs/BENCHMARKS.md, "Stream log at
+	// load"). The buffer grows with use; an idle one holds nothing.
+	DefaultBuffer = 65536
 	// flushTimeout bounds one pipelined write.
 	flushTimeout = 5 * time.Second
 	// keepBatch is the largest batch slice kept for reuse after a write;
@@ -79,12 +77,10 @@ type Config struct {
 	// TTL is how long a log lives after its last write
 	// (STREAM_LOG_TTL_SECONDS). Required.
 	TTL time.Duration
-	// FlushInterval, MaxBatch, Buffer and Backlog tune batching; see the
-	// defaults.
+	// FlushInterval, MaxBatch and Buffer tune batching; see the defaults.
 	FlushInterval time.Duration
 	MaxBatch      int
 	Buffer        int
-	Backlog       int
 	// OnDrop, if not nil, is called for every entry dropped (a metric).
 	OnDrop func()
 	// Producer names this process in the logs it opens, and Liveness is
@@ -108,9 +104,6 @@ func (c Config) withDefaults() Config {
 	if c.Buffer == 0 {
 		c.Buffer = DefaultBuffer
 	}
-	if c.Backlog == 0 {
-		c.Backlog = DefaultBacklog
-	}
 	return c
 }
 
@@ -120,8 +113,8 @@ func (c Config) Validate() error {
 	if c.TTL < time.Second {
 		return errors.New("streamlog: TTL must be at least 1s")
 	}
-	if c.FlushInterval < 0 || c.MaxBatch < 1 || c.Buffer < 1 || c.Backlog < c.MaxBatch {
-		return errors.New("streamlog: FlushInterval must not be negative, MaxBatch and Buffer positive, Backlog at least MaxBatch")
+	if c.FlushInterval < 0 || c.MaxBatch < 1 || c.Buffer < 1 {
+		return errors.New("streamlog: FlushInterval must not be negative, MaxBatch and Buffer positive")
 	}
 	if c.Liveness != 0 && (c.Liveness < 3*time.Millisecond || c.Producer == "") {
 		return fmt.Errorf("streamlog: Liveness %s must be 0, or at least 3ms with a Producer", c.Liveness)
@@ -146,15 +139,20 @@ type item struct {
 }
 
 // Appender writes stream logs for one process. Append and Open never wait
-// for Redis: they hand the entry to Run's goroutine, which writes what
-// accumulated every FlushInterval (or MaxBatch entries) in one pipeline,
-// so the cost on a stream's own path is a channel send, not a round trip
-// per chunk. Safe for concurrent use.
+// for Redis: they add the entry to a buffer that Run writes every
+// FlushInterval (or MaxBatch entries) in one pipeline, so the cost on a
+// stream's own path is an append under a lock, not a round trip per
+// chunk. Safe for concurrent use.
 type Appender struct {
-	cfg     Config
-	rdb     redis.UniversalClient
-	log     *slog.Logger
-	in      chan item
+	cfg Config
+	rdb redis.UniversalClient
+	log *slog.Logger
+	// mu guards gather, the entries handed over and not yet taken by a
+	// write, in the order they came (so a log's entries stay in order).
+	mu     sync.Mutex
+	gather []item
+	// wake tells Run that gather got its first entry or MaxBatch.
+	wake    chan struct{}
 	dropped atomic.Int64
 	batches atomic.Int64
 	// pending is how many entries were handed over and not written yet.
@@ -178,7 +176,7 @@ func NewAppender(cfg Config, rdb redis.UniversalClient, log *slog.Logger) (*Appe
 		return nil, errors.New("streamlog: a Redis client and a logger are required")
 	}
 	cfg = cfg.withDefaults()
-	return &Appender{cfg: cfg, rdb: rdb, log: log, in: make(chan item, cfg.Buffer),
+	return &Appender{cfg: cfg, rdb: rdb, log: log, wake: make(chan struct{}, 1),
 		logs: make(map[string]logState)}, nil
 }
 
@@ -205,23 +203,33 @@ type logState struct {
 }
 
 func (a *Appender) put(it item) bool {
-	a.pending.Add(1)
-	select {
-	case a.in <- it:
-		return true
-	default:
-		a.pending.Add(-1)
-		n := a.dropped.Add(1)
-		if a.cfg.OnDrop != nil {
-			a.cfg.OnDrop()
-		}
-		now := time.Now().UnixNano()
-		if last := a.droppedLogged.Load(); (last == 0 || now-last >= int64(dropLogEvery)) && a.droppedLogged.CompareAndSwap(last, now) {
-			a.log.Warn("stream log behind Redis, entries dropped: a resume of these streams ends at the gap",
-				"dropped_total", n, "request_id", it.requestID, "buffer", a.cfg.Buffer)
-		}
-		return false
+	a.mu.Lock()
+	n := len(a.gather)
+	kept := n < a.cfg.Buffer
+	if kept {
+		a.gather = append(a.gather, it)
+		a.pending.Add(1)
 	}
+	a.mu.Unlock()
+	if kept {
+		if n == 0 || n+1 == a.cfg.MaxBatch {
+			select {
+			case a.wake <- struct{}{}:
+			default: // Run has been told already
+			}
+		}
+		return true
+	}
+	dropped := a.dropped.Add(1)
+	if a.cfg.OnDrop != nil {
+		a.cfg.OnDrop()
+	}
+	now := time.Now().UnixNano()
+	if last := a.droppedLogged.Load(); (last == 0 || now-last >= int64(dropLogEvery)) && a.droppedLogged.CompareAndSwap(last, now) {
+		a.log.Warn("stream log behind Redis, entries dropped: a resume of these streams ends at the gap",
+			"dropped_total", dropped, "request_id", it.requestID, "buffer", a.cfg.Buffer)
+	}
+	return false
 }
 
 // Pending is how many entries wait to be written.
@@ -242,6 +250,7 @@ func (a *Appender) Run(ctx context.Context) {
 	// write is under way, until it returns.
 	tick := time.NewTimer(time.Hour)
 	tick.Stop()
+	ticking := false
 	// The liveness marker is set before any log names this producer, and
 	// deleted once the last entry is written.
 	var alive <-chan time.Time
@@ -253,12 +262,11 @@ func (a *Appender) Run(ctx context.Context) {
 		alive = t.C
 	}
 	// One write is under way at a time, on the writer goroutine, so a
-	// log's entries reach Redis in order. Meanwhile Run goes on taking
-	// entries into the next batch (up to Backlog), which goes out whole
-	// when the write returns: the log keeps up with Redis's throughput
-	// however long its round trips (docs/BENCHMARKS.md, "Stream log at
-	// load"). On a stop, the write under way ends, then Run writes the
-	// rest itself.
+	// log's entries reach Redis in order. Meanwhile entries gather (up to
+	// Buffer), and go out whole when the write returns: the log keeps up
+	// with Redis's throughput however long its round trips
+	// (docs/BENCHMARKS.md, "Stream log at load"). On a stop, the write
+	// under way ends, then Run writes the rest itself.
 	writes, written := make(chan []item), make(chan []item)
 	go func() {
 		defer close(written)
@@ -266,38 +274,38 @@ func (a *Appender) Run(ctx context.Context) {
 			written <- a.flush(ctx, b)
 		}
 	}()
-	batch := make([]item, 0, a.cfg.MaxBatch)
 	var spare []item
 	busy, due := false, false
 	send := func() {
-		tick.Stop()
-		writes <- a.drainUpTo(batch, a.cfg.Backlog)
-		busy, due = true, false
-		batch, spare = spare, nil
-		if batch == nil {
-			batch = make([]item, 0, a.cfg.MaxBatch)
+		b := a.take(spare)
+		spare, due = nil, false
+		if len(b) == 0 {
+			spare = b
+			return
 		}
+		tick.Stop()
+		ticking = false
+		writes <- b
+		busy = true
 	}
 	for {
-		in := a.in
-		if len(batch) >= a.cfg.Backlog {
-			in = nil // full: further entries wait in the channel
-		}
 		select {
 		case <-alive:
 			a.markAlive(ctx)
-		case it := <-in:
-			if len(batch) == 0 {
+		case <-a.wake:
+			switch n := a.gathered(); {
+			case n >= a.cfg.MaxBatch:
+				due = true
+			case n > 0 && !ticking:
 				tick.Reset(a.cfg.FlushInterval)
+				ticking = true
 			}
-			batch = append(batch, it)
-			if len(batch) >= a.cfg.MaxBatch {
-				if due = true; !busy {
-					send()
-				}
+			if due && !busy {
+				send()
 			}
 		case <-tick.C:
-			if due = true; !busy {
+			ticking, due = false, true
+			if !busy {
 				send()
 			}
 		case b := <-written:
@@ -305,7 +313,7 @@ func (a *Appender) Run(ctx context.Context) {
 			if cap(b) <= keepBatch {
 				spare = b
 			}
-			if due && len(batch) > 0 {
+			if due {
 				send()
 			}
 		case <-ctx.Done():
@@ -313,10 +321,27 @@ func (a *Appender) Run(ctx context.Context) {
 			close(writes)
 			for range written { // the write under way, if any
 			}
-			a.flush(ctx, a.drain(batch))
+			a.flush(ctx, a.take(spare))
 			return
 		}
 	}
+}
+
+// gathered is how many entries wait for the next write.
+func (a *Appender) gathered() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.gather)
+}
+
+// take returns the entries gathered, leaving next (emptied) to gather
+// into.
+func (a *Appender) take(next []item) []item {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b := a.gather
+	a.gather = next[:0]
+	return b
 }
 
 // markAlive sets the producer's liveness marker for Liveness.
@@ -335,32 +360,6 @@ func (a *Appender) markGone(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 	defer cancel()
 	_ = a.rdb.Del(ctx, ProducerKey(a.cfg.Prefix, a.cfg.Producer)).Err() // else it expires
-}
-
-// drainUpTo appends to batch what is waiting, without waiting, until
-// batch holds max entries.
-func (a *Appender) drainUpTo(batch []item, max int) []item {
-	for len(batch) < max {
-		select {
-		case it := <-a.in:
-			batch = append(batch, it)
-		default:
-			return batch
-		}
-	}
-	return batch
-}
-
-// drain appends to batch what is still waiting, without waiting.
-func (a *Appender) drain(batch []item) []item {
-	for {
-		select {
-		case it := <-a.in:
-			batch = append(batch, it)
-		default:
-			return batch
-		}
-	}
 }
 
 // flush writes batch in one pipeline: per log touched, an XADD for its

@@ -121,10 +121,10 @@ func TestReadRefusesMalformedEntry(t *testing.T) {
 	}
 }
 
-// While Redis stalls, entries wait (in the channel, and up to Backlog
-// taken by the appender while its write waits); a backlog goes out in
-// pipelines of up to Backlog, and what does not fit is dropped and
-// counted, never blocking the appending stream.
+// While Redis stalls, entries wait, up to Buffer besides the write under
+// way; the backlog goes out in pipelines of up to Buffer entries, and
+// what does not fit is dropped and counted, never blocking the appending
+// stream.
 func TestBacklogAndDrops(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -132,9 +132,9 @@ func TestBacklogAndDrops(t *testing.T) {
 	}
 	srv := redistest.Start(t)
 	prefix := redistest.Prefix(t)
-	const maxBatch, backlog, buffer, n = 16, 64, 1024, 1500
+	const maxBatch, buffer, n = 16, 1024, 1500
 	var onDrop atomic.Int64
-	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute, MaxBatch: maxBatch, Backlog: backlog, Buffer: buffer,
+	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute, MaxBatch: maxBatch, Buffer: buffer,
 		OnDrop: func() { onDrop.Add(1) }}, srv)
 	admin := srv.Client(t)
 	// One write goes out, then Redis stalls writes: the appender's next
@@ -177,9 +177,9 @@ func TestBacklogAndDrops(t *testing.T) {
 			t.Fatalf("event %d has id %d after %d: out of order", i, got[i].ID, got[i-1].ID)
 		}
 	}
-	// The backlog went out in pipelines of up to Backlog entries, not one
-	// per MaxBatch: the first write, the one the stall held, then full ones.
-	if b, most := a.Batches(), int64(2+(kept+backlog-1)/backlog); b > most {
+	// The backlog went out in pipelines of up to Buffer entries, not one
+	// per MaxBatch: the first write, the one the stall held, then the rest.
+	if b, most := a.Batches(), int64(2+(kept+buffer-1)/buffer); b > most {
 		t.Errorf("%d pipelines for a backlog of %d entries, want at most %d (one per MaxBatch would be %d)", b, kept, most, kept/maxBatch)
 	}
 }
