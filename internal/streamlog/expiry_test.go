@@ -1,8 +1,14 @@
 package streamlog_test
 
 import (
+	"context"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/redistest"
 	"github.com/spillway-dev/spillway/internal/streamlog"
@@ -10,7 +16,7 @@ import (
 )
 
 // A log's expiry is set with its owner entry (to TTL plus the refresh
-// interval, TTL/10 here), not again by writes within that interval, again
+// interval, 1 s here), not again by writes within that interval, again
 // by the first write after it, and to TTL exactly by the terminal event:
 // the log lives at least TTL after its last write, without a PEXPIRE per
 // write. The test moves the expiry far out by hand to see whether a write
@@ -20,8 +26,8 @@ func TestExpirySetOnOpenEveryIntervalAndAtTheEnd(t *testing.T) {
 	srv := redistest.Start(t)
 	prefix := redistest.Prefix(t)
 	rdb := srv.Client(t)
-	const ttl = 2 * time.Second
-	const every = ttl / 10
+	const ttl = 10 * time.Second
+	const every = time.Second // min(TTL/10, 1s)
 	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: ttl}, srv)
 	key := streamlog.Key(prefix, "exp")
 	written := func(what string) {
@@ -44,10 +50,13 @@ func TestExpirySetOnOpenEveryIntervalAndAtTheEnd(t *testing.T) {
 		}
 	}
 
+	// The expiry is set at or after opened; a write within every of
+	// opened is within every of it.
+	opened := time.Now()
 	a.Open("exp", "alice")
 	a.Append("exp", streamlog.Event{ID: 1, Data: []byte(`{"content":"a"}`)})
 	written("the owner entry")
-	opened := time.Now()
+	set := time.Now() // the expiry was set by now
 	if d := pttl(); d <= ttl || d > ttl+every {
 		t.Fatalf("expiry after the owner entry %v, want in (%v, %v]", d, ttl, ttl+every)
 	}
@@ -62,7 +71,7 @@ func TestExpirySetOnOpenEveryIntervalAndAtTheEnd(t *testing.T) {
 	}
 
 	// Once the interval has passed, the next write sets it again.
-	<-time.After(time.Until(opened.Add(every)))
+	<-time.After(time.Until(set.Add(every)))
 	a.Append("exp", streamlog.Event{ID: 3, Data: []byte(`{"content":"c"}`)})
 	written("event 3")
 	if d := pttl(); d <= ttl || d > ttl+every {
@@ -124,3 +133,42 @@ func TestShortLogCompactedWhenItEnds(t *testing.T) {
 		t.Fatalf("compacted log's TTL %v, want about a minute", d)
 	}
 }
+
+// On a server that cannot dump a stream (miniredis, which the embedded
+// mode runs on), compacting leaves the log as it was and the write
+// succeeds: no warning, the log reads back whole with its TTL.
+func TestCompactHarmlessOnMiniredis(t *testing.T) {
+	t.Parallel()
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	var warned atomic.Int64
+	log := slog.New(warnCounter{&warned})
+	a, err := streamlog.NewAppender(streamlog.Config{Prefix: "mr:", TTL: time.Minute}, rdb, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runUntilStopped(a)
+	a.Open("m", "alice")
+	a.Append("m", streamlog.Event{ID: 1, Data: []byte(`{"content":"x"}`)})
+	a.Append("m", streamlog.Event{ID: 2, Name: "done", Data: []byte(`{}`)})
+	stop()
+	if n := warned.Load(); n != 0 {
+		t.Fatalf("%d warnings: a compaction the server cannot do failed the write", n)
+	}
+	r, _ := streamlog.NewReader("mr:", rdb)
+	if ids := readAll(t, r, "m"); len(ids) != 2 {
+		t.Fatalf("log reads back %v", ids)
+	}
+	if ttl := mr.TTL(streamlog.Key("mr:", "m")); ttl <= 0 || ttl > time.Minute {
+		t.Fatalf("TTL %v", ttl)
+	}
+}
+
+// warnCounter counts the records of level Warn and above.
+type warnCounter struct{ n *atomic.Int64 }
+
+func (w warnCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (w warnCounter) Handle(context.Context, slog.Record) error    { w.n.Add(1); return nil }
+func (w warnCounter) WithAttrs([]slog.Attr) slog.Handler           { return w }
+func (w warnCounter) WithGroup(string) slog.Handler                { return w }
