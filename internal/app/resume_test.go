@@ -345,3 +345,44 @@ func TestResumeQueuedAcrossTakeover(t *testing.T) {
 		t.Fatalf("%d resets in the resumed stream, want 1", after.Resets)
 	}
 }
+
+// The log writes a stream's events of one flush as one entry; a resume
+// after any event of such an entry gets exactly the events after it: an
+// unpaced answer (most of its chunks in a few entries) resumed on another
+// api after its first event, one inside an entry, its last chunk and the
+// one before.
+func TestResumeInsideABatchEntry(t *testing.T) {
+	t.Parallel()
+	sc := llm.SimConfig{FirstToken: time.Millisecond, Tokens: 60, Seed: 13}
+	c := newCluster(t, sc, map[string]string{"QUEUE_FAILOVER_ENABLED": "false"})
+	_, urlA := c.api(nil)
+	_, urlB := c.api(nil)
+	const q = "resume me inside a batch"
+	want := c.want(q)
+	resp := postStream(t, t.Context(), urlA, prompt(q), map[string]string{"X-User-ID": "alice"})
+	full := loadtest.StreamCheck{}.Check(resp.Body)
+	_ = resp.Body.Close()
+	id := resp.Header.Get("X-Request-ID")
+	if full.Lost || full.Terminal != protocol.EventDone || full.Content != strings.Join(want, "") || full.LastID != len(want)+1 {
+		t.Fatalf("the whole stream: %+v", full)
+	}
+	key := streamlog.Key(c.prefix, id)
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		n, _ := c.rdb.XLen(t.Context(), key).Result()
+		return n > 0
+	}, "the log written")
+	if n := c.rdb.XLen(t.Context(), key).Val(); n > int64(len(want))/4 {
+		t.Fatalf("%d log entries for %d events: not batched, so no resume falls inside an entry", n, full.LastID)
+	}
+	for _, after := range []int{1, 2, 17, len(want) / 2, len(want) - 1, len(want)} {
+		resp := streamReq(t, t.Context(), http.MethodGet, urlB, id, "alice", after)
+		rest := loadtest.StreamCheck{AfterID: after}.Check(resp.Body)
+		_ = resp.Body.Close()
+		if rest.Lost || rest.Terminal != protocol.EventDone || rest.LastID != full.LastID {
+			t.Fatalf("resume after %d: %+v", after, rest)
+		}
+		if ref := strings.Join(want[after:], ""); rest.Content != ref {
+			t.Fatalf("resume after %d: content %q, want %q", after, rest.Content, ref)
+		}
+	}
+}

@@ -2,14 +2,18 @@ package streamlog
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
 // Field names of a log entry. The first entry of a log holds only
@@ -31,22 +35,39 @@ const (
 	// before it is written: short enough that a resume on another process
 	// sees it live, long enough to batch a busy process's chunks.
 	DefaultFlushInterval = 5 * time.Millisecond
-	// DefaultMaxBatch flushes early when this many events wait. A flush
-	// also takes whatever else waits by then, up to backlogBatches times
-	// as many, so a backlog is written in fewer, larger pipelines.
+	// DefaultMaxBatch flushes early when this many events wait.
 	DefaultMaxBatch = 512
-	// backlogBatches bounds one flush at this many MaxBatches.
-	backlogBatches = 8
 	// dropLogEvery is the least time between two log lines about dropped
 	// entries; each says how many were dropped since the last.
 	dropLogEvery = time.Minute
-	// DefaultBuffer is how many events may wait for a flush; when Redis
-	// is slower than that, further events are dropped (and counted)
-	// rather than slowing every stream down.
-	DefaultBuffer = 16384
+	// DefaultBuffer is how many events may wait for a write besides the
+	// one under way; the next write takes them all. Only beyond that are
+	// events dropped (and counted) rather than slowing every stream down:
+	// at the 73,000 events/s of one api at 200 concurrent, about a second
+	// of a Redis that does not answer (docs/BENCHMARKS.md, "Stream log at
+	// load"). The buffer grows with use; an idle one holds nothing.
+	DefaultBuffer = 65536
 	// flushTimeout bounds one pipelined write.
 	flushTimeout = 5 * time.Second
+	// keepBatch is the largest batch slice kept for reuse after a write;
+	// one grown by a backlog beyond it goes to the collector.
+	keepBatch = 4 * DefaultMaxBatch
+	// compactBelow is the most bytes of entries a finished log may hold
+	// to be compacted: well within one 4 KB listpack node, so the rewrite
+	// costs Redis little, and a larger log's unused tail is a small part
+	// of it.
+	compactBelow = 3000
+	// entryOverhead approximates what Redis adds to an entry's value (its
+	// id, field name and lengths) for compactBelow.
+	entryOverhead = 16
 )
+
+// compactScript rewrites a finished log without Redis's preallocation.
+//
+//go:embed compact.lua
+var compactSource string
+
+var compactScript = redis.NewScript(compactSource)
 
 // Config configures an Appender. Zero fields marked with a default take
 // it; the others are required.
@@ -118,19 +139,32 @@ type item struct {
 }
 
 // Appender writes stream logs for one process. Append and Open never wait
-// for Redis: they hand the entry to Run's goroutine, which writes what
-// accumulated every FlushInterval (or MaxBatch entries) in one pipeline,
-// so the cost on a stream's own path is a channel send, not a round trip
-// per chunk. Safe for concurrent use.
+// for Redis: they add the entry to a buffer that Run writes every
+// FlushInterval (or MaxBatch entries) in one pipeline, so the cost on a
+// stream's own path is an append under a lock, not a round trip per
+// chunk. Safe for concurrent use.
 type Appender struct {
-	cfg     Config
-	rdb     redis.UniversalClient
-	log     *slog.Logger
-	in      chan item
+	cfg Config
+	rdb redis.UniversalClient
+	log *slog.Logger
+	// mu guards gather, the entries handed over and not yet taken by a
+	// write, in the order they came (so a log's entries stay in order).
+	mu     sync.Mutex
+	gather []item
+	// wake tells Run that gather got its first entry or MaxBatch.
+	wake    chan struct{}
 	dropped atomic.Int64
 	batches atomic.Int64
+	// pending is how many entries were handed over and not written yet.
+	pending atomic.Int64
 	// droppedLogged is when a drop was last logged (Unix ns; 0: never).
 	droppedLogged atomic.Int64
+	// logs is what the writer knows of the logs whose stream has not
+	// ended; pruned is when those idle for expireEvery were last
+	// forgotten. Only the goroutine writing uses them (Run's writer, then
+	// Run itself once the writer has ended).
+	logs   map[string]logState
+	pruned time.Time
 }
 
 // NewAppender returns an appender on rdb; Run must run for it to write.
@@ -142,7 +176,8 @@ func NewAppender(cfg Config, rdb redis.UniversalClient, log *slog.Logger) (*Appe
 		return nil, errors.New("streamlog: a Redis client and a logger are required")
 	}
 	cfg = cfg.withDefaults()
-	return &Appender{cfg: cfg, rdb: rdb, log: log, in: make(chan item, cfg.Buffer)}, nil
+	return &Appender{cfg: cfg, rdb: rdb, log: log, wake: make(chan struct{}, 1),
+		logs: make(map[string]logState)}, nil
 }
 
 // Open starts requestID's log with its owner's identity. It must come
@@ -158,26 +193,47 @@ func (a *Appender) Append(requestID string, ev Event) bool {
 	return a.put(item{requestID: requestID, ev: ev})
 }
 
-func (a *Appender) put(it item) bool {
-	select {
-	case a.in <- it:
-		return true
-	default:
-		n := a.dropped.Add(1)
-		if a.cfg.OnDrop != nil {
-			a.cfg.OnDrop()
-		}
-		now := time.Now().UnixNano()
-		if last := a.droppedLogged.Load(); (last == 0 || now-last >= int64(dropLogEvery)) && a.droppedLogged.CompareAndSwap(last, now) {
-			a.log.Warn("stream log behind Redis, entries dropped: a resume of these streams ends at the gap",
-				"dropped_total", n, "request_id", it.requestID, "buffer", a.cfg.Buffer)
-		}
-		return false
-	}
+// logState is what the writer knows of a log.
+type logState struct {
+	expired time.Time // its expiry was last set
+	written time.Time // its last write
+	// bytes is the size of the entries written since its owner entry;
+	// -1 when its owner entry was not seen (written before a prune).
+	bytes int
 }
 
-// Pending is how many entries wait for a flush.
-func (a *Appender) Pending() int { return len(a.in) }
+func (a *Appender) put(it item) bool {
+	a.mu.Lock()
+	n := len(a.gather)
+	kept := n < a.cfg.Buffer
+	if kept {
+		a.gather = append(a.gather, it)
+		a.pending.Add(1)
+	}
+	a.mu.Unlock()
+	if kept {
+		if n == 0 || n+1 == a.cfg.MaxBatch {
+			select {
+			case a.wake <- struct{}{}:
+			default: // Run has been told already
+			}
+		}
+		return true
+	}
+	dropped := a.dropped.Add(1)
+	if a.cfg.OnDrop != nil {
+		a.cfg.OnDrop()
+	}
+	now := time.Now().UnixNano()
+	if last := a.droppedLogged.Load(); (last == 0 || now-last >= int64(dropLogEvery)) && a.droppedLogged.CompareAndSwap(last, now) {
+		a.log.Warn("stream log behind Redis, entries dropped: a resume of these streams ends at the gap",
+			"dropped_total", dropped, "request_id", it.requestID, "buffer", a.cfg.Buffer)
+	}
+	return false
+}
+
+// Pending is how many entries wait to be written.
+func (a *Appender) Pending() int { return int(a.pending.Load()) }
 
 // Dropped is how many entries were dropped since the start.
 func (a *Appender) Dropped() int64 { return a.dropped.Load() }
@@ -189,11 +245,12 @@ func (a *Appender) Batches() int64 { return a.batches.Load() }
 // and returns. Whoever calls Run owns its goroutine; it must stop after
 // every stream that appends has ended.
 func (a *Appender) Run(ctx context.Context) {
-	batch := make([]item, 0, a.cfg.MaxBatch)
 	// The timer runs from the first entry of a batch, so an entry waits
-	// at most FlushInterval however busy the process is.
+	// at most FlushInterval however busy the process is, or, while a
+	// write is under way, until it returns.
 	tick := time.NewTimer(time.Hour)
 	tick.Stop()
+	ticking := false
 	// The liveness marker is set before any log names this producer, and
 	// deleted once the last entry is written.
 	var alive <-chan time.Time
@@ -204,27 +261,87 @@ func (a *Appender) Run(ctx context.Context) {
 		defer a.markGone(ctx)
 		alive = t.C
 	}
+	// One write is under way at a time, on the writer goroutine, so a
+	// log's entries reach Redis in order. Meanwhile entries gather (up to
+	// Buffer), and go out whole when the write returns: the log keeps up
+	// with Redis's throughput however long its round trips
+	// (docs/BENCHMARKS.md, "Stream log at load"). On a stop, the write
+	// under way ends, then Run writes the rest itself.
+	writes, written := make(chan []item), make(chan []item)
+	go func() {
+		defer close(written)
+		for b := range writes {
+			written <- a.flush(ctx, b)
+		}
+	}()
+	var spare []item
+	busy, due := false, false
+	send := func() {
+		b := a.take(spare)
+		spare, due = nil, false
+		if len(b) == 0 {
+			spare = b
+			return
+		}
+		tick.Stop()
+		ticking = false
+		writes <- b
+		busy = true
+	}
 	for {
 		select {
 		case <-alive:
 			a.markAlive(ctx)
-		case it := <-a.in:
-			if len(batch) == 0 {
+		case <-a.wake:
+			switch n := a.gathered(); {
+			case n >= a.cfg.MaxBatch:
+				due = true
+			case n > 0 && !ticking:
 				tick.Reset(a.cfg.FlushInterval)
+				ticking = true
 			}
-			batch = append(batch, it)
-			if len(batch) >= a.cfg.MaxBatch {
-				tick.Stop()
-				batch = a.flush(ctx, a.drainUpTo(batch, backlogBatches*a.cfg.MaxBatch))
+			if due && !busy {
+				send()
 			}
 		case <-tick.C:
-			batch = a.flush(ctx, a.drainUpTo(batch, backlogBatches*a.cfg.MaxBatch))
+			ticking, due = false, true
+			if !busy {
+				send()
+			}
+		case b := <-written:
+			busy = false
+			if cap(b) <= keepBatch {
+				spare = b
+			}
+			if due {
+				send()
+			}
 		case <-ctx.Done():
 			tick.Stop()
-			a.flush(ctx, a.drain(batch))
+			close(writes)
+			for range written { // the write under way, if any
+			}
+			a.flush(ctx, a.take(spare))
 			return
 		}
 	}
+}
+
+// gathered is how many entries wait for the next write.
+func (a *Appender) gathered() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(a.gather)
+}
+
+// take returns the entries gathered, leaving next (emptied) to gather
+// into.
+func (a *Appender) take(next []item) []item {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	b := a.gather
+	a.gather = next[:0]
+	return b
 }
 
 // markAlive sets the producer's liveness marker for Liveness.
@@ -245,36 +362,10 @@ func (a *Appender) markGone(ctx context.Context) {
 	_ = a.rdb.Del(ctx, ProducerKey(a.cfg.Prefix, a.cfg.Producer)).Err() // else it expires
 }
 
-// drainUpTo appends to batch what is waiting, without waiting, until
-// batch holds max entries.
-func (a *Appender) drainUpTo(batch []item, max int) []item {
-	for len(batch) < max {
-		select {
-		case it := <-a.in:
-			batch = append(batch, it)
-		default:
-			return batch
-		}
-	}
-	return batch
-}
-
-// drain appends to batch what is still waiting, without waiting.
-func (a *Appender) drain(batch []item) []item {
-	for {
-		select {
-		case it := <-a.in:
-			batch = append(batch, it)
-		default:
-			return batch
-		}
-	}
-}
-
 // flush writes batch in one pipeline: per log touched, an XADD for its
 // owner entry if it is in batch, one for each run of its events (a batch
-// entry, or a plain one for a single event) and a PEXPIRE. It returns
-// batch emptied for reuse.
+// entry; a plain one for an event a batch line cannot carry) and, when
+// due (expire), a PEXPIRE. It returns batch emptied for reuse.
 func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	if len(batch) == 0 {
 		return batch
@@ -285,6 +376,8 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), flushTimeout)
 	defer cancel()
 	a.batches.Add(1)
+	now := time.Now()
+	a.pruneExpiries(now)
 	pipe := a.rdb.Pipeline()
 	// Each log's items in their order, logs in order of first appearance:
 	// a run of events of one log goes out as one batch entry.
@@ -300,6 +393,7 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	for _, id := range logs {
 		key := Key(a.cfg.Prefix, id)
 		idx := byLog[id]
+		opened, ended, size := false, false, 0
 		for j := 0; j < len(idx); {
 			it := batch[idx[j]]
 			if it.owner != "" {
@@ -308,6 +402,8 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 					values = append(values, fieldProducer, a.cfg.Producer)
 				}
 				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: values})
+				opened = true
+				size += len(it.owner) + len(a.cfg.Producer)
 				j++
 				continue
 			}
@@ -317,27 +413,92 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 				if next.owner != "" || !batchable(next.ev) {
 					break
 				}
+				ended = ended || terminal(next.ev.Name)
 				run = append(run, next.ev)
 			}
-			switch len(run) {
-			case 0:
+			if len(run) == 0 {
 				// Not batchable: an entry of its own, as ever.
+				ended = ended || terminal(it.ev.Name)
 				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{
 					fieldID, strconv.FormatInt(it.ev.ID, 10), fieldEvent, it.ev.Name, fieldData, it.ev.Data}})
+				size += entryOverhead + len(it.ev.Name) + len(it.ev.Data)
 				j++
-			case 1:
-				ev := run[0]
-				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{
-					fieldID, strconv.FormatInt(ev.ID, 10), fieldEvent, ev.Name, fieldData, ev.Data}})
-			default:
-				pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{fieldBatch, appendBatch(nil, run)}})
+				continue
 			}
+			b := appendBatch(nil, run)
+			size += entryOverhead + len(b)
+			pipe.XAdd(ctx, &redis.XAddArgs{Stream: key, Values: []any{fieldBatch, b}})
 		}
-		pipe.PExpire(ctx, key, a.cfg.TTL)
+		ttl, expire, compact := a.expire(id, now, opened, ended, size)
+		if expire {
+			pipe.PExpire(ctx, key, ttl)
+		}
+		if compact {
+			compactScript.Eval(ctx, pipe, []string{key}, ttl.Milliseconds())
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
+		// Which expiries were set is unknown: the next write of each log
+		// sets its expiry again (and none is compacted).
+		clear(a.logs)
 		a.log.Warn("stream log write failed", "entries", len(batch), "err", fmt.Errorf("streamlog: pipelined xadd: %w", err))
 	}
+	a.pending.Add(-int64(len(batch)))
 	clear(batch)
 	return batch[:0]
 }
+
+// expireEvery is how often a running stream's log has its expiry set
+// again: at most a second, so a log lives at most that long beyond TTL.
+func (a *Appender) expireEvery() time.Duration { return min(a.cfg.TTL/10, time.Second) }
+
+// expire decides, for a write of size bytes to log id at now, whether it
+// sets the log's expiry and to what, and whether it compacts the log. A
+// log's expiry is set with its owner entry, then at most every
+// expireEvery to TTL + expireEvery, and to TTL with its terminal event:
+// a log lives TTL after a stream's last event, and between TTL and TTL +
+// expireEvery after the last write of a stream that stopped without one;
+// not one PEXPIRE per write (per chunk of a paced stream). A log that
+// ends within compactBelow bytes of entries is compacted (compact.lua).
+func (a *Appender) expire(id string, now time.Time, opened, ended bool, size int) (ttl time.Duration, expire, compact bool) {
+	st, known := a.logs[id]
+	switch {
+	case opened:
+		st = logState{bytes: size}
+	case !known:
+		st = logState{bytes: -1}
+	case st.bytes >= 0:
+		st.bytes += size
+	}
+	if ended {
+		delete(a.logs, id)
+		return a.cfg.TTL, true, st.bytes >= 0 && st.bytes <= compactBelow
+	}
+	st.written = now
+	every := a.expireEvery()
+	if opened || !known || now.Sub(st.expired) >= every {
+		st.expired, ttl, expire = now, a.cfg.TTL+every, true
+	}
+	a.logs[id] = st
+	return ttl, expire, false
+}
+
+// pruneExpiries forgets, every expireEvery, the logs not written for that
+// long: those of streams that stopped without a terminal event would
+// otherwise stay in the map. A log forgotten has its expiry set again
+// by its next write, and is not compacted.
+func (a *Appender) pruneExpiries(now time.Time) {
+	every := a.expireEvery()
+	if now.Sub(a.pruned) < every {
+		return
+	}
+	a.pruned = now
+	for id, st := range a.logs {
+		if now.Sub(st.written) >= every {
+			delete(a.logs, id)
+		}
+	}
+}
+
+// terminal reports whether an event of this name ends its stream.
+func terminal(name string) bool { return name == protocol.EventDone || name == protocol.EventError }

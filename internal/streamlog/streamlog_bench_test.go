@@ -79,3 +79,46 @@ func BenchmarkAppendCall(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLogLoad is the stream log under the bench's direct load
+// (docs/BENCHMARKS.md, "Stream log at load"): 200 streams at once of 50
+// chunks and a done event each, written to a real redis-server. unpaced:
+// each stream's events back to back, 100,000 events/s over all of them
+// (above what one api relays at 200 concurrent); paced: a chunk every
+// 20 ms per stream. b.N is streams. Reported per event handed over: the
+// Redis CPU (INFO used_cpu_sys + used_cpu_user), the memory the logs hold
+// (used_memory), the Redis commands; and the entries dropped.
+func BenchmarkLogLoad(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		load load
+	}{
+		{"unpaced", load{Conc: 200, Chunks: 50, Rate: 100_000}},
+		{"paced", load{Conc: 200, Chunks: 50, Pace: 20 * time.Millisecond}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			srv := redistest.Start(b)
+			rdb := srv.Client(b)
+			prefix := redistest.Prefix(b)
+			a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb, slog.New(slog.DiscardHandler))
+			if err != nil {
+				b.Fatal(err)
+			}
+			stop := runUntilStopped(a)
+			l := c.load
+			l.Streams = b.N
+			l.ID = func(i int) string { return "load-" + strconv.Itoa(i) }
+			before := readRedisStats(b, rdb)
+			b.ResetTimer()
+			events := l.run(context.Background(), a)
+			stop()
+			b.StopTimer()
+			after := readRedisStats(b, rdb)
+			n := float64(events)
+			b.ReportMetric(float64(after.cpu-before.cpu)/float64(time.Microsecond)/n, "redis-µs/event")
+			b.ReportMetric(float64(after.memory-before.memory)/n, "redis-B/event")
+			b.ReportMetric(float64(after.commands-before.commands)/n, "cmds/event")
+			b.ReportMetric(float64(a.Dropped()), "dropped")
+		})
+	}
+}
