@@ -31,7 +31,8 @@
 # per chunk (api + consumers + Redis) over direct's at Q_CONC, both
 # phases; spills and errors of the direct api at every run (the goal is
 # read at c = 1000 paced and c = 200 unpaced); stream log entries dropped,
-# and the log's Redis CPU (µs) and memory (bytes) per chunk.
+# and the log's Redis CPU (µs) and memory (bytes) per chunk (the direct
+# api's Redis, which also serves its pool's few calls).
 #
 # Writes $RESULTS/parity/*.json and $RESULTS/parity.json.
 # Environment (defaults are the issue's; shrink them for a smoke test):
@@ -39,6 +40,10 @@
 #   N1 (200 streams per run at c = 1), NC (2000 per run above it),
 #   N_BIG (5000 per run at c ≥ 1000), W_N (500 per warm-up run, at Q_CONC), TOKENS (50), P_FIRST_TOKEN_MS (50),
 #   P_TOKEN_MS (20), SPILL_TIMEOUT (5), RUN_LIMIT (180 s per run at most).
+#   DIRECT_POOL_SIZE (100000: the direct api's pool; a few slots make it
+#   spill, to see that spills are counted),
+#   PARITY_SUMMARY_ONLY=1 runs nothing and writes parity.json again from
+#   the run files already in $RESULTS/parity (with the same settings).
 source "$(dirname "$0")/lib.sh"
 SCENARIO=parity
 require_tools jq curl redis-server redis-cli ss
@@ -51,6 +56,7 @@ N1=${N1:-200} NC=${NC:-2000} N_BIG=${N_BIG:-5000} W_N=${W_N:-500}
 TOKENS=${TOKENS:-50}
 P_FT=${P_FIRST_TOKEN_MS:-50} P_TI=${P_TOKEN_MS:-20}
 SPILL_TIMEOUT=${SPILL_TIMEOUT:-5}
+DIRECT_POOL_SIZE=${DIRECT_POOL_SIZE:-100000}
 RUN_LIMIT=${RUN_LIMIT:-180}
 dir="$RESULTS/$SCENARIO"
 mkdir -p "$dir"
@@ -114,7 +120,7 @@ phase() {
 	RD_PORT=$REDIS_PORT
 	CPU_PID[redis_direct]=$REDIS_PID
 	DIRECT_LOG=api-direct-$ph
-	start_api "$DIRECT_LOG" CONNECTION_POOL_SIZE=100000 CONNECTION_POOL_PER_USER=100000 POOL_LOCAL_FALLBACK_SIZE=100000 \
+	start_api "$DIRECT_LOG" CONNECTION_POOL_SIZE="$DIRECT_POOL_SIZE" CONNECTION_POOL_PER_USER="$DIRECT_POOL_SIZE" POOL_LOCAL_FALLBACK_SIZE="$DIRECT_POOL_SIZE" \
 		DIRECT_PATH_ENABLED=true QUEUE_FAILOVER_ENABLED=true QUEUE_FAILOVER_TIMEOUT_SECONDS="$SPILL_TIMEOUT" \
 		QUEUE_MAX_PER_IDENTITY=100000 QUEUE_OVERFLOW_THRESHOLD=100000 QUEUE_PREFIX=qd:
 	CPU_PID[api_direct]=$API_PID
@@ -153,8 +159,10 @@ phase() {
 	stop_all
 }
 
-phase unpaced 0 0 "$U_CONCS"
-phase paced "$P_FT" "$P_TI" "$P_CONCS"
+if [[ ${PARITY_SUMMARY_ONLY:-0} != 1 ]]; then
+	phase unpaced 0 0 "$U_CONCS"
+	phase paced "$P_FT" "$P_TI" "$P_CONCS"
+fi
 
 # --- summary ---
 jq -s --argjson tok "$TOKENS" --argjson qc "$Q_CONC" \
@@ -181,38 +189,38 @@ jq -s --argjson tok "$TOKENS" --argjson qc "$Q_CONC" \
 		streams_per_s: tput, cpu_us_per_chunk: cpu_chunk,
 		fc_p50: .result.latency.all.first_chunk.p50_ms, fc_p99: .result.latency.all.first_chunk.p99_ms,
 		load: .load_before, extra: .extra}] as $rows
-	| def at(ph; c; i; t): $rows | map(select(.ph == ph and .c == c and .i == i and .t == t))[0];
-	  def rounds(ph; c): $rows | map(select(.ph == ph and .c == c) | .i) | unique;
-	  def per_round(ph; c; f): [rounds(ph; c)[] | f] | map(select(. != null));
-	  def cell(ph; c): {
+	| def at($ph; $c; $i; $t): $rows | map(select(.ph == $ph and .c == $c and .i == $i and .t == $t))[0];
+	  def rounds($ph; $c): $rows | map(select(.ph == $ph and .c == $c) | .i) | unique;
+	  def per_round($ph; $c; f): [rounds($ph; $c)[] | f] | map(select(. != null));
+	  def cell($ph; $c): {
 		streams_per_s: ({upstream: "upstream", hop: "hop", direct: "direct", queued: "queued"}
-			| map_values(. as $t | per_round(ph; c; at(ph; c; .; $t).streams_per_s) | median | r3)),
+			| map_values(. as $t | per_round($ph; $c; at($ph; $c; .; $t).streams_per_s) | median | r3)),
 		cpu_us_per_chunk: ({hop: "hop", direct: "direct", queued: "queued"}
-			| map_values(. as $t | per_round(ph; c; at(ph; c; .; $t).cpu_us_per_chunk) | median | r3)),
-		direct_over_hop_streams_per_s: (per_round(ph; c; ratio(at(ph; c; .; "direct").streams_per_s; at(ph; c; .; "hop").streams_per_s)) | median),
-		direct_over_hop_cpu_per_chunk: (per_round(ph; c; ratio(at(ph; c; .; "direct").cpu_us_per_chunk; at(ph; c; .; "hop").cpu_us_per_chunk)) | median),
-		queued_over_direct_cpu_per_chunk: (per_round(ph; c; ratio(at(ph; c; .; "queued").cpu_us_per_chunk; at(ph; c; .; "direct").cpu_us_per_chunk)) | median),
+			| map_values(. as $t | per_round($ph; $c; at($ph; $c; .; $t).cpu_us_per_chunk) | median | r3)),
+		direct_over_hop_streams_per_s: (per_round($ph; $c; ratio(at($ph; $c; .; "direct").streams_per_s; at($ph; $c; .; "hop").streams_per_s)) | median),
+		direct_over_hop_cpu_per_chunk: (per_round($ph; $c; ratio(at($ph; $c; .; "direct").cpu_us_per_chunk; at($ph; $c; .; "hop").cpu_us_per_chunk)) | median),
+		queued_over_direct_cpu_per_chunk: (per_round($ph; $c; ratio(at($ph; $c; .; "queued").cpu_us_per_chunk; at($ph; $c; .; "direct").cpu_us_per_chunk)) | median),
 		added_first_chunk_ms: ({hop: "hop", direct: "direct", queued: "queued"} | map_values(. as $t | {
-			p50: (per_round(ph; c; (at(ph; c; .; $t).fc_p50 // null) as $b | (at(ph; c; .; "upstream").fc_p50) as $a
+			p50: (per_round($ph; $c; (at($ph; $c; .; $t).fc_p50 // null) as $b | (at($ph; $c; .; "upstream").fc_p50) as $a
 				| if $b == null or $a == null then null else $b - $a end) | median | r3),
-			p99: (per_round(ph; c; (at(ph; c; .; $t).fc_p99 // null) as $b | (at(ph; c; .; "upstream").fc_p99) as $a
+			p99: (per_round($ph; $c; (at($ph; $c; .; $t).fc_p99 // null) as $b | (at($ph; $c; .; "upstream").fc_p99) as $a
 				| if $b == null or $a == null then null else $b - $a end) | median | r3)})),
 		direct_minus_hop_first_chunk_ms: {
-			p50: (per_round(ph; c; at(ph; c; .; "direct").fc_p50 as $b | at(ph; c; .; "hop").fc_p50 as $a
+			p50: (per_round($ph; $c; at($ph; $c; .; "direct").fc_p50 as $b | at($ph; $c; .; "hop").fc_p50 as $a
 				| if $b == null or $a == null then null else $b - $a end) | median | r3),
-			p99: (per_round(ph; c; at(ph; c; .; "direct").fc_p99 as $b | at(ph; c; .; "hop").fc_p99 as $a
+			p99: (per_round($ph; $c; at($ph; $c; .; "direct").fc_p99 as $b | at($ph; $c; .; "hop").fc_p99 as $a
 				| if $b == null or $a == null then null else $b - $a end) | median | r3)},
 		direct_spills: {
-			pool_refusals: (per_round(ph; c; at(ph; c; .; "direct").extra.direct_api.pool_refusals) | add),
-			queued_streams: (per_round(ph; c; at(ph; c; .; "direct").extra.direct_api.queued) | add),
-			failed_streams: (per_round(ph; c; at(ph; c; .; "direct").extra.direct_api.failed) | add),
-			loadtest_errors: (per_round(ph; c; at(ph; c; .; "direct") | .errors + .refused) | add)},
+			pool_refusals: (per_round($ph; $c; at($ph; $c; .; "direct").extra.direct_api.pool_refusals) | add),
+			queued_streams: (per_round($ph; $c; at($ph; $c; .; "direct").extra.direct_api.queued) | add),
+			failed_streams: (per_round($ph; $c; at($ph; $c; .; "direct").extra.direct_api.failed) | add),
+			loadtest_errors: (per_round($ph; $c; at($ph; $c; .; "direct") | .errors + .refused) | add)},
 		stream_log: {
-			dropped: (per_round(ph; c; at(ph; c; .; "direct").extra.direct_api.log_dropped) | add),
-			behind_lines: (per_round(ph; c; at(ph; c; .; "direct").extra.direct_api.log_behind_lines) | add),
-			redis_cpu_us_per_chunk: (per_round(ph; c; at(ph; c; .; "direct") | if .done > 0 then .extra.redis_direct.cpu_s * 1e6 / (.done * $tok) else null end) | median | r3),
-			redis_memory_bytes_per_chunk: (per_round(ph; c; at(ph; c; .; "direct") | if .done > 0 then .extra.redis_direct.used_memory / (.done * $tok) else null end) | median | r3)},
-		lost: (per_round(ph; c; [at(ph; c; .; "upstream", "hop", "direct", "queued") | .lost? // 0] | add) | add)};
+			dropped: (per_round($ph; $c; at($ph; $c; .; "direct").extra.direct_api.log_dropped) | add),
+			behind_lines: (per_round($ph; $c; at($ph; $c; .; "direct").extra.direct_api.log_behind_lines) | add),
+			redis_cpu_us_per_chunk: (per_round($ph; $c; at($ph; $c; .; "direct") | if .done > 0 then .extra.redis_direct.cpu_s * 1e6 / (.done * $tok) else null end) | median | r3),
+			redis_memory_bytes_per_chunk: (per_round($ph; $c; at($ph; $c; .; "direct") | if .done > 0 then .extra.redis_direct.used_memory / (.done * $tok) else null end) | median | r3)},
+		lost: (per_round($ph; $c; [at($ph; $c; .; "upstream", "hop", "direct", "queued") | .lost? // 0] | add) | add)};
 	{scenario: "parity", settings: ($settings | fromjson),
 	 unpaced: ($rows | map(select(.ph == "unpaced") | .c) | unique | map({key: "c\(.)", value: cell("unpaced"; .)}) | from_entries),
 	 paced: ($rows | map(select(.ph == "paced") | .c) | unique | map({key: "c\(.)", value: cell("paced"; .)}) | from_entries),
