@@ -10,9 +10,10 @@
 #             far larger than any load here (CONNECTION_POOL_SIZE 100000),
 #             queue failover on but nothing serving its queue: a stream the
 #             pool refuses spills, waits SPILL_TIMEOUT seconds and ends
-#             queue-timeout, so every spill is counted twice (the api's
-#             spillway_pool_refusals_total and spillway_streams_total
-#             {path="queued"}) and is an error in the load tool;
+#             queue-timeout: the api counts it in spillway_streams_total
+#             {path="queued"} (and the refusal behind it, when the pool
+#             refused, in spillway_pool_refusals_total), the load tool as
+#             an error;
 #   queued    an api with DIRECT_PATH_ENABLED=false and two consumers
 #             (WORKER_CONCURRENCY 128) on a second redis-server, so each
 #             path's Redis CPU is its own.
@@ -38,8 +39,9 @@
 # Environment (defaults are the issue's; shrink them for a smoke test):
 #   ROUNDS (3), U_CONCS ("1 50 200"), P_CONCS ("50 200 1000"), Q_CONC (50),
 #   N1 (200 streams per run at c = 1), NC (2000 per run above it),
-#   N_BIG (5000 per run at c ≥ 1000), W_N (500 per warm-up run, at Q_CONC), TOKENS (50), P_FIRST_TOKEN_MS (50),
-#   P_TOKEN_MS (20), SPILL_TIMEOUT (5), RUN_LIMIT (180 s per run at most).
+#   N_BIG (5000 per run at c ≥ 1000), W_N (500 per warm-up run, at
+#   Q_CONC), TOKENS (50), P_FIRST_TOKEN_MS (50), P_TOKEN_MS (20),
+#   SPILL_TIMEOUT (5), RUN_LIMIT (180 s per run at most),
 #   DIRECT_POOL_SIZE (100000: the direct api's pool; a few slots make it
 #   spill, to see that spills are counted),
 #   PARITY_SUMMARY_ONLY=1 runs nothing and writes parity.json again from

@@ -7,26 +7,28 @@
 #
 # POOL_CEILING_FILE, when set, is that benchmark's saved `go test -bench`
 # output, read instead of running it. Else the benchmark runs here when
-# the tree has it (POOL_BENCHTIME per case, 2s; it starts its own
+# the tree has it (POOL_BENCHTIME per case, 2s, POOL_COUNT times, 3; it starts its own
 # redis-servers on loopback and stops them); a tree without it writes
 # {"available": false} and the summary says n/a.
 #
 # Writes $RESULTS/poolceiling/bench.txt and $RESULTS/poolceiling.json:
-# per case (deploy, mode) every metric the benchmark reported, by unit.
+# per case (deploy, mode) every metric the benchmark reported, by unit,
+# and the median streams/s of each case over its repetitions.
 source "$(dirname "$0")/lib.sh"
 SCENARIO=poolceiling
 require_tools go jq
 dir="$RESULTS/$SCENARIO"
 mkdir -p "$dir"
 POOL_BENCHTIME=${POOL_BENCHTIME:-2s}
+POOL_COUNT=${POOL_COUNT:-3}
 
 if [[ -n ${POOL_CEILING_FILE:-} ]]; then
 	[[ -r $POOL_CEILING_FILE ]] || die "POOL_CEILING_FILE $POOL_CEILING_FILE is not readable"
 	cp "$POOL_CEILING_FILE" "$dir/bench.txt"
 elif grep -qs '^func BenchmarkStreamsPerSecond(' "$ROOT"/internal/pool/redispool/*_test.go; then
-	log "poolceiling: go test -bench BenchmarkStreamsPerSecond -benchtime $POOL_BENCHTIME"
+	log "poolceiling: go test -bench BenchmarkStreamsPerSecond -benchtime $POOL_BENCHTIME -count $POOL_COUNT"
 	(cd "$ROOT" && timeout -s TERM -k 15 600 go test -run '^$' -bench '^BenchmarkStreamsPerSecond$' \
-		-benchtime "$POOL_BENCHTIME" -count 1 ./internal/pool/redispool/) >"$dir/bench.txt" 2>&1 ||
+		-benchtime "$POOL_BENCHTIME" -count "$POOL_COUNT" ./internal/pool/redispool/) >"$dir/bench.txt" 2>&1 ||
 		die "poolceiling: the benchmark failed (see $dir/bench.txt)"
 else
 	log "poolceiling: this tree has no BenchmarkStreamsPerSecond; nothing to read"
@@ -42,7 +44,7 @@ awk '$1 ~ /^BenchmarkStreamsPerSecond\// {
 		for (i = 3; i < NF; i += 2) { printf "%s\"%s\": %s", s2, $(i + 1), $i; s2 = ", " }
 		printf "}}"; sep = ",\n"}
 	BEGIN {print "["} END {print "]"}' "$dir/bench.txt" |
-	jq '{scenario: "poolceiling", available: (length > 0), cases: .,
-	     streams_per_s: (map({key: "\(.deploy)/\(.mode)", value: .metrics["streams/s"]}) | from_entries)}' \
+	jq "$JQ_DEFS"'{scenario: "poolceiling", available: (length > 0), cases: .,
+	     streams_per_s: (group_by(.deploy, .mode) | map({key: "\(.[0].deploy)/\(.[0].mode)", value: (map(.metrics["streams/s"]) | median | r3)}) | from_entries)}' \
 		>"$RESULTS/poolceiling.json"
 jq -r '.streams_per_s | to_entries[] | "poolceiling \(.key): \(.value) new streams/s"' "$RESULTS/poolceiling.json" >&2
