@@ -36,13 +36,19 @@ else
 	exit 0
 fi
 
-# "BenchmarkStreamsPerSecond/single/direct-2  N  v1 unit1  v2 unit2 …"
-awk '$1 ~ /^BenchmarkStreamsPerSecond\// {
-		name = $1; sub(/-[0-9]+$/, "", name); n = split(name, part, "/")
-		printf "%s{\"deploy\": \"%s\", \"mode\": \"%s\", \"iterations\": %s, \"metrics\": {", sep, part[2], (n > 2 ? part[3] : ""), $2
+# "BenchmarkStreamsPerSecond/single/direct-2  N  v1 unit1  v2 unit2 …";
+# a client library's log line printed while the case runs can split the
+# name from its figures, which then start a later line.
+awk 'function emit(name, from,    n, part, i, s2) {
+		sub(/-[0-9]+$/, "", name); n = split(name, part, "/")
+		printf "%s{\"deploy\": \"%s\", \"mode\": \"%s\", \"iterations\": %s, \"metrics\": {", sep, part[2], (n > 2 ? part[3] : ""), $from
 		s2 = ""
-		for (i = 3; i < NF; i += 2) { printf "%s\"%s\": %s", s2, $(i + 1), $i; s2 = ", " }
+		for (i = from + 1; i < NF; i += 2) { printf "%s\"%s\": %s", s2, $(i + 1), $i; s2 = ", " }
 		printf "}}"; sep = ",\n"}
+	$1 ~ /^BenchmarkStreamsPerSecond\// {
+		if ($2 ~ /^[0-9]+$/ && $0 ~ /ns\/op/) { emit($1, 2); pending = "" } else pending = $1
+		next}
+	pending != "" && $1 ~ /^[0-9]+$/ && $0 ~ /ns\/op/ { emit(pending, 1); pending = "" }
 	BEGIN {print "["} END {print "]"}' "$dir/bench.txt" |
 	jq "$JQ_DEFS"'{scenario: "poolceiling", available: (length > 0), cases: .,
 	     streams_per_s: (group_by(.deploy, .mode) | map({key: "\(.[0].deploy)/\(.[0].mode)", value: (map(.metrics["streams/s"]) | median | r3)}) | from_entries)}' \
