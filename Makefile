@@ -62,6 +62,12 @@ build:
 	$(GO) build -o bin/ ./cmd/... ./scripts/bench/passproxy
 
 # bench runs the Go benchmarks, then the load scenarios (scripts/bench).
+# Issue 31's goals are checked in the same run, each beside its reference:
+# the parity scenario (direct api vs the bare hop, queued vs direct, spills,
+# stream log drops and its Redis CPU and memory per chunk, about 13 minutes),
+# waiting (10,000 waiting streams) and poolceiling (new streams/s through one
+# pool primary); see summary.txt's "issue 31:" lines and docs/BENCHMARKS.md,
+# "Issue 31: how to run". Run it on a quiet machine.
 bench: deps build
 	$(GO) test -run '^$$' -bench . -benchmem -count=1 $(PKGS)
 	@if [ -x scripts/bench/run.sh ]; then scripts/bench/run.sh; fi
