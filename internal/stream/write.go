@@ -81,13 +81,6 @@ type session struct {
 	problemType string
 }
 
-// newSession returns the session of a /v1/stream stream; the caller fills
-// in its source.
-func (h *Handler) newSession(w http.ResponseWriter, requestID, owner, path string, start time.Time) *session {
-	return &session{h: h, sink: openNative(w, h.cfg.WriteTimeout), resumable: true,
-		requestID: requestID, owner: owner, path: path, start: start}
-}
-
 // sessionOf returns the session of x's stream on path, writing x's
 // dialect. Only the native dialect is logged and resumable: an OpenAI
 // client cannot resume (its chunks carry no ids), so its stream ends when
