@@ -470,4 +470,3 @@ func (p *Pool) releaseAllLater(ids, users []string) {
 		p.releaseLaterLocked(id, users[i])
 	}
 }
-
