@@ -26,6 +26,10 @@ const (
 	DefaultShedNormalFraction    = 0.8
 )
 
+// DefaultOverflowHysteresis is QUEUE_OVERFLOW_HYSTERESIS' default; a zero
+// OverflowConfig.Hysteresis is kept (0 is a valid setting).
+const DefaultOverflowHysteresis = 500
+
 // OverflowConfig configures the queue overflow gate. Zero fields take
 // their defaults, except Hysteresis, where 0 is a valid setting.
 type OverflowConfig struct {
@@ -34,7 +38,8 @@ type OverflowConfig struct {
 	Threshold int64
 	// Hysteresis keeps refusing until the backlog is below
 	// Threshold − Hysteresis, so the gate does not flap around the
-	// threshold (QUEUE_OVERFLOW_HYSTERESIS, 500 in the settings).
+	// threshold (QUEUE_OVERFLOW_HYSTERESIS; the setting's default is
+	// DefaultOverflowHysteresis).
 	Hysteresis int64
 	// RefreshEvery is how often the cached depth is read again; a read
 	// slower than this counts as failed (QUEUE_DEPTH_CACHE_TTL_MS, default 1s).

@@ -20,6 +20,17 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
+// Defaults every queue backend applies to the same setting, written once.
+const (
+	// DefaultReclaimIdle is QUEUE_RECLAIM_IDLE_SECONDS' default: how long a
+	// job may go untouched before another worker takes it over (Redis
+	// Streams' idle claim, Kafka's claim TTL, memqueue's reclaim).
+	DefaultReclaimIdle = 15 * time.Second
+	// DefaultDeadLetterTTL is DEAD_LETTER_TTL_HOURS' default: the Redis
+	// dead-letter stream's expiry and the Kafka dead-letter topic's retention.
+	DefaultDeadLetterTTL = 168 * time.Hour
+)
+
 // ErrClaimLost is returned by Consumer.Touch when this member no longer
 // holds the delivery (another member took it over): the caller must stop
 // working on it and must not settle it.
