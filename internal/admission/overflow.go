@@ -167,7 +167,7 @@ func NewOverflow(cfg OverflowConfig, backlog Backlog, m *metrics.Metrics, log *s
 	o := &Overflow{cfg: cfg, backlog: backlog, m: m, log: log, levels: shedLevels(cfg)}
 	for _, p := range protocol.Priorities {
 		o.rejected[p.Rank()] = m.QueueRejections.WithLabelValues("overflow", string(p))
-		o.retryAfter[p.Rank()].Store(int64(cfg.RetryAfterMax / time.Second))
+		o.retryAfter[p.Rank()].Store(int64(protocol.RetryAfterSeconds(cfg.RetryAfterMax)))
 	}
 	m.QueueThreshold.Set(float64(cfg.Threshold))
 	return o, nil
@@ -285,7 +285,7 @@ func (o *Overflow) refresh(ctx context.Context, now time.Time) {
 		was := o.refusing[r].Load()
 		refusing := d >= lvl.at || (was && d >= lvl.resume)
 		if refusing {
-			o.retryAfter[r].Store(int64(o.retryAfterFor(d, lvl.resume) / time.Second))
+			o.retryAfter[r].Store(int64(protocol.RetryAfterSeconds(o.retryAfterFor(d, lvl.resume))))
 		}
 		o.refusing[r].Store(refusing)
 		switch {
@@ -303,7 +303,7 @@ func (o *Overflow) refresh(ctx context.Context, now time.Time) {
 // to fall below resume at the observed drain rate, clamped to
 // [1s, RetryAfterMax]; RetryAfterMax when it is not draining.
 func (o *Overflow) retryAfterFor(d, resume int64) time.Duration {
-	maxSecs := math.Floor(o.cfg.RetryAfterMax.Seconds())
+	maxSecs := float64(protocol.RetryAfterSeconds(o.cfg.RetryAfterMax))
 	if !o.rated || o.drainRate <= 0 {
 		return time.Duration(maxSecs) * time.Second
 	}

@@ -182,7 +182,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	return g, nil
 }
 
-func (g *Gateway) retryAfter() int { return max(1, int(g.cfg.RetryAfter/time.Second)) }
+func (g *Gateway) retryAfter() int { return protocol.RetryAfterSeconds(g.cfg.RetryAfter) }
 
 // Spill subscribes, then enqueues, then returns the relay. See
 // failover.Spiller.
