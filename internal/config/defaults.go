@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/upstream"
 	"github.com/spillway-dev/spillway/internal/upstream/models"
 )
@@ -87,7 +88,7 @@ func Defaults() Config {
 		StreamLogTTL:      5 * time.Minute,
 		// Long enough for a client's reconnect after a network blip.
 		StreamResumeWindow: 10 * time.Second,
-		BodyReadTimeout:    10 * time.Second,
+		BodyReadTimeout:    stream.DefaultBodyReadTimeout,
 		MaxConnections:     20000,
 		HTTPIdleTimeout:    120 * time.Second,
 

@@ -1,7 +1,7 @@
 // Package failover states the contracts of the spill-over path and holds
 // no backend: the job queue (Producer, Consumer, Delivery), the
 // per-request result-and-cancel channel (ResultPublisher,
-// ResultSubscriber, Canceller, CancelWatcher), the queued path as the HTTP
+// ResultSubscriber, Canceller, CancelWatcher; resultchannel.go), the queued path as the HTTP
 // layer sees it (Spiller, Relay), and the key names (keys.go). The
 // protocol behind them is docs/QUEUE.md.
 //
