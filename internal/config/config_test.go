@@ -1181,6 +1181,12 @@ func TestDurationUnits(t *testing.T) {
 		}
 	}
 
+	// Empty in the file counts as not set, for a duration as for any setting.
+	path := writeFile(t, "queue_reclaim_idle_seconds:\npool_idle_hold_ms: \"\"\n")
+	if c := mustLoad(t, path, nil); c.QueueReclaimIdle != Defaults().QueueReclaimIdle || c.PoolIdleHold != Defaults().PoolIdleHold {
+		t.Errorf("empty duration settings in the file read as %v and %v, want the defaults", c.QueueReclaimIdle, c.PoolIdleHold)
+	}
+
 	for _, tt := range []struct {
 		name, value, want string
 	}{

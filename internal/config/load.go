@@ -236,6 +236,9 @@ func parseDurations(c *Config, merged, source map[string]string) (map[string]str
 			rest[k] = val
 			continue
 		}
+		if val == "" { // a YAML null or "": not set, as for every setting
+			continue
+		}
 		unit, unitName, _ := durationUnit(k)
 		n, err := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
 		switch {
