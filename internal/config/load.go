@@ -18,8 +18,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
-// Derived defaults: they depend on whether REDIS_URL is set, so they cannot
-// live in envDefault tags.
+// Derived defaults: they depend on the Redis mode, so Load fills them in
+// after reading the settings rather than Defaults.
 const (
 	defaultPoolSize         = 100
 	defaultEmbeddedPoolSize = 2
