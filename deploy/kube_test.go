@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
@@ -632,9 +633,9 @@ func checkDeployment(e *errs, fsys fs.FS, label string, dp *deployment, cms map[
 	if d.Spec.Template.Spec.TerminationGracePeriodSeconds != nil {
 		tgps = *d.Spec.Template.Spec.TerminationGracePeriodSeconds
 	}
-	if need := preStop + int64(cfg.ShutdownGraceSeconds) + 10; tgps < need {
+	if need := preStop + int64(cfg.ShutdownGrace/time.Second) + 10; tgps < need {
 		e.add("%s: terminationGracePeriodSeconds %d < preStop %ds + SHUTDOWN_GRACE_SECONDS %ds + 10s to close: streams would be killed mid-drain",
-			w, tgps, preStop, cfg.ShutdownGraceSeconds)
+			w, tgps, preStop, int64(cfg.ShutdownGrace/time.Second))
 	}
 }
 

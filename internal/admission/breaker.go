@@ -211,7 +211,7 @@ func (b *Breaker) Check(prio protocol.Priority) *protocol.Problem {
 		return nil
 	}
 	b.refused[prio.Rank()].Inc()
-	return protocol.ProviderUnavailable(RetryAfterSeconds(left))
+	return protocol.ProviderUnavailable(protocol.RetryAfterSeconds(left))
 }
 
 // OpenFor returns how long the circuit still refuses every call: 0 while

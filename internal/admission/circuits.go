@@ -64,5 +64,5 @@ func (c *Circuits) Check(prio protocol.Priority) *protocol.Problem {
 		}
 	}
 	c.refused[prio.Rank()].Inc()
-	return protocol.ProviderUnavailable(RetryAfterSeconds(soonest))
+	return protocol.ProviderUnavailable(protocol.RetryAfterSeconds(soonest))
 }

@@ -282,7 +282,7 @@ func (d *Degrader) Check(prio protocol.Priority) *protocol.Problem {
 		c.Inc()
 	}
 	ra := min(d.cfg.Hold, d.cfg.RetryAfterMax)
-	return protocol.QueueOverflow(max(1, int((ra+time.Second-1)/time.Second)))
+	return protocol.QueueOverflow(protocol.RetryAfterSeconds(ra))
 }
 
 // MaxTokens returns the cap on max_tokens for a request of priority prio

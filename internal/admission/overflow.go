@@ -26,6 +26,10 @@ const (
 	DefaultShedNormalFraction    = 0.8
 )
 
+// DefaultOverflowHysteresis is QUEUE_OVERFLOW_HYSTERESIS' default; a zero
+// OverflowConfig.Hysteresis is kept (0 is a valid setting).
+const DefaultOverflowHysteresis = 500
+
 // OverflowConfig configures the queue overflow gate. Zero fields take
 // their defaults, except Hysteresis, where 0 is a valid setting.
 type OverflowConfig struct {
@@ -34,7 +38,8 @@ type OverflowConfig struct {
 	Threshold int64
 	// Hysteresis keeps refusing until the backlog is below
 	// Threshold − Hysteresis, so the gate does not flap around the
-	// threshold (QUEUE_OVERFLOW_HYSTERESIS, 500 in the settings).
+	// threshold (QUEUE_OVERFLOW_HYSTERESIS; the setting's default is
+	// DefaultOverflowHysteresis).
 	Hysteresis int64
 	// RefreshEvery is how often the cached depth is read again; a read
 	// slower than this counts as failed (QUEUE_DEPTH_CACHE_TTL_MS, default 1s).
@@ -156,7 +161,7 @@ func NewOverflow(cfg OverflowConfig, backlog Backlog, m *metrics.Metrics, log *s
 	o := &Overflow{cfg: cfg, backlog: backlog, m: m, log: log, levels: shedLevels(cfg)}
 	for _, p := range protocol.Priorities {
 		o.rejected[p.Rank()] = m.QueueRejections.WithLabelValues("overflow", string(p))
-		o.retryAfter[p.Rank()].Store(int64(cfg.RetryAfterMax / time.Second))
+		o.retryAfter[p.Rank()].Store(int64(protocol.RetryAfterSeconds(cfg.RetryAfterMax)))
 	}
 	m.QueueThreshold.Set(float64(cfg.Threshold))
 	return o, nil
@@ -274,7 +279,7 @@ func (o *Overflow) refresh(ctx context.Context, now time.Time) {
 		was := o.refusing[r].Load()
 		refusing := d >= lvl.at || (was && d >= lvl.resume)
 		if refusing {
-			o.retryAfter[r].Store(int64(o.retryAfterFor(d, lvl.resume) / time.Second))
+			o.retryAfter[r].Store(int64(protocol.RetryAfterSeconds(o.retryAfterFor(d, lvl.resume))))
 		}
 		o.refusing[r].Store(refusing)
 		switch {
@@ -292,7 +297,7 @@ func (o *Overflow) refresh(ctx context.Context, now time.Time) {
 // to fall below resume at the observed drain rate, clamped to
 // [1s, RetryAfterMax]; RetryAfterMax when it is not draining.
 func (o *Overflow) retryAfterFor(d, resume int64) time.Duration {
-	maxSecs := math.Floor(o.cfg.RetryAfterMax.Seconds())
+	maxSecs := float64(protocol.RetryAfterSeconds(o.cfg.RetryAfterMax))
 	if !o.rated || o.drainRate <= 0 {
 		return time.Duration(maxSecs) * time.Second
 	}

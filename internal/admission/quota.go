@@ -112,7 +112,7 @@ func (q *Quota) Reserve(ctx context.Context, identity, requestID string, bytes i
 	if err != nil {
 		return nil, fmt.Errorf("admission: reserve queue quota: %w", err)
 	}
-	retryAfter := max(1, int(q.cfg.RetryAfter/time.Second))
+	retryAfter := protocol.RetryAfterSeconds(q.cfg.RetryAfter)
 	switch res {
 	case 1:
 		return protocol.TooManyQueued(retryAfter), nil

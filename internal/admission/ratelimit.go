@@ -194,7 +194,7 @@ func (l *RateLimiter) allowLocal(identity string, now time.Time) *protocol.Probl
 
 func (l *RateLimiter) refuse(retry time.Duration) *protocol.Problem {
 	l.limited.Inc()
-	return protocol.RateLimited(RetryAfterSeconds(retry))
+	return protocol.RateLimited(protocol.RetryAfterSeconds(retry))
 }
 
 // localGCRA is the fallback: the GCRA redis_rate runs in Lua, kept per

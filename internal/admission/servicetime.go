@@ -67,9 +67,3 @@ func (s *ServiceTime) RetryAfter(queueAhead, slots int) time.Duration {
 	d := float64(queueAhead+1) / float64(slots) * float64(s.mean.Load())
 	return min(max(time.Duration(math.Min(d, float64(s.max))), time.Second), s.max)
 }
-
-// RetryAfterSeconds rounds d up to whole seconds for a Retry-After header,
-// never below 1.
-func RetryAfterSeconds(d time.Duration) int {
-	return max(1, int((d+time.Second-1)/time.Second))
-}

@@ -72,19 +72,3 @@ func TestNewServiceTimeRejects(t *testing.T) {
 		}
 	}
 }
-
-func TestRetryAfterSeconds(t *testing.T) {
-	t.Parallel()
-	tests := []struct {
-		d    time.Duration
-		want int
-	}{
-		{-time.Second, 1}, {0, 1}, {time.Nanosecond, 1}, {time.Second, 1},
-		{time.Second + time.Nanosecond, 2}, {1999 * time.Millisecond, 2}, {60 * time.Second, 60},
-	}
-	for _, tt := range tests {
-		if got := RetryAfterSeconds(tt.d); got != tt.want {
-			t.Errorf("RetryAfterSeconds(%v) = %d, want %d", tt.d, got, tt.want)
-		}
-	}
-}

@@ -82,7 +82,7 @@ func RunAdmin(ctx context.Context, cfg *config.Config, log *slog.Logger, args []
 	depth, _ := producer.(failover.Depther)
 	t, err := admin.New(admin.Config{
 		Backend: cfg.QueueType, KeepPayload: cfg.DeadLetterKeepPayload,
-		OverflowThreshold: int64(cfg.QueueOverflowThreshold), StreamLogTTL: cfg.StreamLogTTL(),
+		OverflowThreshold: int64(cfg.QueueOverflowThreshold), StreamLogTTL: cfg.StreamLogTTL,
 	}, admin.Deps{
 		Store: store, Spiller: gw, Depth: depth, Log: logw,
 		Stdin: stdio.Stdin, Stdout: stdio.Stdout, Stderr: stdio.Stderr, Logger: log,

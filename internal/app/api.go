@@ -89,7 +89,7 @@ func (a *API) build() error {
 	if err != nil {
 		return err
 	}
-	service, err := admission.NewServiceTime(serviceTimeInitial, cfg.QueueRetryAfter())
+	service, err := admission.NewServiceTime(serviceTimeInitial, cfg.QueueRetryAfter)
 	if err != nil {
 		return err
 	}
@@ -342,7 +342,7 @@ func (a *API) readyz(c *gin.Context) {
 // flushed (docs/TRACING.md).
 func (a *API) Serve(ctx context.Context, ln net.Listener) error {
 	limited := newLimitListener(ln, a.cfg.MaxConnections)
-	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: a.cfg.HTTPIdleTimeout(),
+	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: a.cfg.HTTPIdleTimeout,
 		MaxHeaderBytes: serverMaxHeaderBytes, ConnState: limited.connState}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	var background sync.WaitGroup
@@ -364,7 +364,7 @@ func (a *API) serveHTTP(ctx context.Context, srv *http.Server, ln net.Listener) 
 		return fmt.Errorf("app: serve: %w", err)
 	case <-ctx.Done():
 	}
-	grace := a.cfg.ShutdownGrace()
+	grace := a.cfg.ShutdownGrace
 	a.log.Info("shutting down: not ready, draining open streams", "grace", grace.String())
 	idle := a.drain.begin()
 	graceTimer := time.NewTimer(grace)

@@ -141,7 +141,7 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 	}
 	rdb.AddHook(redisTimer{d.obs.m.RedisCommand})
 	d.closers = append(d.closers, func() { _ = rdb.Close() })
-	d.log.Info("redis", "mode", cfg.RedisMode(), "url", redact.URL(cfg.RedisURL), "pool_size", cfg.RedisPoolSize, "down_after_ms", cfg.RedisDownAfterMS)
+	d.log.Info("redis", "mode", cfg.RedisMode(), "url", redact.URL(cfg.RedisURL), "pool_size", cfg.RedisPoolSize, "down_after_ms", cfg.RedisDownAfter.Milliseconds())
 	return rdb, nil
 }
 

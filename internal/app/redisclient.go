@@ -86,9 +86,9 @@ func newRedisClient(cfg *config.Config, poolSize, minIdle, maxIdle int, probe bo
 	if probe {
 		retries = -1
 	}
-	dial := time.Duration(cfg.RedisDialTimeoutMS) * time.Millisecond
-	rw := time.Duration(cfg.RedisTimeoutMS) * time.Millisecond
-	wait := time.Duration(cfg.RedisPoolTimeoutMS) * time.Millisecond
+	dial := cfg.RedisDialTimeout
+	rw := cfg.RedisTimeout
+	wait := cfg.RedisPoolTimeout
 	switch cfg.RedisMode() {
 	case config.RedisModeSingle:
 		opts, err := redis.ParseURL(cfg.RedisURL)

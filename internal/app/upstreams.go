@@ -72,7 +72,7 @@ func (d *deps) newBalancer(role string) (*upstream.Balancer, *admission.Circuits
 	log := d.log.With("component", "upstreams")
 	if cfg.PoolBackend == config.PoolBackendRedis {
 		prefix := cfg.QueuePrefix + "upstream:"
-		rc, err := upstream.NewRedisCaps(d.rdb, specs, upstream.RedisConfig{Prefix: prefix, LeaseTTL: cfg.LeaseTTL(), Holder: d.name}, log)
+		rc, err := upstream.NewRedisCaps(d.rdb, specs, upstream.RedisConfig{Prefix: prefix, LeaseTTL: cfg.PoolLeaseTTL, Holder: d.name}, log)
 		if err != nil {
 			return nil, nil, fmt.Errorf("app: upstream caps: %w", err)
 		}

@@ -35,15 +35,15 @@ const serviceTimeInitial = time.Second
 // SimConfig is the simulator configuration the SIM_* settings give.
 func SimConfig(cfg *config.Config) llm.SimConfig {
 	return llm.SimConfig{
-		FirstToken: cfg.SimFirstToken(), TokenInterval: cfg.SimTokenInterval(), Tokens: cfg.SimTokens,
+		FirstToken: cfg.SimFirstToken, TokenInterval: cfg.SimTokenInterval, Tokens: cfg.SimTokens,
 		Seed: cfg.SimSeed, FailRate: cfg.SimFailRate, FailMidstreamRate: cfg.SimFailMidstreamRate,
 	}
 }
 
 // OpenAIConfig is the upstream configuration the LLM_* settings give.
 func OpenAIConfig(cfg *config.Config) llm.OpenAIConfig {
-	return llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel, Timeout: cfg.LLMTimeout(),
-		FirstTokenTimeout: cfg.LLMFirstTokenTimeout(), IdleTimeout: cfg.LLMIdleTimeout()}
+	return llm.OpenAIConfig{BaseURL: cfg.LLMBaseURL, APIKey: cfg.LLMAPIKey, Model: cfg.LLMModel, Timeout: cfg.LLMTimeout,
+		FirstTokenTimeout: cfg.LLMFirstTokenTimeout, IdleTimeout: cfg.LLMIdleTimeout}
 }
 
 // RetryPolicy is the provider retry policy, shared by the workers and the
@@ -52,15 +52,15 @@ func OpenAIConfig(cfg *config.Config) llm.OpenAIConfig {
 // bound the backoff of other failures (docs/TIMEOUTS.md).
 func RetryPolicy(cfg *config.Config) llm.RetryPolicy {
 	// The throttled backoff starts at 2 s, or at the cap when it is lower.
-	return llm.RetryPolicy{RetryAfterMax: cfg.LLMRetryAfterMax(), ThrottleDelay: min(llm.DefaultThrottleDelay, cfg.LLMRetryAfterMax()),
-		BaseDelay: cfg.BaseDelay(), MaxDelay: cfg.MaxDelay()}
+	return llm.RetryPolicy{RetryAfterMax: cfg.LLMRetryAfterMax, ThrottleDelay: min(llm.DefaultThrottleDelay, cfg.LLMRetryAfterMax),
+		BaseDelay: cfg.QueueFailoverBaseDelay, MaxDelay: cfg.QueueFailoverMaxDelay}
 }
 
 // BreakerConfig is the circuit breaker the BREAKER_* settings give.
 func BreakerConfig(cfg *config.Config) admission.BreakerConfig {
 	return admission.BreakerConfig{
-		ConsecutiveFailures: uint32(cfg.BreakerFailures), Window: cfg.BreakerWindow(),
-		OpenTimeout: cfg.BreakerOpen(), HalfOpenMaxRequests: uint32(cfg.BreakerHalfOpenRequests),
+		ConsecutiveFailures: uint32(cfg.BreakerFailures), Window: cfg.BreakerWindow,
+		OpenTimeout: cfg.BreakerOpen, HalfOpenMaxRequests: uint32(cfg.BreakerHalfOpenRequests),
 	}
 }
 
@@ -73,7 +73,7 @@ func RateLimitConfig(cfg *config.Config) admission.RateLimitConfig {
 func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 	return admission.OverflowConfig{
 		Threshold: int64(cfg.QueueOverflowThreshold), Hysteresis: int64(cfg.QueueOverflowHysteresis),
-		RefreshEvery: cfg.DepthCacheTTL(), RetryAfterMax: cfg.QueueRetryAfter(),
+		RefreshEvery: cfg.QueueDepthCacheTTL, RetryAfterMax: cfg.QueueRetryAfter,
 		ShedLowFraction: cfg.QueueShedLowFraction, ShedNormalFraction: cfg.QueueShedNormalFraction,
 	}
 }
@@ -82,7 +82,7 @@ func OverflowConfig(cfg *config.Config) admission.OverflowConfig {
 // QUEUE_RETRY_AFTER_SECONDS settings give.
 func DegradeConfig(cfg *config.Config) admission.DegradeConfig {
 	return admission.DegradeConfig{MaxTokens: cfg.DegradeMaxTokens, MinRequests: cfg.DegradeMinRequests,
-		ProbeEvery: cfg.DegradeProbeEvery, RetryAfterMax: cfg.QueueRetryAfter()}
+		ProbeEvery: cfg.DegradeProbeEvery, RetryAfterMax: cfg.QueueRetryAfter}
 }
 
 // QuotaConfig is the queue quota the QUEUE_MAX_* settings give.
@@ -96,9 +96,9 @@ func QuotaConfig(cfg *config.Config) admission.QuotaConfig {
 func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 	c := redispool.Config{
 		Prefix: cfg.QueuePrefix + "pool:", Size: cfg.ConnectionPoolSize, PerUser: cfg.ConnectionPoolPerUser,
-		LeaseTTL: cfg.LeaseTTL(), FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
-		DownAfter: time.Duration(cfg.RedisDownAfterMS) * time.Millisecond,
-		IdleHold:  time.Duration(cfg.PoolIdleHoldMS) * time.Millisecond,
+		LeaseTTL: cfg.PoolLeaseTTL, FallbackSize: cfg.PoolLocalFallbackSize, Holder: holder,
+		DownAfter: cfg.RedisDownAfter,
+		IdleHold:  cfg.PoolIdleHold,
 	}
 	if cfg.AdaptiveConcurrency {
 		c.AdaptiveLimit = PoolLimitName
@@ -116,9 +116,9 @@ func AdaptiveConfig(cfg *config.Config) adaptive.Config {
 	return adaptive.Config{
 		Name: PoolLimitName,
 		Params: adaptive.Params{
-			Floor: cfg.AdaptiveConcurrencyFloor, Ceiling: cfg.ConnectionPoolSize, Interval: cfg.AdaptiveInterval(),
+			Floor: cfg.AdaptiveConcurrencyFloor, Ceiling: cfg.ConnectionPoolSize, Interval: cfg.AdaptiveInterval,
 		},
-		FirstTokenTarget: cfg.AdaptiveFirstTokenTarget(),
+		FirstTokenTarget: cfg.AdaptiveFirstTokenTarget,
 	}
 }
 
@@ -142,9 +142,9 @@ func UpstreamAdaptiveConfig(cfg *config.Config, s upstream.Spec) adaptive.Config
 // in the consumer group.
 func RedisStreamConfig(cfg *config.Config, member string) redisstream.Config {
 	return redisstream.Config{
-		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle(), Shards: cfg.QueueShards,
-		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
-		PriorityAging: cfg.PriorityAging(),
+		Prefix: cfg.QueuePrefix, Consumer: member, ReclaimIdle: cfg.QueueReclaimIdle, Shards: cfg.QueueShards,
+		DeadLetterMaxLen: int64(cfg.DeadLetterMaxLen), DeadLetterTTL: cfg.DeadLetterTTL, KeepPayload: cfg.DeadLetterKeepPayload,
+		PriorityAging: cfg.PriorityAging,
 	}
 }
 
@@ -157,8 +157,8 @@ const jobEnvelopeBytes = 64 << 10
 func KafkaConfig(cfg *config.Config, claims kafka.Claims) kafka.Config {
 	return kafka.Config{
 		Brokers: cfg.KafkaBrokers, Partitions: cfg.KafkaPartitions, ReplicationFactor: cfg.KafkaReplicationFactor,
-		ClaimTTL: cfg.QueueReclaimIdle(), Claims: claims, MaxMessageBytes: KafkaJobBytes(cfg.MaxBodyBytes),
-		DeadLetterRetention: cfg.DeadLetterTTL(), KeepPayload: cfg.DeadLetterKeepPayload,
+		ClaimTTL: cfg.QueueReclaimIdle, Claims: claims, MaxMessageBytes: KafkaJobBytes(cfg.MaxBodyBytes),
+		DeadLetterRetention: cfg.DeadLetterTTL, KeepPayload: cfg.DeadLetterKeepPayload,
 	}
 }
 
@@ -178,7 +178,7 @@ func ResultsConfig(cfg *config.Config) results.SubscriberConfig {
 func GatewayConfig(cfg *config.Config) gateway.Config {
 	system, name := queueTraceName(cfg)
 	return gateway.Config{
-		QueueTimeout: cfg.QueueFailoverTimeout(), WorkerHeartbeat: cfg.WorkerHeartbeat(), ReclaimIdle: cfg.QueueReclaimIdle(),
+		QueueTimeout: cfg.QueueFailoverTimeout, WorkerHeartbeat: cfg.WorkerHeartbeat, ReclaimIdle: cfg.QueueReclaimIdle,
 		QueueSystem: system, QueueName: name,
 	}
 }
@@ -187,13 +187,13 @@ func GatewayConfig(cfg *config.Config) gateway.Config {
 func WorkerConfig(cfg *config.Config) worker.Config {
 	system, name := queueTraceName(cfg)
 	return worker.Config{
-		Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat(),
-		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.BatchTimeout(),
+		Concurrency: cfg.WorkerConcurrency, Heartbeat: cfg.WorkerHeartbeat,
+		BatchSize: cfg.QueueFailoverChunkBatchSize, BatchTimeout: cfg.QueueFailoverChunkBatchTimeout,
 		MaxRetries: cfg.QueueFailoverMaxRetries, Retry: RetryPolicy(cfg),
-		QueueTimeout: cfg.QueueFailoverTimeout(), StopGrace: cfg.ShutdownGrace(),
+		QueueTimeout: cfg.QueueFailoverTimeout, StopGrace: cfg.ShutdownGrace,
 		QueueSystem: system, QueueName: name,
-		ReclaimIdle:   cfg.QueueReclaimIdle(),
-		PriorityAging: cfg.PriorityAging(),
+		ReclaimIdle:   cfg.QueueReclaimIdle,
+		PriorityAging: cfg.PriorityAging,
 	}
 }
 
@@ -211,7 +211,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 	return stream.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
 		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit, MaxChoices: cfg.MaxChoices},
-		Heartbeat:         cfg.HeartbeatInterval(),
+		Heartbeat:         cfg.HeartbeatInterval,
 		DirectPathEnabled: cfg.DirectPathEnabled,
 		APIKeys:           cfg.APIKeys,
 		// Zero trusts the header, matching TRUST_USER_ID_HEADER's default.
@@ -219,9 +219,9 @@ func StreamConfig(cfg *config.Config) stream.Config {
 		TrustedProxies:     cfg.TrustedProxies,
 		Models:             cfg.LLMModels,
 		ServedModels:       ServedModels(cfg),
-		BodyReadTimeout:    cfg.BodyReadTimeout(),
-		ResumeWindow:       cfg.StreamResumeWindow(),
-		LogTTL:             cfg.StreamLogTTL(),
+		BodyReadTimeout:    cfg.BodyReadTimeout,
+		ResumeWindow:       cfg.StreamResumeWindow,
+		LogTTL:             cfg.StreamLogTTL,
 		PriorityMax:        protocol.Priority(cfg.PriorityMax),
 		Retry:              RetryPolicy(cfg),
 	}
@@ -230,7 +230,7 @@ func StreamConfig(cfg *config.Config) stream.Config {
 // UpstreamHealthConfig is the passive health of several upstreams the
 // LLM_UPSTREAM_* settings give.
 func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
-	return upstream.HealthConfig{MaxFails: cfg.LLMUpstreamMaxFails, Cooldown: cfg.LLMUpstreamCooldown()}
+	return upstream.HealthConfig{MaxFails: cfg.LLMUpstreamMaxFails, Cooldown: cfg.LLMUpstreamCooldown}
 }
 
 // BalancerConfig is the routing over several upstreams the LLM_ROUTING,
@@ -238,7 +238,7 @@ func UpstreamHealthConfig(cfg *config.Config) upstream.HealthConfig {
 // LLM_UPSTREAM_PROBE_SECONDS settings give.
 func BalancerConfig(cfg *config.Config) upstream.Config {
 	return upstream.Config{Routing: cfg.LLMRouting, AffinityBalance: cfg.LLMAffinityBalance,
-		RetryAfterMax: cfg.LLMRetryAfterMax(), ProbeEvery: cfg.LLMUpstreamProbe(), NonTextPartTokens: cfg.NonTextPartTokens}
+		RetryAfterMax: cfg.LLMRetryAfterMax, ProbeEvery: cfg.LLMUpstreamProbe, NonTextPartTokens: cfg.NonTextPartTokens}
 }
 
 // OpenAIModels are the models the configuration names: the simulator's
@@ -279,7 +279,7 @@ func ModelsConfig(cfg *config.Config) models.Config {
 	if cfg.LLMProvider == config.ProviderOpenAI {
 		ups = cfg.Upstreams
 	}
-	return models.Config{Upstreams: ups, Always: alwaysListed(cfg), Allow: cfg.LLMModels, TTL: cfg.ModelsCacheTTL()}
+	return models.Config{Upstreams: ups, Always: alwaysListed(cfg), Allow: cfg.LLMModels, TTL: cfg.ModelsCacheTTL}
 }
 
 // ServedModels are the models the upstreams serve when every upstream
@@ -299,9 +299,9 @@ func ServedModels(cfg *config.Config) []string {
 
 // StreamLogConfig is the stream log's part of cfg.
 func StreamLogConfig(cfg *config.Config) streamlog.Config {
-	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL()}
+	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL}
 }
 
 // streamLogLiveness is how long an api's streams stay resumable after it
 // died: three SSE heartbeats (docs/API.md, "Resume and stop").
-func streamLogLiveness(cfg *config.Config) time.Duration { return 3 * cfg.HeartbeatInterval() }
+func streamLogLiveness(cfg *config.Config) time.Duration { return 3 * cfg.HeartbeatInterval }

@@ -13,12 +13,14 @@ import (
 
 // Config is every setting of the api, consumer and simllm processes. Env
 // names and defaults are the contract in docs/OPERATIONS.md, "Settings"; the yaml key of each
-// field is its env name in lower case.
+// field is its env name in lower case. Defaults gives each default, taken
+// from the component that uses it. A time.Duration field is read in the
+// unit its env name ends in: _MS, _SECONDS or _HOURS, a whole number.
 type Config struct {
-	// HTTPAddr is the api listen address. Default ":8080".
-	HTTPAddr string `env:"HTTP_ADDR" envDefault:":8080"`
-	// ConsumerHTTPAddr serves the consumer's /metrics and /healthz. Default ":9090".
-	ConsumerHTTPAddr string `env:"CONSUMER_HTTP_ADDR" envDefault:":9090"`
+	// HTTPAddr is the api listen address.
+	HTTPAddr string `env:"HTTP_ADDR"`
+	// ConsumerHTTPAddr serves the consumer's /metrics and /healthz.
+	ConsumerHTTPAddr string `env:"CONSUMER_HTTP_ADDR"`
 	// RedisURL is a redis:// or rediss:// URL of one Redis. Embedded mode
 	// when it, RedisClusterAddrs and RedisSentinelAddrs are all empty.
 	RedisURL string `env:"REDIS_URL"`
@@ -35,183 +37,183 @@ type Config struct {
 	// RedisPassword authenticates to the data nodes in Cluster and
 	// Sentinel mode (a REDIS_URL carries its own).
 	RedisPassword string `env:"REDIS_PASSWORD"`
-	// RedisPoolSize is the go-redis connections per Redis node. Default 0:
+	// RedisPoolSize is the go-redis connections per Redis node; 0 means
 	// max(64, 2×WorkerConcurrency+8).
-	RedisPoolSize int `env:"REDIS_POOL_SIZE" envDefault:"0"`
+	RedisPoolSize int `env:"REDIS_POOL_SIZE"`
 	// RedisMinIdleConns are kept open per node so a burst does not dial.
-	// Default 0 (opened on demand).
-	RedisMinIdleConns int `env:"REDIS_MIN_IDLE_CONNS" envDefault:"0"`
-	// RedisDialTimeoutMS bounds opening a connection. Default 1000.
-	RedisDialTimeoutMS int `env:"REDIS_DIAL_TIMEOUT_MS" envDefault:"1000"`
-	// RedisTimeoutMS bounds one read or write on a connection. Default 3000.
-	RedisTimeoutMS int `env:"REDIS_TIMEOUT_MS" envDefault:"3000"`
-	// RedisPoolTimeoutMS bounds the wait for a free connection when all
-	// are busy. Default 1000.
-	RedisPoolTimeoutMS int `env:"REDIS_POOL_TIMEOUT_MS" envDefault:"1000"`
-	// RedisDownAfterMS is how long Redis may leave the health probe
+	// 0 opens them on demand.
+	RedisMinIdleConns int `env:"REDIS_MIN_IDLE_CONNS"`
+	// RedisDialTimeout bounds opening a connection.
+	RedisDialTimeout time.Duration `env:"REDIS_DIAL_TIMEOUT_MS"`
+	// RedisTimeout bounds one read or write on a connection.
+	RedisTimeout time.Duration `env:"REDIS_TIMEOUT_MS"`
+	// RedisPoolTimeout bounds the wait for a free connection when all
+	// are busy.
+	RedisPoolTimeout time.Duration `env:"REDIS_POOL_TIMEOUT_MS"`
+	// RedisDownAfter is how long Redis may leave the health probe
 	// unanswered, after a call timed out, before it counts as down (the
-	// pool's fallback). Default 3000.
-	RedisDownAfterMS int `env:"REDIS_DOWN_AFTER_MS" envDefault:"3000"`
+	// pool's fallback).
+	RedisDownAfter time.Duration `env:"REDIS_DOWN_AFTER_MS"`
 	// QueueShards splits the Redis Streams queue over this many streams,
-	// 1 to 64. Default 1.
-	QueueShards int `env:"QUEUE_SHARDS" envDefault:"1"`
+	// 1 to 64.
+	QueueShards int `env:"QUEUE_SHARDS"`
 
-	// QueueType is "redis" or "kafka". Default "redis".
-	QueueType string `env:"QUEUE_TYPE" envDefault:"redis"`
+	// QueueType is "redis" or "kafka".
+	QueueType string `env:"QUEUE_TYPE"`
 	// KafkaBrokers lists host:port brokers, needed when QueueType is kafka.
 	KafkaBrokers []string `env:"KAFKA_BROKERS" envSeparator:","`
-	// KafkaPartitions is the partition count used when the topic is created. Default 4.
-	KafkaPartitions int `env:"KAFKA_PARTITIONS" envDefault:"4"`
-	// KafkaReplicationFactor is used when the topic is created. Default 1.
-	KafkaReplicationFactor int `env:"KAFKA_REPLICATION_FACTOR" envDefault:"1"`
+	// KafkaPartitions is the partition count used when the topic is created.
+	KafkaPartitions int `env:"KAFKA_PARTITIONS"`
+	// KafkaReplicationFactor is used when the topic is created.
+	KafkaReplicationFactor int `env:"KAFKA_REPLICATION_FACTOR"`
 
-	// QueueFailoverEnabled off makes a full pool answer 503. Default true.
-	QueueFailoverEnabled bool `env:"QUEUE_FAILOVER_ENABLED" envDefault:"true"`
-	// DirectPathEnabled off sends every request through the queue. Default true.
-	DirectPathEnabled bool `env:"DIRECT_PATH_ENABLED" envDefault:"true"`
-	// QueueFailoverTimeoutSeconds is the longest wait for a worker to start a job. Default 30.
-	QueueFailoverTimeoutSeconds int `env:"QUEUE_FAILOVER_TIMEOUT_SECONDS" envDefault:"30"`
-	// QueueFailoverMaxRetries is provider retries before dead-letter. Default 5.
-	QueueFailoverMaxRetries int `env:"QUEUE_FAILOVER_MAX_RETRIES" envDefault:"5"`
-	// QueueFailoverBaseDelayMS is the first backoff delay. Default 100.
-	QueueFailoverBaseDelayMS int `env:"QUEUE_FAILOVER_BASE_DELAY_MS" envDefault:"100"`
-	// QueueFailoverMaxDelayMS caps the backoff delay. Default 5000.
-	QueueFailoverMaxDelayMS int `env:"QUEUE_FAILOVER_MAX_DELAY_MS" envDefault:"5000"`
-	// QueueFailoverChunkBatchSize is chunks per published batch. Default 5.
-	QueueFailoverChunkBatchSize int `env:"QUEUE_FAILOVER_CHUNK_BATCH_SIZE" envDefault:"5"`
-	// QueueFailoverChunkBatchTimeoutMS flushes a partial batch after this long. Default 100.
-	QueueFailoverChunkBatchTimeoutMS int `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" envDefault:"100"`
-	// QueueReclaimIdleSeconds is how long a job may sit idle before another worker takes it over. Default 15.
-	QueueReclaimIdleSeconds int `env:"QUEUE_RECLAIM_IDLE_SECONDS" envDefault:"15"`
-	// DeadLetterMaxLen bounds each dead-letter stream (XADD MAXLEN ~); Kafka has no count bound. Default 10000.
-	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN" envDefault:"10000"`
-	// DeadLetterTTLHours is how long the dead-letter stream lives after its last record, and the
-	// Kafka dead-letter topic's retention. Default 168.
-	DeadLetterTTLHours int `env:"DEAD_LETTER_TTL_HOURS" envDefault:"168"`
+	// QueueFailoverEnabled off makes a full pool answer 503.
+	QueueFailoverEnabled bool `env:"QUEUE_FAILOVER_ENABLED"`
+	// DirectPathEnabled off sends every request through the queue.
+	DirectPathEnabled bool `env:"DIRECT_PATH_ENABLED"`
+	// QueueFailoverTimeout is the longest wait for a worker to start a job.
+	QueueFailoverTimeout time.Duration `env:"QUEUE_FAILOVER_TIMEOUT_SECONDS"`
+	// QueueFailoverMaxRetries is provider retries before dead-letter.
+	QueueFailoverMaxRetries int `env:"QUEUE_FAILOVER_MAX_RETRIES"`
+	// QueueFailoverBaseDelay is the first backoff delay.
+	QueueFailoverBaseDelay time.Duration `env:"QUEUE_FAILOVER_BASE_DELAY_MS"`
+	// QueueFailoverMaxDelay caps the backoff delay.
+	QueueFailoverMaxDelay time.Duration `env:"QUEUE_FAILOVER_MAX_DELAY_MS"`
+	// QueueFailoverChunkBatchSize is chunks per published batch.
+	QueueFailoverChunkBatchSize int `env:"QUEUE_FAILOVER_CHUNK_BATCH_SIZE"`
+	// QueueFailoverChunkBatchTimeout flushes a partial batch after this long.
+	QueueFailoverChunkBatchTimeout time.Duration `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS"`
+	// QueueReclaimIdle is how long a job may sit idle before another worker takes it over.
+	QueueReclaimIdle time.Duration `env:"QUEUE_RECLAIM_IDLE_SECONDS"`
+	// DeadLetterMaxLen bounds each dead-letter stream (XADD MAXLEN ~); Kafka has no count bound.
+	DeadLetterMaxLen int `env:"DEAD_LETTER_MAX_LEN"`
+	// DeadLetterTTL is how long the dead-letter stream lives after its last record, and the
+	// Kafka dead-letter topic's retention.
+	DeadLetterTTL time.Duration `env:"DEAD_LETTER_TTL_HOURS"`
 	// DeadLetterKeepPayload stores the job's prompt in a dead letter (both queues); false keeps a
-	// digest and sizes only. Default false.
-	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD" envDefault:"false"`
-	// QueueOverflowThreshold is the backlog at which queued requests get 503. Default 10000.
-	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD" envDefault:"10000"`
-	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again. Default 500.
-	QueueOverflowHysteresis int `env:"QUEUE_OVERFLOW_HYSTERESIS" envDefault:"500"`
-	// QueueShedLowFraction is the share of the threshold from which low-priority requests get 503. Default 0.5.
-	QueueShedLowFraction float64 `env:"QUEUE_SHED_LOW_FRACTION" envDefault:"0.5"`
-	// QueueShedNormalFraction is the share of the threshold from which normal requests get 503. Default 0.8.
-	QueueShedNormalFraction float64 `env:"QUEUE_SHED_NORMAL_FRACTION" envDefault:"0.8"`
-	// PriorityAgingSeconds is how long a queued job waits to count one priority level higher. Default 30.
-	PriorityAgingSeconds int `env:"PRIORITY_AGING_SECONDS" envDefault:"30"`
-	// DegradeMaxTokens caps a normal request's max_tokens from degradation level 2. Default 1024.
-	DegradeMaxTokens int `env:"DEGRADE_MAX_TOKENS" envDefault:"1024"`
-	// DegradeMinRequests is the fewest requests ended in the last minute before their failure rate counts toward a degradation level. Default 20.
-	DegradeMinRequests int `env:"DEGRADE_MIN_REQUESTS" envDefault:"20"`
-	// DegradeProbeEvery admits one normal request in this many at degradation level 3. Default 10.
-	DegradeProbeEvery int `env:"DEGRADE_PROBE_EVERY" envDefault:"10"`
-	// QueueRetryAfterSeconds is the upper bound of Retry-After on overflow. Default 60.
-	QueueRetryAfterSeconds int `env:"QUEUE_RETRY_AFTER_SECONDS" envDefault:"60"`
-	// QueueDepthCacheTTLMS is how often the backlog depth is refreshed. Default 1000.
-	QueueDepthCacheTTLMS int `env:"QUEUE_DEPTH_CACHE_TTL_MS" envDefault:"1000"`
-	// QueueMaxPerIdentity is queued jobs per identity before 429 too-many-queued. Default 100.
-	QueueMaxPerIdentity int `env:"QUEUE_MAX_PER_IDENTITY" envDefault:"100"`
-	// QueueMaxBytes bounds the bytes of the jobs waiting, cluster-wide, before 503 queue-overflow. Default 268435456 (256 MiB).
-	QueueMaxBytes int64 `env:"QUEUE_MAX_BYTES" envDefault:"268435456"`
-	// QueuePrefix prefixes every queue key and channel. Default "queue:".
-	QueuePrefix string `env:"QUEUE_PREFIX" envDefault:"queue:"`
+	// digest and sizes only.
+	DeadLetterKeepPayload bool `env:"DEAD_LETTER_KEEP_PAYLOAD"`
+	// QueueOverflowThreshold is the backlog at which queued requests get 503.
+	QueueOverflowThreshold int `env:"QUEUE_OVERFLOW_THRESHOLD"`
+	// QueueOverflowHysteresis is how far below the threshold the backlog must fall before accepting again.
+	QueueOverflowHysteresis int `env:"QUEUE_OVERFLOW_HYSTERESIS"`
+	// QueueShedLowFraction is the share of the threshold from which low-priority requests get 503.
+	QueueShedLowFraction float64 `env:"QUEUE_SHED_LOW_FRACTION"`
+	// QueueShedNormalFraction is the share of the threshold from which normal requests get 503.
+	QueueShedNormalFraction float64 `env:"QUEUE_SHED_NORMAL_FRACTION"`
+	// PriorityAging is how long a queued job waits to count one priority level higher.
+	PriorityAging time.Duration `env:"PRIORITY_AGING_SECONDS"`
+	// DegradeMaxTokens caps a normal request's max_tokens from degradation level 2.
+	DegradeMaxTokens int `env:"DEGRADE_MAX_TOKENS"`
+	// DegradeMinRequests is the fewest requests ended in the last minute before their failure rate counts toward a degradation level.
+	DegradeMinRequests int `env:"DEGRADE_MIN_REQUESTS"`
+	// DegradeProbeEvery admits one normal request in this many at degradation level 3.
+	DegradeProbeEvery int `env:"DEGRADE_PROBE_EVERY"`
+	// QueueRetryAfter is the upper bound of Retry-After on overflow.
+	QueueRetryAfter time.Duration `env:"QUEUE_RETRY_AFTER_SECONDS"`
+	// QueueDepthCacheTTL is how often the backlog depth is refreshed.
+	QueueDepthCacheTTL time.Duration `env:"QUEUE_DEPTH_CACHE_TTL_MS"`
+	// QueueMaxPerIdentity is queued jobs per identity before 429 too-many-queued.
+	QueueMaxPerIdentity int `env:"QUEUE_MAX_PER_IDENTITY"`
+	// QueueMaxBytes bounds the bytes of the jobs waiting, cluster-wide, before 503 queue-overflow.
+	QueueMaxBytes int64 `env:"QUEUE_MAX_BYTES"`
+	// QueuePrefix prefixes every queue key and channel.
+	QueuePrefix string `env:"QUEUE_PREFIX"`
 
-	// WorkerConcurrency is jobs at once per consumer process. Default 16.
-	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"16"`
-	// WorkerHeartbeatSeconds is the worker to api heartbeat period. Default 5.
-	WorkerHeartbeatSeconds int `env:"WORKER_HEARTBEAT_SECONDS" envDefault:"5"`
+	// WorkerConcurrency is jobs at once per consumer process.
+	WorkerConcurrency int `env:"WORKER_CONCURRENCY"`
+	// WorkerHeartbeat is the worker to api heartbeat period.
+	WorkerHeartbeat time.Duration `env:"WORKER_HEARTBEAT_SECONDS"`
 	// EmbeddedWorkers runs workers inside the api. Default false, true in embedded mode.
 	EmbeddedWorkers *bool `env:"EMBEDDED_WORKERS"`
 
 	// ConnectionPoolSize is the global slot count. Default 100 (embedded: 2).
 	ConnectionPoolSize int `env:"CONNECTION_POOL_SIZE"`
-	// ConnectionPoolPerUser is slots per identity. Default 5.
-	ConnectionPoolPerUser int `env:"CONNECTION_POOL_PER_USER" envDefault:"5"`
+	// ConnectionPoolPerUser is slots per identity.
+	ConnectionPoolPerUser int `env:"CONNECTION_POOL_PER_USER"`
 	// PoolBackend is "local" or "redis". Default redis when RedisURL is set, else local.
 	PoolBackend string `env:"POOL_BACKEND"`
-	// PoolLeaseTTLSeconds is how long a Redis lease lives without renewal. Default 30.
-	PoolLeaseTTLSeconds int `env:"POOL_LEASE_TTL_SECONDS" envDefault:"30"`
-	// PoolLocalFallbackSize is the local limit while Redis is unreachable. Default 10.
-	PoolLocalFallbackSize int `env:"POOL_LOCAL_FALLBACK_SIZE" envDefault:"10"`
-	// PoolIdleHoldMS is how long a direct request's released Redis lease stays with its process for the same identity's next request; 0 releases at once. Default 200.
-	PoolIdleHoldMS int `env:"POOL_IDLE_HOLD_MS" envDefault:"200"`
-	// AdaptiveConcurrency lets the pool's limit toward the provider adapt (AIMD). Default false.
-	AdaptiveConcurrency bool `env:"ADAPTIVE_CONCURRENCY" envDefault:"false"`
-	// AdaptiveConcurrencyFloor is the lowest the adaptive limit goes. Default 1.
-	AdaptiveConcurrencyFloor int `env:"ADAPTIVE_CONCURRENCY_FLOOR" envDefault:"1"`
-	// AdaptiveFirstTokenTargetMS halves the limit when the first-token p99 of an interval exceeds it; 0 is off. Default 0.
-	AdaptiveFirstTokenTargetMS int `env:"ADAPTIVE_FIRST_TOKEN_TARGET_MS" envDefault:"0"`
-	// AdaptiveIntervalMS is the adaptive limit's interval: at most one decrease per interval, +1 after each healthy one. Default 1000.
-	AdaptiveIntervalMS int `env:"ADAPTIVE_INTERVAL_MS" envDefault:"1000"`
+	// PoolLeaseTTL is how long a Redis lease lives without renewal.
+	PoolLeaseTTL time.Duration `env:"POOL_LEASE_TTL_SECONDS"`
+	// PoolLocalFallbackSize is the local limit while Redis is unreachable.
+	PoolLocalFallbackSize int `env:"POOL_LOCAL_FALLBACK_SIZE"`
+	// PoolIdleHold is how long a direct request's released Redis lease stays with its process for the same identity's next request; 0 releases at once.
+	PoolIdleHold time.Duration `env:"POOL_IDLE_HOLD_MS"`
+	// AdaptiveConcurrency lets the pool's limit toward the provider adapt (AIMD).
+	AdaptiveConcurrency bool `env:"ADAPTIVE_CONCURRENCY"`
+	// AdaptiveConcurrencyFloor is the lowest the adaptive limit goes.
+	AdaptiveConcurrencyFloor int `env:"ADAPTIVE_CONCURRENCY_FLOOR"`
+	// AdaptiveFirstTokenTarget halves the limit when the first-token p99 of an interval exceeds it; 0 is off.
+	AdaptiveFirstTokenTarget time.Duration `env:"ADAPTIVE_FIRST_TOKEN_TARGET_MS"`
+	// AdaptiveInterval is the adaptive limit's interval: at most one decrease per interval, +1 after each healthy one.
+	AdaptiveInterval time.Duration `env:"ADAPTIVE_INTERVAL_MS"`
 
-	// HeartbeatIntervalSeconds is the SSE `: ping` period. Default 15.
-	HeartbeatIntervalSeconds int `env:"HEARTBEAT_INTERVAL_SECONDS" envDefault:"15"`
-	// MaxBodyBytes bounds the request body. Default 16777216 (16 MiB:
-	// images travel inline).
-	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"16777216"`
-	// MaxMessages bounds messages per request. Default 1000.
-	MaxMessages int `env:"MAX_MESSAGES" envDefault:"1000"`
-	// MaxTokensLimit bounds max_tokens and max_completion_tokens. Default
-	// 1048576: above every real model's output, below nonsense.
-	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT" envDefault:"1048576"`
-	// MaxChoices bounds n, the choices one request asks for. Default 8.
-	MaxChoices int `env:"MAX_CHOICES" envDefault:"8"`
+	// HeartbeatInterval is the SSE `: ping` period.
+	HeartbeatInterval time.Duration `env:"HEARTBEAT_INTERVAL_SECONDS"`
+	// MaxBodyBytes bounds the request body; its default is 16 MiB because
+	// images travel inline.
+	MaxBodyBytes int64 `env:"MAX_BODY_BYTES"`
+	// MaxMessages bounds messages per request.
+	MaxMessages int `env:"MAX_MESSAGES"`
+	// MaxTokensLimit bounds max_tokens and max_completion_tokens; its
+	// default is above every real model's output, below nonsense.
+	MaxTokensLimit int `env:"MAX_TOKENS_LIMIT"`
+	// MaxChoices bounds n, the choices one request asks for.
+	MaxChoices int `env:"MAX_CHOICES"`
 	// NonTextPartTokens is what one content part that is not text (an
-	// image, audio, a file) counts in token estimates. Default 1000.
-	NonTextPartTokens int `env:"NONTEXT_PART_TOKENS" envDefault:"1000"`
-	// ShutdownGraceSeconds is the drain time for open streams. Default 25.
-	ShutdownGraceSeconds int `env:"SHUTDOWN_GRACE_SECONDS" envDefault:"25"`
-	// StreamLogTTLSeconds is how long a stream's event log (for resume)
-	// lives after its last event. Default 300.
-	StreamLogTTLSeconds int `env:"STREAM_LOG_TTL_SECONDS" envDefault:"300"`
-	// StreamResumeWindowSeconds is how long a stream whose client left
-	// keeps generating for a resume; 0 cancels at once. Default 10.
-	StreamResumeWindowSeconds int `env:"STREAM_RESUME_WINDOW_SECONDS" envDefault:"10"`
-	// BodyReadTimeoutSeconds bounds reading a request body. Default 10.
-	BodyReadTimeoutSeconds int `env:"BODY_READ_TIMEOUT_SECONDS" envDefault:"10"`
-	// MaxConnections bounds the api's open client connections; more get 503. Default 20000.
-	MaxConnections int `env:"MAX_CONNECTIONS" envDefault:"20000"`
-	// HTTPIdleTimeoutSeconds is how long the api keeps an idle keep-alive
-	// connection open. Default 120: above the usual load balancer's 60 s, so
+	// image, audio, a file) counts in token estimates.
+	NonTextPartTokens int `env:"NONTEXT_PART_TOKENS"`
+	// ShutdownGrace is the drain time for open streams.
+	ShutdownGrace time.Duration `env:"SHUTDOWN_GRACE_SECONDS"`
+	// StreamLogTTL is how long a stream's event log (for resume)
+	// lives after its last event.
+	StreamLogTTL time.Duration `env:"STREAM_LOG_TTL_SECONDS"`
+	// StreamResumeWindow is how long a stream whose client left
+	// keeps generating for a resume; 0 cancels at once.
+	StreamResumeWindow time.Duration `env:"STREAM_RESUME_WINDOW_SECONDS"`
+	// BodyReadTimeout bounds reading a request body.
+	BodyReadTimeout time.Duration `env:"BODY_READ_TIMEOUT_SECONDS"`
+	// MaxConnections bounds the api's open client connections; more get 503.
+	MaxConnections int `env:"MAX_CONNECTIONS"`
+	// HTTPIdleTimeout is how long the api keeps an idle keep-alive
+	// connection open. Its default is above the usual load balancer's 60 s, so
 	// the balancer, not the api, closes a pooled connection first (an api
 	// closing one the balancer is reusing costs a request a 502). At
 	// MAX_CONNECTIONS the idle ones are closed first anyway.
-	HTTPIdleTimeoutSeconds int `env:"HTTP_IDLE_TIMEOUT_SECONDS" envDefault:"120"`
+	HTTPIdleTimeout time.Duration `env:"HTTP_IDLE_TIMEOUT_SECONDS"`
 
-	// RateLimitRPS is requests per second per identity; 0 is off. Default 0.
-	RateLimitRPS float64 `env:"RATE_LIMIT_RPS" envDefault:"0"`
-	// RateLimitBurst is the burst per identity. Default 0.
-	RateLimitBurst int `env:"RATE_LIMIT_BURST" envDefault:"0"`
+	// RateLimitRPS is requests per second per identity; 0 is off.
+	RateLimitRPS float64 `env:"RATE_LIMIT_RPS"`
+	// RateLimitBurst is the burst per identity.
+	RateLimitBurst int `env:"RATE_LIMIT_BURST"`
 	// APIKeys are accepted bearer keys, or sha256:<hex> digests of them,
 	// each optionally ending in =high|normal|low; empty means no auth.
 	APIKeys []string `env:"API_KEYS" envSeparator:","`
 	// MetricsAuth is who may read /metrics on both processes: none (anyone
-	// who reaches the port) or api-key (a bearer key of API_KEYS). Default none.
-	MetricsAuth string `env:"METRICS_AUTH" envDefault:"none"`
-	// PriorityMax is the highest X-Priority a caller without a key maximum may ask for. Default normal.
-	PriorityMax string `env:"PRIORITY_MAX" envDefault:"normal"`
-	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it). Default true.
-	TrustUserIDHeader bool `env:"TRUST_USER_ID_HEADER" envDefault:"true"`
-	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP count. Default empty.
+	// who reaches the port) or api-key (a bearer key of API_KEYS).
+	MetricsAuth string `env:"METRICS_AUTH"`
+	// PriorityMax is the highest X-Priority a caller without a key maximum may ask for.
+	PriorityMax string `env:"PRIORITY_MAX"`
+	// TrustUserIDHeader lets X-User-ID name the caller (under a key: scoped to it).
+	TrustUserIDHeader bool `env:"TRUST_USER_ID_HEADER"`
+	// TrustedProxies are the CIDRs whose X-Forwarded-For / X-Real-IP count.
 	TrustedProxies []string `env:"TRUSTED_PROXIES" envSeparator:","`
 
 	// BreakerFailures opens the provider's circuit after this many
-	// failures in a row. Default 5.
-	BreakerFailures int `env:"BREAKER_FAILURES" envDefault:"5"`
-	// BreakerWindowSeconds is the rolling window over which the circuit
-	// counts its failure ratio. Default 60.
-	BreakerWindowSeconds int `env:"BREAKER_WINDOW_SECONDS" envDefault:"60"`
-	// BreakerOpenSeconds is how long the circuit stays open before it lets
-	// trial calls through. Default 30.
-	BreakerOpenSeconds int `env:"BREAKER_OPEN_SECONDS" envDefault:"30"`
+	// failures in a row.
+	BreakerFailures int `env:"BREAKER_FAILURES"`
+	// BreakerWindow is the rolling window over which the circuit
+	// counts its failure ratio.
+	BreakerWindow time.Duration `env:"BREAKER_WINDOW_SECONDS"`
+	// BreakerOpen is how long the circuit stays open before it lets
+	// trial calls through.
+	BreakerOpen time.Duration `env:"BREAKER_OPEN_SECONDS"`
 	// BreakerHalfOpenRequests is how many trial calls run while the circuit
-	// is half-open; that many successes close it. Default 3.
-	BreakerHalfOpenRequests int `env:"BREAKER_HALF_OPEN_REQUESTS" envDefault:"3"`
+	// is half-open; that many successes close it.
+	BreakerHalfOpenRequests int `env:"BREAKER_HALF_OPEN_REQUESTS"`
 
-	// LLMProvider is "sim" or "openai". Default "sim".
-	LLMProvider string `env:"LLM_PROVIDER" envDefault:"sim"`
+	// LLMProvider is "sim" or "openai".
+	LLMProvider string `env:"LLM_PROVIDER"`
 	// LLMBaseURL is the OpenAI-compatible base URL, e.g. http://127.0.0.1:8081/v1.
 	LLMBaseURL string `env:"LLM_BASE_URL"`
 	// LLMAPIKey is sent as a bearer token upstream.
@@ -222,44 +224,42 @@ type Config struct {
 	// always listed by GET /v1/models. Default empty (the request is sent
 	// without one).
 	LLMModel string `env:"LLM_MODEL"`
-	// ModelsCacheSeconds is how long GET /v1/models serves the upstreams'
-	// lists before asking them again; 0 asks on every request. Default 60
-	// (models.DefaultTTL).
-	ModelsCacheSeconds int `env:"MODELS_CACHE_SECONDS" envDefault:"60"`
-	// LLMFirstTokenTimeoutSeconds is the longest wait for an upstream
-	// call's first chunk. Default 60.
-	LLMFirstTokenTimeoutSeconds int `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS" envDefault:"60"`
-	// LLMIdleTimeoutSeconds is the longest silence between two chunks of an
-	// upstream stream. Default 30.
-	LLMIdleTimeoutSeconds int `env:"LLM_IDLE_TIMEOUT_SECONDS" envDefault:"30"`
-	// LLMTimeoutSeconds optionally caps one whole upstream call; 0 means no
-	// cap, so long answers are never cut. Default 0.
-	LLMTimeoutSeconds int `env:"LLM_TIMEOUT_SECONDS" envDefault:"0"`
-	// LLMRetryAfterMaxSeconds caps how long an upstream 429/503 Retry-After
-	// is honoured. Default 30.
-	LLMRetryAfterMaxSeconds int `env:"LLM_RETRY_AFTER_MAX_SECONDS" envDefault:"30"`
+	// ModelsCacheTTL is how long GET /v1/models serves the upstreams'
+	// lists before asking them again; 0 asks on every request.
+	ModelsCacheTTL time.Duration `env:"MODELS_CACHE_SECONDS"`
+	// LLMFirstTokenTimeout is the longest wait for an upstream
+	// call's first chunk.
+	LLMFirstTokenTimeout time.Duration `env:"LLM_FIRST_TOKEN_TIMEOUT_SECONDS"`
+	// LLMIdleTimeout is the longest silence between two chunks of an
+	// upstream stream.
+	LLMIdleTimeout time.Duration `env:"LLM_IDLE_TIMEOUT_SECONDS"`
+	// LLMTimeout optionally caps one whole upstream call; 0 means no
+	// cap, so long answers are never cut.
+	LLMTimeout time.Duration `env:"LLM_TIMEOUT_SECONDS"`
+	// LLMRetryAfterMax caps how long an upstream 429/503 Retry-After
+	// is honoured.
+	LLMRetryAfterMax time.Duration `env:"LLM_RETRY_AFTER_MAX_SECONDS"`
 	// LLMRouting picks one of several upstreams per call: least-loaded,
-	// weighted, affinity or latency (docs/UPSTREAMS.md). Default
-	// least-loaded.
-	LLMRouting string `env:"LLM_ROUTING" envDefault:"least-loaded"`
+	// weighted, affinity or latency (docs/UPSTREAMS.md).
+	LLMRouting string `env:"LLM_ROUTING"`
 	// LLMUpstreamMaxConcurrency caps the calls in flight on each upstream of
 	// the LLM_BASE_URL list, cluster-wide; 0 means only the pool bounds
-	// them. Default 0.
-	LLMUpstreamMaxConcurrency int `env:"LLM_UPSTREAM_MAX_CONCURRENCY" envDefault:"0"`
+	// them.
+	LLMUpstreamMaxConcurrency int `env:"LLM_UPSTREAM_MAX_CONCURRENCY"`
 	// LLMUpstreamMaxFails is how many consecutive retryable failures before
-	// the first chunk make an upstream sit out. Default 3.
-	LLMUpstreamMaxFails int `env:"LLM_UPSTREAM_MAX_FAILS" envDefault:"3"`
-	// LLMUpstreamCooldownSeconds is how long an ejected upstream sits out
-	// before one probe or trial call decides whether it is back. Default 30.
-	LLMUpstreamCooldownSeconds int `env:"LLM_UPSTREAM_COOLDOWN_SECONDS" envDefault:"30"`
+	// the first chunk make an upstream sit out.
+	LLMUpstreamMaxFails int `env:"LLM_UPSTREAM_MAX_FAILS"`
+	// LLMUpstreamCooldown is how long an ejected upstream sits out
+	// before one probe or trial call decides whether it is back.
+	LLMUpstreamCooldown time.Duration `env:"LLM_UPSTREAM_COOLDOWN_SECONDS"`
 	// LLMAffinityBalance is how many times busier than the least loaded an
 	// affinity choice may be (and at least 4 calls more) before the least
-	// loaded wins. Default 1.5.
-	LLMAffinityBalance float64 `env:"LLM_AFFINITY_BALANCE" envDefault:"1.5"`
-	// LLMUpstreamProbeSeconds is how often each upstream is probed
+	// loaded wins.
+	LLMAffinityBalance float64 `env:"LLM_AFFINITY_BALANCE"`
+	// LLMUpstreamProbe is how often each upstream is probed
 	// (GET {base_url}/models), one process at a time; 0 means passive
-	// health only. Default 0.
-	LLMUpstreamProbeSeconds int `env:"LLM_UPSTREAM_PROBE_SECONDS" envDefault:"0"`
+	// health only.
+	LLMUpstreamProbe time.Duration `env:"LLM_UPSTREAM_PROBE_SECONDS"`
 	// YAMLUpstreams is the settings file's `upstreams:` list, the other way
 	// to give several upstreams (it has no env form).
 	YAMLUpstreams []upstream.Spec
@@ -268,28 +268,28 @@ type Config struct {
 	// Load fills it; nil with the simulator.
 	Upstreams []upstream.Spec
 
-	// SimFirstTokenMS is the simulator's delay before the first chunk. Default 150.
-	SimFirstTokenMS int `env:"SIM_FIRST_TOKEN_MS" envDefault:"150"`
-	// SimTokenMS is the simulator's delay between chunks. Default 20.
-	SimTokenMS int `env:"SIM_TOKEN_MS" envDefault:"20"`
-	// SimTokens is chunks per simulated answer. Default 48.
-	SimTokens int `env:"SIM_TOKENS" envDefault:"48"`
-	// SimSeed makes the simulated text deterministic. Default 1.
-	SimSeed int64 `env:"SIM_SEED" envDefault:"1"`
-	// SimFailRate is the share of simulated calls failing before the first chunk. Default 0.
-	SimFailRate float64 `env:"SIM_FAIL_RATE" envDefault:"0"`
-	// SimFailMidstreamRate is the share failing after some chunks. Default 0.
-	SimFailMidstreamRate float64 `env:"SIM_FAIL_MIDSTREAM_RATE" envDefault:"0"`
+	// SimFirstToken is the simulator's delay before the first chunk.
+	SimFirstToken time.Duration `env:"SIM_FIRST_TOKEN_MS"`
+	// SimTokenInterval is the simulator's delay between chunks.
+	SimTokenInterval time.Duration `env:"SIM_TOKEN_MS"`
+	// SimTokens is chunks per simulated answer.
+	SimTokens int `env:"SIM_TOKENS"`
+	// SimSeed makes the simulated text deterministic.
+	SimSeed int64 `env:"SIM_SEED"`
+	// SimFailRate is the share of simulated calls failing before the first chunk.
+	SimFailRate float64 `env:"SIM_FAIL_RATE"`
+	// SimFailMidstreamRate is the share failing after some chunks.
+	SimFailMidstreamRate float64 `env:"SIM_FAIL_MIDSTREAM_RATE"`
 
 	// CORSAllowedOrigins lists the origins (scheme://host[:port]) whose
 	// browser pages may call the api, or "*" for any. Default empty (no
 	// CORS headers), "*" in embedded mode.
 	CORSAllowedOrigins []string `env:"CORS_ALLOWED_ORIGINS" envSeparator:","`
-	// ChatPageEnabled serves the built-in chat page at GET /. Default true.
-	ChatPageEnabled bool `env:"CHAT_PAGE_ENABLED" envDefault:"true"`
+	// ChatPageEnabled serves the built-in chat page at GET /.
+	ChatPageEnabled bool `env:"CHAT_PAGE_ENABLED"`
 
-	// LogLevel is debug, info, warn or error. Default info.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"LOG_LEVEL"`
 }
 
 // Redis deployment modes, as RedisMode reports them.
@@ -347,119 +347,3 @@ func (c *Config) SlogLevel() slog.Level {
 	}
 	return slog.LevelInfo
 }
-
-// HeartbeatInterval is the SSE `: ping` period (HEARTBEAT_INTERVAL_SECONDS).
-func (c *Config) HeartbeatInterval() time.Duration { return seconds(c.HeartbeatIntervalSeconds) }
-
-// QueueFailoverTimeout is the longest wait for a worker to start a job
-// (QUEUE_FAILOVER_TIMEOUT_SECONDS).
-func (c *Config) QueueFailoverTimeout() time.Duration {
-	return seconds(c.QueueFailoverTimeoutSeconds)
-}
-
-// WorkerHeartbeat is the worker to api heartbeat period (WORKER_HEARTBEAT_SECONDS).
-func (c *Config) WorkerHeartbeat() time.Duration { return seconds(c.WorkerHeartbeatSeconds) }
-
-// QueueReclaimIdle is how long a job may sit idle before another worker takes
-// it over (QUEUE_RECLAIM_IDLE_SECONDS).
-func (c *Config) QueueReclaimIdle() time.Duration { return seconds(c.QueueReclaimIdleSeconds) }
-
-// DeadLetterTTL is DEAD_LETTER_TTL_HOURS as a duration.
-func (c *Config) DeadLetterTTL() time.Duration {
-	return time.Duration(c.DeadLetterTTLHours) * time.Hour
-}
-
-// QueueRetryAfter is the upper bound of Retry-After on overflow
-// (QUEUE_RETRY_AFTER_SECONDS).
-func (c *Config) QueueRetryAfter() time.Duration { return seconds(c.QueueRetryAfterSeconds) }
-
-// ModelsCacheTTL is MODELS_CACHE_SECONDS.
-func (c *Config) ModelsCacheTTL() time.Duration { return seconds(c.ModelsCacheSeconds) }
-
-// StreamLogTTL is STREAM_LOG_TTL_SECONDS.
-func (c *Config) StreamLogTTL() time.Duration { return seconds(c.StreamLogTTLSeconds) }
-
-// StreamResumeWindow is STREAM_RESUME_WINDOW_SECONDS.
-func (c *Config) StreamResumeWindow() time.Duration { return seconds(c.StreamResumeWindowSeconds) }
-
-// HTTPIdleTimeout is how long an idle keep-alive connection stays open
-// (HTTP_IDLE_TIMEOUT_SECONDS).
-func (c *Config) HTTPIdleTimeout() time.Duration { return seconds(c.HTTPIdleTimeoutSeconds) }
-
-// BodyReadTimeout bounds reading a request body (BODY_READ_TIMEOUT_SECONDS).
-func (c *Config) BodyReadTimeout() time.Duration { return seconds(c.BodyReadTimeoutSeconds) }
-
-// ShutdownGrace is the drain time for open streams (SHUTDOWN_GRACE_SECONDS).
-func (c *Config) ShutdownGrace() time.Duration { return seconds(c.ShutdownGraceSeconds) }
-
-// BatchTimeout flushes a partial chunk batch after this long
-// (QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS).
-func (c *Config) BatchTimeout() time.Duration { return millis(c.QueueFailoverChunkBatchTimeoutMS) }
-
-// BaseDelay is the first retry backoff (QUEUE_FAILOVER_BASE_DELAY_MS).
-func (c *Config) BaseDelay() time.Duration { return millis(c.QueueFailoverBaseDelayMS) }
-
-// MaxDelay caps the retry backoff (QUEUE_FAILOVER_MAX_DELAY_MS).
-func (c *Config) MaxDelay() time.Duration { return millis(c.QueueFailoverMaxDelayMS) }
-
-// DepthCacheTTL is how often the queue depth is refreshed (QUEUE_DEPTH_CACHE_TTL_MS).
-func (c *Config) DepthCacheTTL() time.Duration { return millis(c.QueueDepthCacheTTLMS) }
-
-// PriorityAging is how long a queued job waits to count one priority
-// level higher (PRIORITY_AGING_SECONDS).
-func (c *Config) PriorityAging() time.Duration { return seconds(c.PriorityAgingSeconds) }
-
-// AdaptiveInterval is ADAPTIVE_INTERVAL_MS as a duration.
-func (c *Config) AdaptiveInterval() time.Duration { return millis(c.AdaptiveIntervalMS) }
-
-// AdaptiveFirstTokenTarget is ADAPTIVE_FIRST_TOKEN_TARGET_MS as a
-// duration; 0 is off.
-func (c *Config) AdaptiveFirstTokenTarget() time.Duration {
-	return millis(c.AdaptiveFirstTokenTargetMS)
-}
-
-// LeaseTTL is how long a Redis pool lease lives without renewal
-// (POOL_LEASE_TTL_SECONDS).
-func (c *Config) LeaseTTL() time.Duration { return seconds(c.PoolLeaseTTLSeconds) }
-
-// LLMTimeout optionally caps one upstream provider call; 0 means no cap
-// (LLM_TIMEOUT_SECONDS).
-func (c *Config) LLMTimeout() time.Duration { return seconds(c.LLMTimeoutSeconds) }
-
-// LLMFirstTokenTimeout is the longest wait for an upstream call's first
-// chunk (LLM_FIRST_TOKEN_TIMEOUT_SECONDS).
-func (c *Config) LLMFirstTokenTimeout() time.Duration { return seconds(c.LLMFirstTokenTimeoutSeconds) }
-
-// LLMIdleTimeout is the longest silence between two chunks of an upstream
-// stream (LLM_IDLE_TIMEOUT_SECONDS).
-func (c *Config) LLMIdleTimeout() time.Duration { return seconds(c.LLMIdleTimeoutSeconds) }
-
-// LLMRetryAfterMax caps an upstream Retry-After and the throttled backoff
-// (LLM_RETRY_AFTER_MAX_SECONDS).
-func (c *Config) LLMRetryAfterMax() time.Duration { return seconds(c.LLMRetryAfterMaxSeconds) }
-
-// SimFirstToken is the simulator's delay before the first chunk (SIM_FIRST_TOKEN_MS).
-func (c *Config) SimFirstToken() time.Duration { return millis(c.SimFirstTokenMS) }
-
-// SimTokenInterval is the simulator's delay between chunks (SIM_TOKEN_MS).
-func (c *Config) SimTokenInterval() time.Duration { return millis(c.SimTokenMS) }
-
-// LLMUpstreamCooldown is LLM_UPSTREAM_COOLDOWN_SECONDS as a duration.
-func (c *Config) LLMUpstreamCooldown() time.Duration {
-	return time.Duration(c.LLMUpstreamCooldownSeconds) * time.Second
-}
-
-// LLMUpstreamProbe is LLM_UPSTREAM_PROBE_SECONDS as a duration; 0 is off.
-func (c *Config) LLMUpstreamProbe() time.Duration {
-	return time.Duration(c.LLMUpstreamProbeSeconds) * time.Second
-}
-
-// BreakerWindow is BREAKER_WINDOW_SECONDS as a duration.
-func (c *Config) BreakerWindow() time.Duration { return seconds(c.BreakerWindowSeconds) }
-
-// BreakerOpen is BREAKER_OPEN_SECONDS as a duration.
-func (c *Config) BreakerOpen() time.Duration { return seconds(c.BreakerOpenSeconds) }
-
-func seconds(n int) time.Duration { return time.Duration(n) * time.Second }
-
-func millis(n int) time.Duration { return time.Duration(n) * time.Millisecond }

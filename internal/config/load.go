@@ -3,9 +3,14 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"math"
 	"os"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caarlos0/env/v11"
 	"gopkg.in/yaml.v3"
@@ -13,8 +18,8 @@ import (
 	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
-// Derived defaults: they depend on whether REDIS_URL is set, so they cannot
-// live in envDefault tags.
+// Derived defaults: they depend on the Redis mode, so Load fills them in
+// after reading the settings rather than Defaults.
 const (
 	defaultPoolSize         = 100
 	defaultEmbeddedPoolSize = 2
@@ -75,9 +80,13 @@ func Load(path string, environ map[string]string) (*Config, error) {
 		source[k] = "in env"
 	}
 
-	var c Config
-	if err := env.ParseWithOptions(&c, env.Options{Environment: merged}); err != nil {
-		return nil, fmt.Errorf("config: %w", nameParseErrors(err, source))
+	c := Defaults()
+	rest, durErr := parseDurations(&c, merged, source)
+	if err := env.ParseWithOptions(&c, env.Options{Environment: rest}); err != nil || durErr != nil {
+		if err != nil {
+			err = nameParseErrors(err, source)
+		}
+		return nil, fmt.Errorf("config: %w", errors.Join(durErr, err))
 	}
 	c.KafkaBrokers = cleanList(c.KafkaBrokers)
 	c.RedisClusterAddrs = cleanList(c.RedisClusterAddrs)
@@ -170,6 +179,80 @@ var knownVars = func() map[string]bool {
 	}
 	return m
 }()
+
+// durationUnits maps the ending of a duration setting's env name to the
+// unit its value is counted in.
+var durationUnits = []struct {
+	suffix string
+	unit   time.Duration
+	name   string
+}{
+	{"_MS", time.Millisecond, "milliseconds"},
+	{"_SECONDS", time.Second, "seconds"},
+	{"_HOURS", time.Hour, "hours"},
+}
+
+// durationUnit returns the unit of the duration setting name, from the
+// ending of its name.
+func durationUnit(name string) (unit time.Duration, unitName string, ok bool) {
+	for _, u := range durationUnits {
+		if strings.HasSuffix(name, u.suffix) {
+			return u.unit, u.name, true
+		}
+	}
+	return 0, "", false
+}
+
+// durationFields maps the env name of each time.Duration field of Config
+// to the field's index.
+var durationFields = func() map[string]int {
+	m := make(map[string]int)
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
+		if name == "" || f.Type != reflect.TypeFor[time.Duration]() {
+			continue
+		}
+		if _, _, ok := durationUnit(name); !ok {
+			panic("config: duration setting " + name + " must end in _MS, _SECONDS or _HOURS")
+		}
+		m[name] = i
+	}
+	return m
+}()
+
+// parseDurations sets c's duration settings that merged gives, each a whole
+// number in the unit its name ends in, and returns merged without them for
+// the env parser, which would read "30" as a Go duration and fail.
+func parseDurations(c *Config, merged, source map[string]string) (map[string]string, error) {
+	rest := make(map[string]string, len(merged))
+	rv := reflect.ValueOf(c).Elem()
+	var errs []error
+	for _, k := range slices.Sorted(maps.Keys(merged)) {
+		val := merged[k]
+		i, ok := durationFields[k]
+		if !ok {
+			rest[k] = val
+			continue
+		}
+		if val == "" { // a YAML null or "": not set, as for every setting
+			continue
+		}
+		unit, unitName, _ := durationUnit(k)
+		n, err := strconv.ParseInt(strings.TrimSpace(val), 10, 64)
+		switch {
+		case err != nil:
+			errs = append(errs, &FieldError{Var: k, Err: fmt.Errorf("(%s) is not a whole number of %s: %q", source[k], unitName, val)})
+			continue
+		case n > int64(math.MaxInt64/unit) || n < int64(math.MinInt64/unit):
+			errs = append(errs, &FieldError{Var: k, Err: fmt.Errorf("(%s) is too large a number of %s: %q", source[k], unitName, val)})
+			continue
+		}
+		rv.Field(i).SetInt(n * int64(unit))
+	}
+	return rest, errors.Join(errs...)
+}
 
 // nameParseErrors rewrites caarlos0/env's parse errors, which name the Go
 // field, into FieldErrors that name the env var and where its value came from.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 
 	"github.com/redis/go-redis/v9"
@@ -85,7 +86,7 @@ func (c *Config) Validate() error {
 		// A Kafka takeover waits for the group session (6s) before the
 		// claim TTL; the api gives up after 6 heartbeats + the reclaim time
 		// of silence, so one heartbeat of 1s would lose every takeover.
-		if c.WorkerHeartbeatSeconds == 1 {
+		if c.WorkerHeartbeat == time.Second {
 			v.fail("WORKER_HEARTBEAT_SECONDS", "(1) must be at least 2 with QUEUE_TYPE=kafka: a takeover waits for the 6s group session")
 		}
 	default:
@@ -116,20 +117,20 @@ func (c *Config) Validate() error {
 	}
 	poolOK := v.atLeast("CONNECTION_POOL_SIZE", c.ConnectionPoolSize, 1)
 	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
-	v.atLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTLSeconds, minPoolLeaseTTLSeconds)
+	v.durationAtLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTL, minPoolLeaseTTLSeconds)
 	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
-	v.atLeast("POOL_IDLE_HOLD_MS", c.PoolIdleHoldMS, 0)
+	v.durationAtLeast("POOL_IDLE_HOLD_MS", c.PoolIdleHold, 0)
 	if v.atLeast("ADAPTIVE_CONCURRENCY_FLOOR", c.AdaptiveConcurrencyFloor, 1) && poolOK && c.AdaptiveConcurrencyFloor > c.ConnectionPoolSize {
 		v.fail("ADAPTIVE_CONCURRENCY_FLOOR", "(%d) must be at most CONNECTION_POOL_SIZE (%d)", c.AdaptiveConcurrencyFloor, c.ConnectionPoolSize)
 	}
-	v.atLeast("ADAPTIVE_FIRST_TOKEN_TARGET_MS", c.AdaptiveFirstTokenTargetMS, 0)
-	v.atLeast("ADAPTIVE_INTERVAL_MS", c.AdaptiveIntervalMS, minAdaptiveIntervalMS)
+	v.durationAtLeast("ADAPTIVE_FIRST_TOKEN_TARGET_MS", c.AdaptiveFirstTokenTarget, 0)
+	v.durationAtLeast("ADAPTIVE_INTERVAL_MS", c.AdaptiveInterval, minAdaptiveIntervalMS)
 	v.atLeast("REDIS_POOL_SIZE", c.RedisPoolSize, 0)
 	v.atLeast("REDIS_MIN_IDLE_CONNS", c.RedisMinIdleConns, 0)
-	v.atLeast("REDIS_DIAL_TIMEOUT_MS", c.RedisDialTimeoutMS, 10)
-	v.atLeast("REDIS_TIMEOUT_MS", c.RedisTimeoutMS, 10)
-	v.atLeast("REDIS_POOL_TIMEOUT_MS", c.RedisPoolTimeoutMS, 10)
-	v.atLeast("REDIS_DOWN_AFTER_MS", c.RedisDownAfterMS, 100)
+	v.durationAtLeast("REDIS_DIAL_TIMEOUT_MS", c.RedisDialTimeout, 10)
+	v.durationAtLeast("REDIS_TIMEOUT_MS", c.RedisTimeout, 10)
+	v.durationAtLeast("REDIS_POOL_TIMEOUT_MS", c.RedisPoolTimeout, 10)
+	v.durationAtLeast("REDIS_DOWN_AFTER_MS", c.RedisDownAfter, 100)
 	if v.atLeast("QUEUE_SHARDS", c.QueueShards, 1) {
 		if c.QueueShards > maxQueueShards {
 			v.fail("QUEUE_SHARDS", "(%d) must be at most %d", c.QueueShards, maxQueueShards)
@@ -141,24 +142,24 @@ func (c *Config) Validate() error {
 	v.atLeast("KAFKA_REPLICATION_FACTOR", c.KafkaReplicationFactor, 1)
 
 	v.atLeast("WORKER_CONCURRENCY", c.WorkerConcurrency, 1)
-	v.atLeast("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeatSeconds, 1)
+	v.durationAtLeast("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeat, 1)
 	// A live worker refreshes its claim every heartbeat; if the idle limit
 	// were not longer, live workers' jobs would be taken over.
-	if c.QueueReclaimIdleSeconds <= c.WorkerHeartbeatSeconds {
-		v.fail("QUEUE_RECLAIM_IDLE_SECONDS", "(%d) must be greater than WORKER_HEARTBEAT_SECONDS (%d)",
-			c.QueueReclaimIdleSeconds, c.WorkerHeartbeatSeconds)
+	if c.QueueReclaimIdle <= c.WorkerHeartbeat {
+		v.fail("QUEUE_RECLAIM_IDLE_SECONDS", "(%s) must be greater than WORKER_HEARTBEAT_SECONDS (%s)",
+			inUnit("QUEUE_RECLAIM_IDLE_SECONDS", c.QueueReclaimIdle), inUnit("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeat))
 	}
-	v.atLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeoutSeconds, 1)
+	v.durationAtLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeout, 1)
 	v.atLeast("DEAD_LETTER_MAX_LEN", c.DeadLetterMaxLen, 1)
-	v.atLeast("DEAD_LETTER_TTL_HOURS", c.DeadLetterTTLHours, 1)
+	v.durationAtLeast("DEAD_LETTER_TTL_HOURS", c.DeadLetterTTL, 1)
 	v.atLeast("QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 0)
-	v.atLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelayMS, 1)
-	if c.QueueFailoverMaxDelayMS < c.QueueFailoverBaseDelayMS {
-		v.fail("QUEUE_FAILOVER_MAX_DELAY_MS", "(%d) must be at least QUEUE_FAILOVER_BASE_DELAY_MS (%d)",
-			c.QueueFailoverMaxDelayMS, c.QueueFailoverBaseDelayMS)
+	v.durationAtLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelay, 1)
+	if c.QueueFailoverMaxDelay < c.QueueFailoverBaseDelay {
+		v.fail("QUEUE_FAILOVER_MAX_DELAY_MS", "(%s) must be at least QUEUE_FAILOVER_BASE_DELAY_MS (%s)",
+			inUnit("QUEUE_FAILOVER_MAX_DELAY_MS", c.QueueFailoverMaxDelay), inUnit("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelay))
 	}
 	v.atLeast("QUEUE_FAILOVER_CHUNK_BATCH_SIZE", c.QueueFailoverChunkBatchSize, 1)
-	v.atLeast("QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS", c.QueueFailoverChunkBatchTimeoutMS, 1)
+	v.durationAtLeast("QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS", c.QueueFailoverChunkBatchTimeout, 1)
 	v.atLeast("QUEUE_OVERFLOW_THRESHOLD", c.QueueOverflowThreshold, 1)
 	if v.atLeast("QUEUE_OVERFLOW_HYSTERESIS", c.QueueOverflowHysteresis, 0) &&
 		c.QueueOverflowHysteresis >= c.QueueOverflowThreshold {
@@ -174,14 +175,14 @@ func (c *Config) Validate() error {
 	if _, err := protocol.ParsePriority(c.PriorityMax); err != nil {
 		v.fail("PRIORITY_MAX", "(%q) must be high, normal or low", c.PriorityMax)
 	}
-	v.atLeast("PRIORITY_AGING_SECONDS", c.PriorityAgingSeconds, 1)
+	v.durationAtLeast("PRIORITY_AGING_SECONDS", c.PriorityAging, 1)
 	v.atLeast("DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1)
 	v.atLeast("DEGRADE_MIN_REQUESTS", c.DegradeMinRequests, 1)
 	v.atLeast("DEGRADE_PROBE_EVERY", c.DegradeProbeEvery, 1)
-	v.atLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfterSeconds, 1)
-	v.atLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTLMS, minDepthCacheTTLMS)
+	v.durationAtLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfter, 1)
+	v.durationAtLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTL, minDepthCacheTTLMS)
 
-	v.atLeast("HEARTBEAT_INTERVAL_SECONDS", c.HeartbeatIntervalSeconds, 1)
+	v.durationAtLeast("HEARTBEAT_INTERVAL_SECONDS", c.HeartbeatInterval, 1)
 	atLeast(&v, "MAX_BODY_BYTES", c.MaxBodyBytes, minMaxBodyBytes)
 	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
 	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
@@ -191,16 +192,16 @@ func (c *Config) Validate() error {
 	if c.MaxBodyBytes > protocol.MaxJobBytes-(1<<20) {
 		v.fail("MAX_BODY_BYTES", "(%d) must be at most %d: a queued job carries the body whole", c.MaxBodyBytes, protocol.MaxJobBytes-(1<<20))
 	}
-	v.atLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGraceSeconds, 0)
-	v.atLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindowSeconds, 0)
-	if v.atLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTLSeconds, 1) &&
-		c.StreamLogTTLSeconds <= c.StreamResumeWindowSeconds {
-		v.fail("STREAM_LOG_TTL_SECONDS", "(%d) must exceed STREAM_RESUME_WINDOW_SECONDS (%d): a resume needs the log",
-			c.StreamLogTTLSeconds, c.StreamResumeWindowSeconds)
+	v.durationAtLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGrace, 0)
+	v.durationAtLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindow, 0)
+	if v.durationAtLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTL, 1) &&
+		c.StreamLogTTL <= c.StreamResumeWindow {
+		v.fail("STREAM_LOG_TTL_SECONDS", "(%s) must exceed STREAM_RESUME_WINDOW_SECONDS (%s): a resume needs the log",
+			inUnit("STREAM_LOG_TTL_SECONDS", c.StreamLogTTL), inUnit("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindow))
 	}
-	v.atLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeoutSeconds, 1)
+	v.durationAtLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeout, 1)
 	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
-	v.atLeast("HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeoutSeconds, 1)
+	v.durationAtLeast("HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeout, 1)
 	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)
 	// A backlog bound below one body would refuse every queued request.
 	if c.QueueMaxBytes < c.MaxBodyBytes {
@@ -233,7 +234,7 @@ func (c *Config) Validate() error {
 	if c.LLMModel != "" && len(c.LLMModels) > 0 && !slices.Contains(c.LLMModels, c.LLMModel) {
 		v.fail("LLM_MODEL", "(%q) must be one of LLM_MODELS, or requests that name no model would be sent one they may not ask for", c.LLMModel)
 	}
-	v.atLeast("MODELS_CACHE_SECONDS", c.ModelsCacheSeconds, 0)
+	v.durationAtLeast("MODELS_CACHE_SECONDS", c.ModelsCacheTTL, 0)
 
 	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
 		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)
@@ -243,8 +244,8 @@ func (c *Config) Validate() error {
 	}
 
 	v.atLeast("BREAKER_FAILURES", c.BreakerFailures, 1)
-	v.atLeast("BREAKER_WINDOW_SECONDS", c.BreakerWindowSeconds, 1)
-	v.atLeast("BREAKER_OPEN_SECONDS", c.BreakerOpenSeconds, 1)
+	v.durationAtLeast("BREAKER_WINDOW_SECONDS", c.BreakerWindow, 1)
+	v.durationAtLeast("BREAKER_OPEN_SECONDS", c.BreakerOpen, 1)
 	v.atLeast("BREAKER_HALF_OPEN_REQUESTS", c.BreakerHalfOpenRequests, 1)
 
 	switch c.LLMProvider {
@@ -274,22 +275,22 @@ func (c *Config) Validate() error {
 	}
 	v.atLeast("LLM_UPSTREAM_MAX_CONCURRENCY", c.LLMUpstreamMaxConcurrency, 0)
 	v.atLeast("LLM_UPSTREAM_MAX_FAILS", c.LLMUpstreamMaxFails, 1)
-	v.atLeast("LLM_UPSTREAM_COOLDOWN_SECONDS", c.LLMUpstreamCooldownSeconds, 1)
-	v.atLeast("LLM_UPSTREAM_PROBE_SECONDS", c.LLMUpstreamProbeSeconds, 0)
+	v.durationAtLeast("LLM_UPSTREAM_COOLDOWN_SECONDS", c.LLMUpstreamCooldown, 1)
+	v.durationAtLeast("LLM_UPSTREAM_PROBE_SECONDS", c.LLMUpstreamProbe, 0)
 	if c.LLMAffinityBalance < 1 {
 		v.fail("LLM_AFFINITY_BALANCE", "(%g) must be at least 1", c.LLMAffinityBalance)
 	}
-	v.atLeast("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeoutSeconds, 1)
-	v.atLeast("LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeoutSeconds, 1)
+	v.durationAtLeast("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeout, 1)
+	v.durationAtLeast("LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeout, 1)
 	// A cap shorter than the first-token wait would make that wait a lie.
-	if c.LLMTimeoutSeconds != 0 && c.LLMTimeoutSeconds < c.LLMFirstTokenTimeoutSeconds {
-		v.fail("LLM_TIMEOUT_SECONDS", "(%d) must be 0 (off) or at least LLM_FIRST_TOKEN_TIMEOUT_SECONDS (%d)",
-			c.LLMTimeoutSeconds, c.LLMFirstTokenTimeoutSeconds)
+	if c.LLMTimeout != 0 && c.LLMTimeout < c.LLMFirstTokenTimeout {
+		v.fail("LLM_TIMEOUT_SECONDS", "(%s) must be 0 (off) or at least LLM_FIRST_TOKEN_TIMEOUT_SECONDS (%s)",
+			inUnit("LLM_TIMEOUT_SECONDS", c.LLMTimeout), inUnit("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeout))
 	}
-	v.atLeast("LLM_RETRY_AFTER_MAX_SECONDS", c.LLMRetryAfterMaxSeconds, 1)
+	v.durationAtLeast("LLM_RETRY_AFTER_MAX_SECONDS", c.LLMRetryAfterMax, 1)
 
-	v.atLeast("SIM_FIRST_TOKEN_MS", c.SimFirstTokenMS, 0)
-	v.atLeast("SIM_TOKEN_MS", c.SimTokenMS, 0)
+	v.durationAtLeast("SIM_FIRST_TOKEN_MS", c.SimFirstToken, 0)
+	v.durationAtLeast("SIM_TOKEN_MS", c.SimTokenInterval, 0)
 	v.atLeast("SIM_TOKENS", c.SimTokens, 1)
 	v.rate("SIM_FAIL_RATE", c.SimFailRate)
 	v.rate("SIM_FAIL_MIDSTREAM_RATE", c.SimFailMidstreamRate)
@@ -378,6 +379,27 @@ func atLeast[T int | int64](v *validator, name string, got, minimum T) bool {
 	}
 	v.fail(name, "(%d) must be at least %d", got, minimum)
 	return false
+}
+
+// durationAtLeast reports whether got is at least minimum counted in the
+// unit of name (_MS, _SECONDS, _HOURS), recording a failure if not.
+func (v *validator) durationAtLeast(name string, got time.Duration, minimum int64) bool {
+	unit, _, _ := durationUnit(name)
+	if got >= time.Duration(minimum)*unit {
+		return true
+	}
+	v.fail(name, "(%s) must be at least %d", inUnit(name, got), minimum)
+	return false
+}
+
+// inUnit writes d as a count of the unit of the setting name, as it would
+// be written in env; a remainder shows as a fraction.
+func inUnit(name string, d time.Duration) string {
+	unit, _, _ := durationUnit(name)
+	if d%unit == 0 {
+		return strconv.FormatInt(int64(d/unit), 10)
+	}
+	return strconv.FormatFloat(float64(d)/float64(unit), 'g', -1, 64)
 }
 
 func (v *validator) rate(name string, got float64) {

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"gopkg.in/yaml.v3"
 
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/metrics"
@@ -92,44 +93,75 @@ func tableRows(tb testing.TB, text, file, nameRE string) map[string]string {
 	return rows
 }
 
-// TestSettingsDocumented: every env var internal/config reads has a row in
-// the Settings section of docs/OPERATIONS.md whose default column shows the
-// envDefault tag exactly, and every row names a setting the code reads.
-func TestSettingsDocumented(t *testing.T) {
-	t.Parallel()
-	type setting struct {
-		def    string
-		hasDef bool
-	}
-	settings := make(map[string]setting)
+// settingNames are the env names internal/config reads.
+func settingNames(tb testing.TB) map[string]bool {
+	tb.Helper()
+	names := make(map[string]bool)
 	ct := reflect.TypeFor[config.Config]()
 	for i := range ct.NumField() {
-		f := ct.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("env"), ",")
-		if name == "" {
-			continue
+		name, _, _ := strings.Cut(ct.Field(i).Tag.Get("env"), ",")
+		if name != "" {
+			names[name] = true
 		}
-		def, ok := f.Tag.Lookup("envDefault")
-		settings[name] = setting{def: def, hasDef: ok}
 	}
-	if len(settings) < 10 {
-		t.Fatalf("found %d env tags on config.Config; the reflection no longer sees the settings", len(settings))
+	if len(names) < 10 {
+		tb.Fatalf("found %d env tags on config.Config; the reflection no longer sees the settings", len(names))
 	}
+	return names
+}
 
+// TestSettingsDocumented: every env var internal/config reads has a row in
+// the Settings section of docs/OPERATIONS.md whose default column shows
+// the code's default (config.DefaultValues, which takes each from the
+// component that uses it) exactly, and every row names a setting the code
+// reads.
+func TestSettingsDocumented(t *testing.T) {
+	t.Parallel()
+	names := settingNames(t)
+	defaults := config.DefaultValues()
 	rows := tableRows(t, section(t, readDoc(t, operationsDoc), operationsDoc, "Settings"), operationsDoc, "[A-Z][A-Z0-9_]*")
-	for name, s := range settings {
+	for name := range names {
 		cell, ok := rows[name]
+		def, hasDef := defaults[name]
 		switch {
 		case !ok:
 			t.Errorf("%s: setting %s has no row in the Settings section", operationsDoc, name)
-		case s.hasDef && !strings.Contains(cell, "`"+s.def+"`"):
-			t.Errorf("%s: setting %s shows default %q, the code's default is `%s`", operationsDoc, name, cell, s.def)
+		case hasDef && !strings.Contains(cell, "`"+def+"`"):
+			t.Errorf("%s: setting %s shows default %q, the code's default is `%s`", operationsDoc, name, cell, def)
 		}
 	}
 	for name := range rows {
-		if _, ok := settings[name]; !ok {
+		if !names[name] {
 			t.Errorf("%s: the Settings section documents %s, which internal/config does not read", operationsDoc, name)
 		}
+	}
+}
+
+// TestExampleSettingsShowDefaults: every setting configs/spillway.yaml
+// gives a plain value shows the code's default, so the file, loaded as is,
+// changes nothing.
+func TestExampleSettingsShowDefaults(t *testing.T) {
+	t.Parallel()
+	const file = "configs/spillway.yaml"
+	var doc map[string]yaml.Node
+	if err := yaml.Unmarshal([]byte(readDoc(t, file)), &doc); err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	defaults := config.DefaultValues()
+	checked := 0
+	for key, n := range doc {
+		name := strings.ToUpper(key)
+		def, ok := defaults[name]
+		if !ok || n.Kind != yaml.ScalarNode {
+			continue
+		}
+		checked++
+		if n.Value != def {
+			t.Errorf("%s: %s: %q, the code's default is %q", file, key, n.Value, def)
+		}
+	}
+	if checked < len(defaults)/2 {
+		t.Errorf("%s: only %d of %d defaults checked; the file no longer lists the settings", file, checked, len(defaults))
 	}
 }
 

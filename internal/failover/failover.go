@@ -1,7 +1,7 @@
 // Package failover states the contracts of the spill-over path and holds
 // no backend: the job queue (Producer, Consumer, Delivery), the
 // per-request result-and-cancel channel (ResultPublisher,
-// ResultSubscriber, Canceller, CancelWatcher), the queued path as the HTTP
+// ResultSubscriber, Canceller, CancelWatcher; resultchannel.go), the queued path as the HTTP
 // layer sees it (Spiller, Relay), and the key names (keys.go). The
 // protocol behind them is docs/QUEUE.md.
 //
@@ -18,6 +18,17 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/protocol"
+)
+
+// Defaults every queue backend applies to the same setting, written once.
+const (
+	// DefaultReclaimIdle is QUEUE_RECLAIM_IDLE_SECONDS' default: how long a
+	// job may go untouched before another worker takes it over (Redis
+	// Streams' idle claim, Kafka's claim TTL, memqueue's reclaim).
+	DefaultReclaimIdle = 15 * time.Second
+	// DefaultDeadLetterTTL is DEAD_LETTER_TTL_HOURS' default: the Redis
+	// dead-letter stream's expiry and the Kafka dead-letter topic's retention.
+	DefaultDeadLetterTTL = 168 * time.Hour
 )
 
 // ErrClaimLost is returned by Consumer.Touch when this member no longer

@@ -62,6 +62,11 @@ func (p Priority) AtMost(ceiling Priority) Priority {
 	return p.OrNormal()
 }
 
+// DefaultPriorityAging is PRIORITY_AGING_SECONDS' default: how long a
+// waiting job takes to count one priority level higher, in the queue's
+// order and in a worker's wait for a pool slot alike.
+const DefaultPriorityAging = 30 * time.Second
+
 // PlaceInLine is where a job of priority p enqueued at enqueued stands in
 // the line of waiting jobs (docs/QUEUE.md, "Priority order"): its enqueue
 // time, moved aging earlier for high and aging later for low. Jobs start

@@ -3,6 +3,7 @@ package protocol
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 )
 
 // ProblemTypeBase prefixes every problem `type` URI Spillway writes.
@@ -59,6 +60,17 @@ type Problem struct {
 // Error makes *Problem usable as an error that carries its own client text.
 func (p *Problem) Error() string {
 	return fmt.Sprintf("%d %s: %s", p.Status, p.Title, p.Detail)
+}
+
+// RetryAfterSeconds is the one meaning of Retry-After, the header and the
+// problem's retry_after_seconds alike: d rounded up to whole seconds, at
+// least 1. Rounding down would bring the client back before the advised
+// moment, to another refusal; 0 would mean "at once".
+func RetryAfterSeconds(d time.Duration) int {
+	if d <= time.Second {
+		return 1
+	}
+	return int((d + time.Second - 1) / time.Second)
 }
 
 // WithRetryAfter returns a copy of p advising a retry after secs seconds.

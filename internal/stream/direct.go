@@ -180,7 +180,7 @@ func (p *directProducer) run(ctx context.Context) {
 	// upstream Retry-After, the throttled backoff), else none.
 	prob := protocol.ProviderFailed(0)
 	if d, ok := h.cfg.Retry.Delay(err, 1); ok {
-		prob.RetryAfterSeconds = max(1, int((d+time.Second-1)/time.Second))
+		prob.RetryAfterSeconds = protocol.RetryAfterSeconds(d)
 	}
 	_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
 }

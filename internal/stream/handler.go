@@ -363,10 +363,7 @@ func (h *Handler) behindBacklog() bool {
 
 // retryAfter is the Retry-After, in whole seconds, for a full pool.
 func (h *Handler) retryAfter() int {
-	d := h.gate.RetryAfter()
-	// Round up: advising a retry before capacity is likely back only
-	// brings the client back to another refusal.
-	return max(1, int((d+time.Second-1)/time.Second))
+	return protocol.RetryAfterSeconds(h.gate.RetryAfter())
 }
 
 // refuse answers with p before any stream opened; path is empty when the

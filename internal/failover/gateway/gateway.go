@@ -26,6 +26,9 @@ const queueSystemKafka = "kafka"
 const (
 	// DefaultRetryAfter is advised when the queue cannot take a job.
 	DefaultRetryAfter = 2 * time.Second
+	// DefaultQueueTimeout is QUEUE_FAILOVER_TIMEOUT_SECONDS' default: the
+	// longest wait for a worker to start a job.
+	DefaultQueueTimeout = 30 * time.Second
 	// DefaultBuffer is results held between the relay and the handler.
 	// It is small: the subscription's own buffer (pubsub.DefaultBuffer
 	// messages, allocated only once the worker speaks) is the slack for
@@ -179,7 +182,7 @@ func New(cfg Config, deps Deps) (*Gateway, error) {
 	return g, nil
 }
 
-func (g *Gateway) retryAfter() int { return max(1, int(g.cfg.RetryAfter/time.Second)) }
+func (g *Gateway) retryAfter() int { return protocol.RetryAfterSeconds(g.cfg.RetryAfter) }
 
 // Spill subscribes, then enqueues, then returns the relay. See
 // failover.Spiller.

@@ -40,7 +40,8 @@ func gatewayConfig() gateway.Config {
 		QueueTimeout:    gwQueueTimeout,
 		WorkerHeartbeat: gwHeartbeat,
 		ReclaimIdle:     gwReclaimIdle,
-		RetryAfter:      3 * time.Second,
+		// Not whole seconds: the advice rounds up to 3 (truncating gave 2).
+		RetryAfter: 2500 * time.Millisecond,
 	}
 }
 
@@ -224,8 +225,8 @@ func TestGatewayQueueTimeout(t *testing.T) {
 			t.Errorf("relay gave up after %v, want %v", took, gwQueueTimeout)
 		}
 		p := r.Problem()
-		if p == nil || p.Slug() != protocol.ProblemQueueTimeout || p.Status != http.StatusServiceUnavailable || p.RetryAfterSeconds < 1 {
-			t.Fatalf("problem %+v, want queue-timeout, 503, retry_after ≥ 1", p)
+		if p == nil || p.Slug() != protocol.ProblemQueueTimeout || p.Status != http.StatusServiceUnavailable || p.RetryAfterSeconds != 3 {
+			t.Fatalf("problem %+v, want queue-timeout, 503, retry_after 3 (2.5 s rounded up)", p)
 		}
 		if n := e.m.get("rejected:timeout"); n != 1 {
 			t.Errorf("QueueRejections{reason=timeout} = %v, want 1", n)

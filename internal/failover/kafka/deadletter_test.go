@@ -10,6 +10,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/testkit/kafkatest"
 )
 
@@ -90,8 +91,8 @@ func TestDeadLetterRetention(t *testing.T) {
 		t.Fatalf("CreateTopics: %v %v", err, res)
 	}
 	q2 := newQueue(t, cfg2)
-	if got, err := q2.DeadLetterRetention(ctxT(t, 5*time.Second)); err != nil || got != DefaultDeadLetterRetention {
-		t.Fatalf("retention of an existing topic after EnsureTopics = %s, %v; want %s", got, err, DefaultDeadLetterRetention)
+	if got, err := q2.DeadLetterRetention(ctxT(t, 5*time.Second)); err != nil || got != failover.DefaultDeadLetterTTL {
+		t.Fatalf("retention of an existing topic after EnsureTopics = %s, %v; want %s", got, err, failover.DefaultDeadLetterTTL)
 	}
 	if v, err := q2.topicConfig(ctxT(t, 5*time.Second), cfg2.Topic+DeadLetterSuffix, "cleanup.policy"); err != nil || v != "compact,delete" {
 		t.Fatalf("cleanup.policy = %q, %v; an incremental alter must keep it", v, err)

@@ -64,11 +64,8 @@ const (
 	DefaultSessionTimeout    = 6 * time.Second
 	DefaultRebalanceTimeout  = 5 * time.Second
 	DefaultHeartbeatInterval = time.Second
-	DefaultClaimTTL          = 15 * time.Second
 	DefaultTimeout           = 5 * time.Second
 	DefaultMaxMessageBytes   = 1 << 20
-	// DefaultDeadLetterRetention is DEAD_LETTER_TTL_HOURS' default.
-	DefaultDeadLetterRetention = 168 * time.Hour
 )
 
 // Bounds of Config.MaxMessageBytes, and the room a record and its batch
@@ -128,7 +125,7 @@ type Config struct {
 	HeartbeatInterval time.Duration
 	// ClaimTTL is how long a job's claim lives without Touch before another
 	// member may take the job over once its partition moved
-	// (QUEUE_RECLAIM_IDLE_SECONDS). Used only with Claims. Default 15s.
+	// (QUEUE_RECLAIM_IDLE_SECONDS). Used only with Claims. Default failover.DefaultReclaimIdle.
 	ClaimTTL time.Duration
 	// Claims keeps per-job claims and attempt counts (see the package
 	// doc). Optional: nil means Attempt is always 1, Touch only checks the
@@ -148,7 +145,7 @@ type Config struct {
 	// DeadLetterRetention is the dead-letter topic's retention.ms
 	// (DEAD_LETTER_TTL_HOURS): EnsureTopics sets it on the topic, so a
 	// dead letter is deleted by the brokers once it is that old. Whole
-	// milliseconds. Default 168h.
+	// milliseconds. Default failover.DefaultDeadLetterTTL.
 	DeadLetterRetention time.Duration
 	// KeepPayload stores the job's body in a dead letter
 	// (DEAD_LETTER_KEEP_PAYLOAD); false writes an empty value and the
@@ -276,7 +273,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if cfg.ClaimTTL == 0 {
-		cfg.ClaimTTL = DefaultClaimTTL
+		cfg.ClaimTTL = failover.DefaultReclaimIdle
 	}
 	if cfg.Timeout == 0 {
 		cfg.Timeout = DefaultTimeout
@@ -285,7 +282,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.MaxMessageBytes = DefaultMaxMessageBytes
 	}
 	if cfg.DeadLetterRetention == 0 {
-		cfg.DeadLetterRetention = DefaultDeadLetterRetention
+		cfg.DeadLetterRetention = failover.DefaultDeadLetterTTL
 	}
 	return cfg
 }

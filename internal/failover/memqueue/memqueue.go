@@ -27,12 +27,9 @@ var ErrClaimLost = failover.ErrClaimLost
 type Config struct {
 	// ReclaimIdle is how long a delivered, unacknowledged job may go
 	// without Touch before another consumer's Fetch takes it over
-	// (QUEUE_RECLAIM_IDLE_SECONDS). Default 15s.
+	// (QUEUE_RECLAIM_IDLE_SECONDS). Default failover.DefaultReclaimIdle.
 	ReclaimIdle time.Duration
 }
-
-// DefaultReclaimIdle is the ReclaimIdle used when Config leaves it zero.
-const DefaultReclaimIdle = 15 * time.Second
 
 // Validate reports whether cfg is usable; zero values mean the defaults.
 func (cfg Config) Validate() error {
@@ -100,7 +97,7 @@ func New(cfg Config) (*Queue, error) {
 	}
 	idle := cfg.ReclaimIdle
 	if idle == 0 {
-		idle = DefaultReclaimIdle
+		idle = failover.DefaultReclaimIdle
 	}
 	return &Queue{
 		reclaimIdle: idle,

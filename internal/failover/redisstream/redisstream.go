@@ -51,10 +51,9 @@ import (
 
 // Defaults applied to zero Config fields.
 const (
-	DefaultPrefix      = "queue:"
-	DefaultGroup       = "streaming_failover_consumers"
-	DefaultBlock       = time.Second
-	DefaultReclaimIdle = 15 * time.Second
+	DefaultPrefix = "queue:"
+	DefaultGroup  = "streaming_failover_consumers"
+	DefaultBlock  = time.Second
 )
 
 // ErrClaimLost is returned by Touch when this consumer no longer holds the
@@ -132,7 +131,7 @@ type Config struct {
 	Block time.Duration
 	// ReclaimIdle is how long a delivered job may go without Touch before
 	// another member takes it over (QUEUE_RECLAIM_IDLE_SECONDS). Whole
-	// milliseconds, at least 1ms. Default 15s.
+	// milliseconds, at least 1ms. Default failover.DefaultReclaimIdle.
 	ReclaimIdle time.Duration
 	// ReclaimInterval is how often Fetch looks for idle jobs with
 	// XAUTOCLAIM. Default ReclaimIdle/3, between 50ms and 1s.
@@ -141,7 +140,7 @@ type Config struct {
 	// (DEAD_LETTER_MAX_LEN). Default 10000.
 	DeadLetterMaxLen int64
 	// DeadLetterTTL is how long the dead-letter stream lives after its
-	// last record (DEAD_LETTER_TTL_HOURS), whole seconds. Default 168h.
+	// last record (DEAD_LETTER_TTL_HOURS), whole seconds. Default failover.DefaultDeadLetterTTL.
 	DeadLetterTTL time.Duration
 	// KeepPayload stores the job's body in a dead letter
 	// (DEAD_LETTER_KEEP_PAYLOAD); false stores its SHA-1 and size only,
@@ -149,18 +148,13 @@ type Config struct {
 	KeepPayload bool
 	// PriorityAging is how long a waiting job takes to count one priority
 	// level higher (PRIORITY_AGING_SECONDS). Whole milliseconds, at least
-	// 1ms. Default 30s.
+	// 1ms. Default protocol.DefaultPriorityAging.
 	PriorityAging time.Duration
 }
 
-// DefaultPriorityAging is the default Config.PriorityAging.
-const DefaultPriorityAging = 30 * time.Second
-
-// Dead-letter bounds by default.
-const (
-	DefaultDeadLetterMaxLen = 10000
-	DefaultDeadLetterTTL    = 168 * time.Hour
-)
+// DefaultDeadLetterMaxLen is DEAD_LETTER_MAX_LEN's default: dead letters
+// kept per dead-letter stream.
+const DefaultDeadLetterMaxLen = 10000
 
 // Validate reports whether cfg is usable. It does not change cfg.
 func (cfg Config) Validate() error {
@@ -207,7 +201,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.Block = DefaultBlock
 	}
 	if cfg.ReclaimIdle == 0 {
-		cfg.ReclaimIdle = DefaultReclaimIdle
+		cfg.ReclaimIdle = failover.DefaultReclaimIdle
 	}
 	if cfg.Shards == 0 {
 		cfg.Shards = 1
@@ -222,10 +216,10 @@ func (cfg Config) withDefaults() Config {
 		cfg.DeadLetterMaxLen = DefaultDeadLetterMaxLen
 	}
 	if cfg.DeadLetterTTL == 0 {
-		cfg.DeadLetterTTL = DefaultDeadLetterTTL
+		cfg.DeadLetterTTL = failover.DefaultDeadLetterTTL
 	}
 	if cfg.PriorityAging == 0 {
-		cfg.PriorityAging = DefaultPriorityAging
+		cfg.PriorityAging = protocol.DefaultPriorityAging
 	}
 	return cfg
 }

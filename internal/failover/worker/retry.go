@@ -111,7 +111,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			}
 		} else {
 			delay, retryable := w.cfg.Retry.Delay(err, retries+1)
-			advise := max(retryAfterSeconds, ceilSeconds(delay))
+			advise := max(retryAfterSeconds, protocol.RetryAfterSeconds(delay))
 			switch {
 			case !retryable || retries >= w.cfg.MaxRetries:
 				pub.log.Error("provider failed; dead-lettering", "retries", retries, "err", err)
@@ -151,9 +151,4 @@ func (w *Worker) ended(err error) {
 	if w.deps.Ended != nil {
 		w.deps.Ended(err)
 	}
-}
-
-// ceilSeconds is d in whole seconds, rounded up.
-func ceilSeconds(d time.Duration) int {
-	return int((d + time.Second - 1) / time.Second)
 }

@@ -21,11 +21,26 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
+	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
-// DefaultStopGrace is the default Config.StopGrace.
-const DefaultStopGrace = 20 * time.Second
+// Defaults of the worker's settings (docs/OPERATIONS.md, "Settings").
+const (
+	// DefaultConcurrency is WORKER_CONCURRENCY's default.
+	DefaultConcurrency = 16
+	// DefaultHeartbeat is WORKER_HEARTBEAT_SECONDS' default.
+	DefaultHeartbeat = 5 * time.Second
+	// DefaultBatchSize is QUEUE_FAILOVER_CHUNK_BATCH_SIZE's default.
+	DefaultBatchSize = 5
+	// DefaultBatchTimeout is QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS' default.
+	DefaultBatchTimeout = 100 * time.Millisecond
+	// DefaultMaxRetries is QUEUE_FAILOVER_MAX_RETRIES' default.
+	DefaultMaxRetries = 5
+	// DefaultStopGrace is the default Config.StopGrace and
+	// SHUTDOWN_GRACE_SECONDS' default, the api's drain included.
+	DefaultStopGrace = 25 * time.Second
+)
 
 // DefaultPublishBudget is the default Config.PublishBudget.
 const DefaultPublishBudget = 2 * time.Second
@@ -63,7 +78,7 @@ type Config struct {
 	// together (QUEUE_FAILOVER_TIMEOUT_SECONDS).
 	QueueTimeout time.Duration
 	// StopGrace is how long running jobs may finish after Run's context
-	// ends; the rest stay pending for takeover. Default 20s.
+	// ends; the rest stay pending for takeover. Default DefaultStopGrace.
 	StopGrace time.Duration
 	// QueueSystem ("redis" or "kafka") and QueueName (stream or topic)
 	// describe the queue on the job span.
@@ -79,12 +94,10 @@ type Config struct {
 	PublishBudget time.Duration
 	// PriorityAging is PRIORITY_AGING_SECONDS: a job waits for its pool
 	// slot at its place in line (protocol.PlaceInLine), so priorities
-	// order the pool's waiters as they order the queue. Default 30s.
+	// order the pool's waiters as they order the queue. Default
+	// protocol.DefaultPriorityAging.
 	PriorityAging time.Duration
 }
-
-// DefaultPriorityAging is the default Config.PriorityAging.
-const DefaultPriorityAging = 30 * time.Second
 
 func (c Config) withDefaults() Config {
 	if c.StopGrace == 0 {
@@ -97,7 +110,7 @@ func (c Config) withDefaults() Config {
 		c.PublishBudget = DefaultPublishBudget
 	}
 	if c.PriorityAging == 0 {
-		c.PriorityAging = DefaultPriorityAging
+		c.PriorityAging = protocol.DefaultPriorityAging
 	}
 	return c
 }

@@ -345,7 +345,7 @@ func (s *Server) providerError(w http.ResponseWriter, a answer, err error) {
 			status = pe.Status
 		}
 		if pe.RetryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(int(max(1, pe.RetryAfter.Round(time.Second)/time.Second))))
+			w.Header().Set("Retry-After", strconv.Itoa(protocol.RetryAfterSeconds(pe.RetryAfter)))
 		}
 	}
 	if status == http.StatusTooManyRequests {
