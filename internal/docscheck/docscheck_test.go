@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 	"github.com/spillway-dev/spillway/internal/metrics"
-	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // The pages this package holds to the code. Code comments cite them by
