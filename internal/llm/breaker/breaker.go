@@ -170,9 +170,6 @@ func (b *Breaker) onStateChange(name string, from, to gobreaker.State) {
 // Name returns the wrapped provider's name.
 func (b *Breaker) Name() string { return b.p.Name() }
 
-// Circuit returns the circuit's name (Config.Name).
-func (b *Breaker) Circuit() string { return b.cfg.Name }
-
 // State returns the circuit's state; its int value is what
 // spillway_circuit_state shows (0 closed, 1 half-open, 2 open).
 func (b *Breaker) State() gobreaker.State { return b.cb.State() }

@@ -27,13 +27,12 @@ import (
 )
 
 // PoolLimitName names the pool's adaptive limit: one for the whole
-// provider. A limit per upstream is named UpstreamLimitPrefix and the
-// upstream's name.
+// provider, which the Redis pool obeys (redispool.Config.AdaptiveLimit).
 const PoolLimitName = "global"
 
-// UpstreamLimitPrefix begins the name of an upstream's adaptive limit;
+// upstreamLimitPrefix begins the name of an upstream's adaptive limit;
 // the upstream's name follows.
-const UpstreamLimitPrefix = "upstream/"
+const upstreamLimitPrefix = "upstream/"
 
 // Config is the provider stack the settings give (internal/app maps
 // them). The provider is the simulator when Sim is set, else
@@ -119,16 +118,16 @@ func New(cfg Config, deps Deps) (s *Stack, err error) {
 			s.Close()
 		}
 	}()
-	if deps.Provider == nil && cfg.Sim == nil && Balanced(cfg.Upstreams) {
+	if deps.Provider == nil && cfg.Sim == nil && needsBalancer(cfg.Upstreams) {
 		return s, s.balanced(cfg, deps)
 	}
 	return s, s.single(cfg, deps)
 }
 
-// Balanced reports whether upstreams need the Balancer: more than one, or
+// needsBalancer reports whether upstreams need the Balancer: more than one, or
 // one with a cap, a quota or a model list. A single plain upstream keeps
 // the bare client, which is what every earlier setup had.
-func Balanced(upstreams []upstream.Spec) bool {
+func needsBalancer(upstreams []upstream.Spec) bool {
 	if len(upstreams) > 1 {
 		return true
 	}
@@ -207,7 +206,7 @@ func (s *Stack) single(cfg Config, deps Deps) error {
 // around an open one, and the gate refuses only while every one is open.
 //
 // With adaptive concurrency each upstream has its own limit (named
-// UpstreamLimitPrefix and the upstream's name, in deps.Limits: cluster-wide
+// upstreamLimitPrefix and the upstream's name, in deps.Limits: cluster-wide
 // with the Redis pool) between the floor and its max_concurrency, or the
 // pool's size for one without: a throttling replica is slowed down alone,
 // and its cap is the lower of the two.
@@ -330,7 +329,7 @@ func (s *Stack) upstreamLimits(cfg Config, deps Deps, specs []upstream.Spec, cap
 	ctls := make(map[string]*adaptive.Controller, len(specs))
 	for i, sp := range specs {
 		ac := *cfg.Adaptive
-		ac.Name = UpstreamLimitPrefix + sp.Name
+		ac.Name = upstreamLimitPrefix + sp.Name
 		ac.Params.Ceiling = sp.MaxConcurrency
 		ac.Params.Floor = min(ac.Params.Floor, sp.MaxConcurrency)
 		ctl, err := adaptive.New(ac, store, log, func(n int) {

@@ -26,13 +26,13 @@ var (
 	// ErrUnknownModel means no configured upstream serves the requested
 	// model; the request is a client error (400).
 	ErrUnknownModel = errors.New("upstream: no upstream serves the model")
-	// ErrCircuitsOpen means every upstream that could take the call has
+	// errCircuitsOpen means every upstream that could take the call has
 	// its circuit open (or sits out, with at least one circuit open). The
 	// Balancer returns it inside a retryable *llm.Error whose RetryAfter
 	// is the soonest an open circuit turns half-open; it wraps
 	// llm.ErrCircuitOpen, so the api and the workers treat it as they
 	// treat a single provider's open circuit (llm.IsCircuitOpen).
-	ErrCircuitsOpen = fmt.Errorf("upstream: every upstream that could take the call has its circuit open: %w", llm.ErrCircuitOpen)
+	errCircuitsOpen = fmt.Errorf("upstream: every upstream that could take the call has its circuit open: %w", llm.ErrCircuitOpen)
 )
 
 // Circuit is implemented by an upstream's provider that sits behind its
@@ -445,7 +445,7 @@ func (b *Balancer) reserve(ctx context.Context, req *protocol.ChatRequest, a ask
 		eligible &^= 1 << i
 	}
 	if down && openFor > 0 {
-		return nil, &llm.Error{Retryable: true, RetryAfter: openFor, Err: ErrCircuitsOpen}
+		return nil, &llm.Error{Retryable: true, RetryAfter: openFor, Err: errCircuitsOpen}
 	}
 	return nil, ErrNoUpstream
 }
