@@ -19,8 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/spillway-dev/spillway/internal/config"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 	"github.com/spillway-dev/spillway/internal/metrics"
-	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // repoFiles loads, from the repository root, every file the checks read
@@ -128,7 +128,7 @@ func loadConfig(env map[string]string) (*config.Config, error) {
 
 // implementedMetrics is every metric name internal/metrics registers, and
 // the per-upstream ones the balancer of several upstreams registers
-// (internal/upstream), captured by a Registerer that asks each collector
+// (internal/llm/upstream), captured by a Registerer that asks each collector
 // to describe itself.
 var implementedMetrics = func() map[string]bool {
 	r := &describeRecorder{names: map[string]bool{}}

@@ -8,13 +8,16 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/breaker"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
-// benchChecks builds the request-path checks in their accepting state.
-func benchChecks(b *testing.B) (*Overflow, *Breaker, *RateLimiter) {
+// benchChecks builds the request-path checks in their accepting state:
+// the overflow gate, and the Gate over the provider's circuit and the
+// identity limit.
+func benchChecks(b *testing.B) (*Overflow, *Gate) {
 	b.Helper()
 	log := testutil.DiscardLogger()
 	m := newMetrics(b)
@@ -25,9 +28,7 @@ func benchChecks(b *testing.B) (*Overflow, *Breaker, *RateLimiter) {
 		b.Fatal(err)
 	}
 	o.refresh(context.Background(), time.Now())
-	br, err := NewBreaker(BreakerConfig{}, &fakeProvider{fn: func(context.Context, func(protocol.Chunk) error) (llm.Result, error) {
-		return llm.Result{}, nil
-	}}, m, log)
+	br, err := breaker.New(breaker.Config{}, okProvider{}, m, log)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -37,39 +38,52 @@ func benchChecks(b *testing.B) (*Overflow, *Breaker, *RateLimiter) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	return o, br, rl
+	svc, err := NewServiceTime(time.Second, time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	g, err := NewGate(GateDeps{Limiter: rl, Circuit: br, Metrics: m, Service: svc, Pool: capacity(8)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return o, g
+}
+
+// okProvider answers every call at once.
+type okProvider struct{}
+
+func (okProvider) Name() string { return "ok" }
+func (okProvider) Stream(context.Context, protocol.ChatRequest, func(protocol.Chunk) error) (llm.Result, error) {
+	return llm.Result{}, nil
 }
 
 // admit is the accept path the api runs per request: identity limit, open
 // circuit, queue overflow.
-func admit(ctx context.Context, o *Overflow, br *Breaker, rl *RateLimiter, identity string) *protocol.Problem {
-	if p := rl.Allow(ctx, identity); p != nil {
-		return p
-	}
-	if p := br.Check(protocol.PriorityHigh); p != nil {
+func admit(ctx context.Context, o *Overflow, g *Gate, identity string) *protocol.Problem {
+	if p := g.Admit(ctx, identity, protocol.PriorityHigh); p != nil {
 		return p
 	}
 	return o.Check(protocol.PriorityHigh)
 }
 
 func BenchmarkAdmitAccept(b *testing.B) {
-	o, br, rl := benchChecks(b)
+	o, g := benchChecks(b)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		if p := admit(ctx, o, br, rl, "user-1"); p != nil {
+		if p := admit(ctx, o, g, "user-1"); p != nil {
 			b.Fatal(p)
 		}
 	}
 }
 
 func BenchmarkAdmitAcceptParallel(b *testing.B) {
-	o, br, rl := benchChecks(b)
+	o, g := benchChecks(b)
 	ctx := context.Background()
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if p := admit(ctx, o, br, rl, "user-1"); p != nil {
+			if p := admit(ctx, o, g, "user-1"); p != nil {
 				b.Fatal(p)
 			}
 		}
@@ -79,7 +93,7 @@ func BenchmarkAdmitAcceptParallel(b *testing.B) {
 // BenchmarkOverflowRefuse is the refusal path: a counter increment and a
 // problem copy.
 func BenchmarkOverflowRefuse(b *testing.B) {
-	o, _, _ := benchChecks(b)
+	o, _ := benchChecks(b)
 	fd := &fakeDepth{}
 	fd.set(20000, nil)
 	o.backlog = DepthFunc(fd.read)

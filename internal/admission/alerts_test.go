@@ -14,8 +14,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"gopkg.in/yaml.v3"
 
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 	"github.com/spillway-dev/spillway/internal/metrics"
-	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 const (

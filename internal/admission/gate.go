@@ -5,17 +5,32 @@ import (
 	"errors"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
+
+// Circuit is what the Gate asks before it admits a request: how long the
+// provider's circuit still refuses every call, 0 while it takes calls. A
+// *breaker.Breaker is one; *breaker.Circuits, the breakers of several
+// upstreams, another (internal/llm/breaker). It must read memory only:
+// the gate asks it on every request.
+type Circuit interface {
+	OpenFor() time.Duration
+}
 
 // GateDeps are the parts a Gate asks. Nil optional parts admit.
 type GateDeps struct {
 	// Limiter is the per-identity rate limit; nil limits nothing.
 	Limiter *RateLimiter
-	// Breaker is the provider's circuit (a *Breaker, or *Circuits with
-	// several upstreams); nil never refuses.
-	Breaker Circuit
+	// Circuit is the provider's circuit; nil never refuses. With one,
+	// Metrics is required.
+	Circuit Circuit
+	// Metrics counts the circuit's refusals in
+	// spillway_queue_rejections_total{reason="circuit_open",priority}.
+	Metrics *metrics.Metrics
 	// Overflow is the queue's overflow gate; nil when there is no queue.
 	Overflow *Overflow
 	// Degrader is the degradation level; nil never refuses or caps.
@@ -32,7 +47,8 @@ type GateDeps struct {
 // implements stream.Gate. Safe for concurrent use; only Admit's rate limit
 // does I/O.
 type Gate struct {
-	d GateDeps
+	d       GateDeps
+	refused [3]prometheus.Counter // circuit refusals by Priority.Rank
 }
 
 // NewGate returns the gate over deps.
@@ -40,7 +56,16 @@ func NewGate(deps GateDeps) (*Gate, error) {
 	if deps.Service == nil || deps.Pool == nil {
 		return nil, errors.New("admission: gate needs a service-time estimate and a pool")
 	}
-	return &Gate{d: deps}, nil
+	g := &Gate{d: deps}
+	if deps.Circuit != nil {
+		if deps.Metrics == nil {
+			return nil, errors.New("admission: gate with a circuit needs metrics")
+		}
+		for _, prio := range protocol.Priorities {
+			g.refused[prio.Rank()] = deps.Metrics.QueueRejections.WithLabelValues("circuit_open", string(prio))
+		}
+	}
+	return g, nil
 }
 
 // Admit refuses an identity over its rate limit (rate-limited), then any
@@ -53,8 +78,8 @@ func (g *Gate) Admit(ctx context.Context, identity string, prio protocol.Priorit
 			return p
 		}
 	}
-	if g.d.Breaker != nil {
-		if p := g.d.Breaker.Check(prio); p != nil {
+	if g.d.Circuit != nil {
+		if p := g.circuitOpen(prio); p != nil {
 			return p
 		}
 	}
@@ -62,6 +87,19 @@ func (g *Gate) Admit(ctx context.Context, identity string, prio protocol.Priorit
 		return g.d.Degrader.Check(prio)
 	}
 	return nil
+}
+
+// circuitOpen returns nil while the provider's circuit takes calls, else
+// a 503 provider-unavailable problem whose Retry-After is the time the
+// circuit has left open, counted in
+// spillway_queue_rejections_total{reason="circuit_open",priority}.
+func (g *Gate) circuitOpen(prio protocol.Priority) *protocol.Problem {
+	left := g.d.Circuit.OpenFor()
+	if left == 0 {
+		return nil
+	}
+	g.refused[prio.Rank()].Inc()
+	return protocol.ProviderUnavailable(protocol.RetryAfterSeconds(left))
 }
 
 // MaxTokens is the cap on an admitted request's max_tokens at the current

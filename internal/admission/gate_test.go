@@ -2,8 +2,11 @@ package admission
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -118,5 +121,52 @@ func TestGateWithoutQueue(t *testing.T) {
 	}
 	if _, err := NewGate(GateDeps{}); err == nil {
 		t.Error("NewGate without service time and pool succeeded")
+	}
+}
+
+// openCircuit is a Circuit open for left.
+type openCircuit struct{ left *time.Duration }
+
+func (c openCircuit) OpenFor() time.Duration { return *c.left }
+
+// While the provider's circuit is open the gate refuses with 503
+// provider-unavailable, Retry-After the time left rounded up to whole
+// seconds, and counts each refusal; once the circuit takes calls, it
+// admits.
+func TestGateRefusesWhileCircuitOpen(t *testing.T) {
+	t.Parallel()
+	left := 10 * time.Second
+	m := newMetrics(t)
+	svc, err := NewServiceTime(time.Second, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewGate(GateDeps{Circuit: openCircuit{&left}, Service: svc, Pool: capacity(1)}); err == nil {
+		t.Fatal("NewGate with a circuit and no metrics: want an error")
+	}
+	g, err := NewGate(GateDeps{Circuit: openCircuit{&left}, Metrics: m, Service: svc, Pool: capacity(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		left      time.Duration
+		wantRetry int
+	}{{10 * time.Second, 10}, {6 * time.Second, 6}, {500 * time.Millisecond, 1}} {
+		left = tt.left
+		p := g.Admit(t.Context(), "alice", protocol.PriorityHigh)
+		if p == nil {
+			t.Fatalf("open for %v: admitted", tt.left)
+		}
+		if p.Status != http.StatusServiceUnavailable || p.Slug() != protocol.ProblemProviderUnavailable || p.RetryAfterSeconds != tt.wantRetry {
+			t.Fatalf("open for %v: %d %q retry %d, want 503 %q retry %d", tt.left, p.Status, p.Slug(), p.RetryAfterSeconds,
+				protocol.ProblemProviderUnavailable, tt.wantRetry)
+		}
+	}
+	if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("circuit_open", "high")); got != 3 {
+		t.Fatalf("circuit_open rejections = %v, want 3", got)
+	}
+	left = 0
+	if p := g.Admit(t.Context(), "alice", protocol.PriorityHigh); p != nil {
+		t.Fatalf("circuit taking calls: refused %+v", p)
 	}
 }

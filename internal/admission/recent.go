@@ -173,7 +173,7 @@ func RequestOutcome(err error) (counts, failed bool) {
 	if err == nil {
 		return true, false
 	}
-	if isCircuitOpen(err) {
+	if llm.IsCircuitOpen(err) {
 		return true, true
 	}
 	if code, ok := llm.ResponseCode(err); ok && code == "429" {
@@ -186,12 +186,6 @@ func RequestOutcome(err error) (counts, failed bool) {
 		return true, true
 	}
 	return false, false
-}
-
-// isCircuitOpen reports whether err says a circuit refused the call.
-func isCircuitOpen(err error) bool {
-	var co interface{ CircuitOpen() bool }
-	return errors.As(err, &co) && co.CircuitOpen()
 }
 
 // QueueWaitP99 is the 99th percentile of the queue waits of the last

@@ -198,7 +198,7 @@ func TestRequestOutcome(t *testing.T) {
 		{"stalled", fmt.Errorf("read: %w", llm.ErrIdleTimeout), true, true},
 		{"refused connection", &llm.Error{Retryable: true, Err: errors.New("connection refused")}, true, true},
 		{"401", &llm.Error{Status: 401}, true, true},
-		{"circuit stayed open", &llm.Error{Retryable: true, RetryAfter: time.Second, Err: &circuitOpenError{provider: "p"}}, true, true},
+		{"circuit stayed open", &llm.Error{Retryable: true, RetryAfter: time.Second, Err: fmt.Errorf("breaker: provider p: %w", llm.ErrCircuitOpen)}, true, true},
 		{"429 after every retry", &llm.Error{Status: 429, Retryable: true, RetryAfter: time.Second}, false, false},
 		{"the request's own 400", &llm.Error{Status: 400}, false, false},
 		{"the request's own 422", &llm.Error{Status: 422}, false, false},

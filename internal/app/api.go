@@ -21,11 +21,11 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/gateway"
 	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
+	"github.com/spillway-dev/spillway/internal/llm/upstream/models"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 	"github.com/spillway-dev/spillway/internal/telemetry"
-	"github.com/spillway-dev/spillway/internal/upstream/models"
 	"github.com/spillway-dev/spillway/internal/web"
 	"github.com/spillway-dev/spillway/internal/web/cors"
 )
@@ -93,7 +93,7 @@ func (a *API) build() error {
 	if err != nil {
 		return err
 	}
-	gate := admission.GateDeps{Limiter: limiter, Breaker: a.circuit, Service: service, Pool: a.pool}
+	gate := admission.GateDeps{Limiter: limiter, Circuit: a.stack, Metrics: m, Service: service, Pool: a.pool}
 	var spill failover.Spiller
 	if a.queue != nil {
 		if spill, gate.Overflow, err = a.buildQueued(); err != nil {

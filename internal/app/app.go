@@ -23,7 +23,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/redact"
-	"github.com/spillway-dev/spillway/internal/telemetry"
 )
 
 // Options lets tests replace parts the configuration would build.
@@ -56,25 +55,6 @@ const (
 	roleAPI      = "api"
 	roleConsumer = "consumer"
 )
-
-// NewProvider builds the provider LLM_PROVIDER names.
-func NewProvider(cfg *config.Config) (llm.Provider, error) {
-	return newProvider(cfg, nil)
-}
-
-// newProvider builds the provider LLM_PROVIDER names, tracing its calls
-// with tel (nil: untraced).
-func newProvider(cfg *config.Config, tel *telemetry.Provider) (llm.Provider, error) {
-	switch cfg.LLMProvider {
-	case config.ProviderSim:
-		return llm.NewSim(SimConfig(cfg))
-	case config.ProviderOpenAI:
-		oc := OpenAIConfig(cfg)
-		oc.Tracing = tel
-		return llm.NewOpenAI(oc)
-	}
-	return nil, fmt.Errorf("app: unknown LLM_PROVIDER %q", cfg.LLMProvider)
-}
 
 // InstanceName names this process in the consumer group and logs.
 func InstanceName(role string) string {

@@ -13,9 +13,10 @@ import (
 	"github.com/spillway-dev/spillway/internal/config"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
+	"github.com/spillway-dev/spillway/internal/llm/stack"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/pool"
-	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/redact"
 	"github.com/spillway-dev/spillway/internal/telemetry"
@@ -25,30 +26,28 @@ import (
 const telemetryStopTimeout = 5 * time.Second
 
 // deps is what both processes build the same way, once: observability,
-// the Redis client, the provider behind its circuit breaker (one per
-// upstream with several), the pool and the queue. close releases them
-// newest first, after every component built on them stopped.
+// the Redis client, the pool, the provider stack (internal/llm/stack: the
+// provider behind its circuit breaker, one per upstream with several, and
+// its adaptive limits) and the queue. close releases them newest first,
+// after every component built on them stopped.
 type deps struct {
-	cfg     *config.Config
-	log     *slog.Logger
-	obs     *observability
-	rdb     redis.UniversalClient
-	llm     llm.Provider      // the provider every call goes through, behind its circuit(s)
-	circuit admission.Circuit // what the api's gate asks before admitting
-	pool    pool.Pool
-	queue   *OpenedQueue
-	tel     *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
-	name    string              // this process in the consumer group
+	cfg   *config.Config
+	log   *slog.Logger
+	obs   *observability
+	rdb   redis.UniversalClient
+	stack *stack.Stack // the provider every call goes through; the api's gate asks its circuit
+	pool  pool.Pool
+	queue *OpenedQueue
+	tel   *telemetry.Provider // tracing; a no-op unless OTEL_* turn it on
+	name  string              // this process in the consumer group
 	// recent is the cluster-wide last minute of ended requests and queue
 	// waits this process adds to (the degradation level's inputs).
 	recent *admission.Recent
 	// degrade are the degradation level's times (Options.DegradeTimes).
 	degrade DegradeTimes
-	// adaptive moves the pool's limit (ADAPTIVE_CONCURRENCY); nil when off
-	// or when each upstream has its own (newBalancer).
-	adaptive *adaptive.Controller
 	// runs are the background loops every process runs for its whole
-	// life and stops after its last job or stream: recent's flush.
+	// life and stops after its last job or stream: recent's flush, the
+	// provider stack's adaptive limits.
 	runs    []func(context.Context)
 	closers []func()
 }
@@ -89,18 +88,18 @@ func newDeps(ctx context.Context, cfg *config.Config, log *slog.Logger, role str
 	// Every request's end, as its client saw it, feeds the cluster-wide
 	// failure rate of the degradation level (docs/OPERATIONS.md,
 	// "Degradation levels"); every call's outcome, when on, the adaptive
-	// limit (newPool builds it).
+	// limit (the provider stack's).
 	if d.recent, err = admission.NewRecent(admission.RecentConfig{Prefix: cfg.QueuePrefix, Window: opts.DegradeTimes.Window},
 		d.rdb, log.With("component", "degrade")); err != nil {
 		return nil, err
 	}
 	d.runs = append(d.runs, d.recent.Run)
-	// The pool before the provider: with several upstreams, their
-	// adaptive limits live in the pool's store.
-	if d.pool, err = d.newPool(role, opts.Provider == nil && usesBalancer(cfg)); err != nil {
+	// The pool before the provider: the adaptive limits live in the
+	// pool's store.
+	if d.pool, err = d.newPool(role); err != nil {
 		return nil, err
 	}
-	if err := d.newProvider(role, opts.Provider); err != nil {
+	if err := d.newStack(role, opts.Provider); err != nil {
 		return nil, err
 	}
 	if role == roleConsumer || cfg.QueueFailoverEnabled {
@@ -147,27 +146,17 @@ func (d *deps) connectRedis(role string) (redis.UniversalClient, error) {
 
 // newPool builds the pool POOL_BACKEND names: a local one, or the Redis
 // pool shared by every api and consumer process, whose fallback state is
-// reported in spillway_pool_fallback. With ADAPTIVE_CONCURRENCY it also
-// builds the controller that moves the pool's limit, kept in the pool's
-// own store: in process for a local pool, in Redis for the shared one
-// (docs/OPERATIONS.md, "Adaptive concurrency"); unless perUpstream, when
-// the Balancer runs one limit per upstream instead (newBalancer) and the
-// pool keeps CONNECTION_POOL_SIZE.
-func (d *deps) newPool(role string, perUpstream bool) (pool.Pool, error) {
+// reported in spillway_pool_fallback. With ADAPTIVE_CONCURRENCY the
+// provider stack moves the pool's limit, kept in the pool's own store: in
+// process for a local pool, in Redis for the shared one
+// (docs/OPERATIONS.md, "Adaptive concurrency"); with several upstreams it
+// runs one limit per upstream instead and the pool keeps
+// CONNECTION_POOL_SIZE.
+func (d *deps) newPool(role string) (pool.Pool, error) {
 	cfg := d.cfg
 	log := d.log.With("component", "pool")
 	if cfg.PoolBackend != config.PoolBackendRedis {
-		p, err := pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
-		if err != nil {
-			return nil, err
-		}
-		if cfg.AdaptiveConcurrency && !perUpstream {
-			if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), adaptive.NewLocalStore(), log, p.SetLimit); err != nil {
-				return nil, err
-			}
-			d.runs = append(d.runs, d.adaptive.Run)
-		}
-		return p, nil
+		return pool.NewLocal(cfg.ConnectionPoolSize, cfg.ConnectionPoolPerUser)
 	}
 	m := d.obs.m
 	pcfg := RedisPoolConfig(cfg, InstanceName(role))
@@ -194,24 +183,7 @@ func (d *deps) newPool(role string, perUpstream bool) (pool.Pool, error) {
 	}
 	// The pool's leases go before the client closes.
 	d.closers = append(d.closers, p.Close)
-	if cfg.AdaptiveConcurrency && !perUpstream {
-		if d.adaptive, err = adaptive.New(AdaptiveConfig(cfg), p, log, nil); err != nil {
-			return nil, err
-		}
-		d.runs = append(d.runs, d.adaptive.Run)
-	}
 	return p, nil
-}
-
-// observeCall takes one provider call's outcome (llm.Observe): the
-// adaptive limit learns from every call. The degradation level does not:
-// it counts requests once, when they end (requestEnded), so a call that
-// failed and was then served by a retry or another upstream is no failure
-// there (docs/OPERATIONS.md, "What does not degrade").
-func (d *deps) observeCall(c llm.Call) {
-	if d.adaptive != nil {
-		d.adaptive.Observe(c)
-	}
 }
 
 // requestEnded takes how a request ended, once, where its last call was
@@ -243,60 +215,45 @@ func (m waitMetrics) QueueWaitedTraced(ctx context.Context, dur time.Duration) {
 	m.recent.ObserveWait(dur)
 }
 
-// newProvider builds the provider every call goes through, direct or from
-// a worker, so an open circuit fails fast on both paths; beneath the
-// circuit, each call that reached the upstream is counted once in
-// spillway_upstream_responses_total, and observed (observeCall). A
-// single provider (injected, the
-// simulator, or one plain upstream) sits behind one breaker. Several
-// upstreams each sit behind their own, inside the Balancer
-// (docs/UPSTREAMS.md, "Health"): one failing replica opens only its
-// circuit and is routed around, and the gate refuses only while every
-// circuit is open.
-func (d *deps) newProvider(role string, injected llm.Provider) error {
-	cfg := d.cfg
-	if injected == nil && usesBalancer(cfg) {
-		b, circuits, err := d.newBalancer(role)
-		if err != nil {
-			return err
-		}
-		// The balancer's answer, after its retries on other upstreams, is
-		// what the pool's adaptive limit and the error rate learn from.
-		d.llm, d.circuit = llm.Observe(b, d.observeCall), circuits
-		return nil
-	}
-	p, label := injected, ""
-	if p == nil {
-		var err error
-		if p, err = newProvider(cfg, d.tel); err != nil {
-			return err
-		}
-		if cfg.LLMProvider == config.ProviderOpenAI && len(cfg.Upstreams) == 1 {
-			label = cfg.Upstreams[0].Name
-		}
-	}
-	if label == "" {
-		label = p.Name()
-	}
-	m := d.obs.m
-	m.UpstreamKnown(label)
-	counted := llm.CountResponses(p, func(code string) { m.UpstreamResponded(label, code) })
-	observed := llm.Observe(counted, d.observeCall)
-	br, err := admission.NewBreaker(BreakerConfig(cfg), observed, m, d.log)
+// newStack builds the provider stack every call goes through, direct or
+// from a worker, so an open circuit fails fast on both paths
+// (stack.New): the provider LLM_PROVIDER names (or injected), each call
+// that reached an upstream counted once in
+// spillway_upstream_responses_total and, with ADAPTIVE_CONCURRENCY,
+// observed by its adaptive limit, beneath its circuit breaker. The
+// degradation level does not learn from calls: it counts requests once,
+// when they end (requestEnded), so a call that failed and was then served
+// by a retry or another upstream is no failure there (docs/OPERATIONS.md,
+// "What does not degrade").
+func (d *deps) newStack(role string, injected llm.Provider) error {
+	sc, err := StackConfig(d.cfg, role, d.name)
 	if err != nil {
 		return err
 	}
-	d.llm, d.circuit = br, br
+	sc.OpenAI.Tracing = d.tel
+	sd := stack.Deps{Provider: injected, Redis: d.rdb, Metrics: d.obs.m, Registry: d.obs.reg, Log: d.log}
+	if store, ok := d.pool.(adaptive.Store); ok {
+		sd.Limits = store // the Redis pool: limits shared by every process
+	}
+	if local, ok := d.pool.(*pool.Local); ok {
+		sd.SetPoolLimit = local.SetLimit
+	}
+	if d.stack, err = stack.New(sc, sd); err != nil {
+		return err
+	}
+	// The stack stops before the pool and the client it uses.
+	d.closers = append(d.closers, d.stack.Close)
+	d.runs = append(d.runs, d.stack.Run)
 	return nil
 }
 
 // provider is the provider behind its circuit(s).
-func (d *deps) provider() llm.Provider { return d.llm }
+func (d *deps) provider() llm.Provider { return d.stack.Provider() }
 
 // workerProvider is the provider as queue workers call it: behind the same
 // circuits, but waiting for an upstream slot where the api's direct path
 // would hand its request to the queue.
-func (d *deps) workerProvider() llm.Provider { return waitingProvider{d.llm} }
+func (d *deps) workerProvider() llm.Provider { return d.stack.ForWorkers() }
 
 // close releases what newDeps built, newest first: the queue, the pool
 // and the clients, then the tracer provider last.

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -12,13 +13,15 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
-	"github.com/spillway-dev/spillway/internal/pool/adaptive"
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
+	"github.com/spillway-dev/spillway/internal/llm/breaker"
+	"github.com/spillway-dev/spillway/internal/llm/stack"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream/models"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
 	"github.com/spillway-dev/spillway/internal/streamlog"
-	"github.com/spillway-dev/spillway/internal/upstream"
-	"github.com/spillway-dev/spillway/internal/upstream/models"
 )
 
 // The mapping from settings to each component's Config, in one place
@@ -57,8 +60,8 @@ func RetryPolicy(cfg *config.Config) llm.RetryPolicy {
 }
 
 // BreakerConfig is the circuit breaker the BREAKER_* settings give.
-func BreakerConfig(cfg *config.Config) admission.BreakerConfig {
-	return admission.BreakerConfig{
+func BreakerConfig(cfg *config.Config) breaker.Config {
+	return breaker.Config{
 		ConsecutiveFailures: uint32(cfg.BreakerFailures), Window: cfg.BreakerWindow,
 		OpenTimeout: cfg.BreakerOpen, HalfOpenMaxRequests: uint32(cfg.BreakerHalfOpenRequests),
 	}
@@ -101,20 +104,20 @@ func RedisPoolConfig(cfg *config.Config, holder string) redispool.Config {
 		IdleHold:  cfg.PoolIdleHold,
 	}
 	if cfg.AdaptiveConcurrency {
-		c.AdaptiveLimit = PoolLimitName
+		c.AdaptiveLimit = stack.PoolLimitName
 	}
 	return c
 }
 
-// PoolLimitName names the pool's adaptive limit: one for the whole
-// provider. A limit per upstream would be named after the upstream.
-const PoolLimitName = "global"
-
 // AdaptiveConfig is the pool's adaptive limit the ADAPTIVE_* settings
-// give, between ADAPTIVE_CONCURRENCY_FLOOR and CONNECTION_POOL_SIZE.
-func AdaptiveConfig(cfg *config.Config) adaptive.Config {
-	return adaptive.Config{
-		Name: PoolLimitName,
+// give, between ADAPTIVE_CONCURRENCY_FLOOR and CONNECTION_POOL_SIZE; nil
+// when ADAPTIVE_CONCURRENCY is off. The stack names it, and derives each
+// upstream's from it.
+func AdaptiveConfig(cfg *config.Config) *adaptive.Config {
+	if !cfg.AdaptiveConcurrency {
+		return nil
+	}
+	return &adaptive.Config{
 		Params: adaptive.Params{
 			Floor: cfg.AdaptiveConcurrencyFloor, Ceiling: cfg.ConnectionPoolSize, Interval: cfg.AdaptiveInterval,
 		},
@@ -122,20 +125,28 @@ func AdaptiveConfig(cfg *config.Config) adaptive.Config {
 	}
 }
 
-// UpstreamLimitPrefix begins the name of an upstream's adaptive limit;
-// the upstream's name follows.
-const UpstreamLimitPrefix = "upstream/"
-
-// UpstreamAdaptiveConfig is the adaptive limit of one of several
-// upstreams, s (whose MaxConcurrency newBalancer has filled in): between
-// ADAPTIVE_CONCURRENCY_FLOOR (at most s's cap) and s's cap, paced and
-// targeted like the pool's.
-func UpstreamAdaptiveConfig(cfg *config.Config, s upstream.Spec) adaptive.Config {
-	ac := AdaptiveConfig(cfg)
-	ac.Name = UpstreamLimitPrefix + s.Name
-	ac.Params.Ceiling = s.MaxConcurrency
-	ac.Params.Floor = min(ac.Params.Floor, s.MaxConcurrency)
-	return ac
+// StackConfig is the provider stack the LLM_*, SIM_*, BREAKER_*,
+// ADAPTIVE_* and upstream settings give; role and holder name this
+// process. With the Redis pool, several upstreams' caps, health and
+// quotas are shared through Redis too (docs/UPSTREAMS.md).
+func StackConfig(cfg *config.Config, role, holder string) (stack.Config, error) {
+	sc := stack.Config{
+		OpenAI: OpenAIConfig(cfg), Balancer: BalancerConfig(cfg), Health: UpstreamHealthConfig(cfg),
+		Breaker: BreakerConfig(cfg), Adaptive: AdaptiveConfig(cfg), Role: role,
+	}
+	switch cfg.LLMProvider {
+	case config.ProviderSim:
+		sim := SimConfig(cfg)
+		sc.Sim = &sim
+	case config.ProviderOpenAI:
+		sc.Upstreams = cfg.Upstreams
+	default:
+		return stack.Config{}, fmt.Errorf("app: unknown LLM_PROVIDER %q", cfg.LLMProvider)
+	}
+	if cfg.PoolBackend == config.PoolBackendRedis {
+		sc.Shared = &upstream.RedisConfig{Prefix: cfg.QueuePrefix + "upstream:", LeaseTTL: cfg.PoolLeaseTTL, Holder: holder}
+	}
+	return sc, nil
 }
 
 // RedisStreamConfig is the Redis Streams queue; member names this process

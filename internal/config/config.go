@@ -4,7 +4,7 @@
 package config
 
 import (
-	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 
 	"log/slog"
 	"strings"

@@ -1,8 +1,8 @@
 package config
 
 import (
-	"github.com/spillway-dev/spillway/internal/upstream"
-	"github.com/spillway-dev/spillway/internal/upstream/models"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream/models"
 
 	"errors"
 	"io/fs"

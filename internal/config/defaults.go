@@ -12,11 +12,12 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/breaker"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream/models"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/stream"
-	"github.com/spillway-dev/spillway/internal/upstream"
-	"github.com/spillway-dev/spillway/internal/upstream/models"
 )
 
 // Defaults returns every setting at its default, before Load fills in the
@@ -96,10 +97,10 @@ func Defaults() Config {
 		PriorityMax:       string(protocol.PriorityNormal),
 		TrustUserIDHeader: true,
 
-		BreakerFailures:         admission.DefaultBreakerFailures,
-		BreakerWindow:           admission.DefaultBreakerWindow,
-		BreakerOpen:             admission.DefaultBreakerOpenTimeout,
-		BreakerHalfOpenRequests: admission.DefaultBreakerHalfOpenRequests,
+		BreakerFailures:         breaker.DefaultFailures,
+		BreakerWindow:           breaker.DefaultWindow,
+		BreakerOpen:             breaker.DefaultOpenTimeout,
+		BreakerHalfOpenRequests: breaker.DefaultHalfOpenRequests,
 
 		LLMProvider:          ProviderSim,
 		ModelsCacheTTL:       models.DefaultTTL,

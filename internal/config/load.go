@@ -15,7 +15,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"gopkg.in/yaml.v3"
 
-	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 )
 
 // Derived defaults: they depend on the Redis mode, so Load fills them in

@@ -1,7 +1,7 @@
 package config
 
 import (
-	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 
 	"errors"
 	"fmt"

@@ -29,11 +29,24 @@ var (
 	ErrTotalTimeout = errors.New("llm: answer exceeded the call timeout")
 	// ErrNoCapacity is wrapped by a provider that cannot take the call
 	// right now and sent nothing: every upstream at its cap, sitting out or
-	// out of quota (internal/upstream). It is retryable (the api hands the
+	// out of quota (internal/llm/upstream). It is retryable (the api hands the
 	// request to the queue, a worker waits) and never the upstream's fault,
 	// so it does not count against the circuit breaker.
 	ErrNoCapacity = errors.New("llm: no upstream capacity now")
+	// ErrCircuitOpen is wrapped by a call a circuit breaker refused
+	// without making it (internal/llm/breaker): the provider's circuit is
+	// open, or half-open with its trial calls taken, or, with several
+	// upstreams, every upstream that could take the call has its circuit
+	// open. It comes inside a retryable *Error whose RetryAfter is the
+	// time left open. IsCircuitOpen recognises it.
+	ErrCircuitOpen = errors.New("llm: provider circuit open")
 )
+
+// IsCircuitOpen reports whether err is a circuit breaker's refusal
+// (ErrCircuitOpen): no call was made, so it is no failure of the
+// provider's, and a retry waits for the circuit rather than spending a
+// retry.
+func IsCircuitOpen(err error) bool { return errors.Is(err, ErrCircuitOpen) }
 
 // Reasons name why a provider call failed, as the reason label of
 // spillway_worker_retries_total{reason}. Reason returns one of them; the

@@ -20,3 +20,24 @@ func TestNoCapacity(t *testing.T) {
 		t.Fatal("CapacityWait does not follow WithCapacityWait")
 	}
 }
+
+// IsCircuitOpen recognises a breaker's refusal through any wrapping, and
+// nothing else: not the provider's own failures, not ErrNoCapacity.
+func TestIsCircuitOpen(t *testing.T) {
+	t.Parallel()
+	refusal := &Error{Retryable: true, Err: fmt.Errorf("breaker: provider p: %w", ErrCircuitOpen)}
+	for _, tt := range []struct {
+		err  error
+		want bool
+	}{
+		{refusal, true},
+		{fmt.Errorf("upstream: %w", refusal), true},
+		{nil, false},
+		{&Error{Retryable: true, Status: 503}, false},
+		{fmt.Errorf("upstream: %w", ErrNoCapacity), false},
+	} {
+		if got := IsCircuitOpen(tt.err); got != tt.want {
+			t.Errorf("IsCircuitOpen(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+	}
+}

@@ -56,13 +56,10 @@ func (c Call) Throttled() bool {
 
 // Counted reports whether the call counts in an error rate: it was not
 // cancelled by its caller, and a provider was asked: not ErrNoCapacity,
-// nor a refusal by an open circuit (an error with CircuitOpen() true,
-// which the several-upstreams balancer returns when every circuit is
-// open).
+// nor a refusal by an open circuit (IsCircuitOpen, which the
+// several-upstreams balancer returns when every circuit is open).
 func (c Call) Counted() bool {
-	var co interface{ CircuitOpen() bool }
-	return !errors.Is(c.Err, context.Canceled) && !errors.Is(c.Err, ErrNoCapacity) &&
-		!(errors.As(c.Err, &co) && co.CircuitOpen())
+	return !errors.Is(c.Err, context.Canceled) && !errors.Is(c.Err, ErrNoCapacity) && !IsCircuitOpen(c.Err)
 }
 
 // Failed reports whether a counted call failed for a reason the provider

@@ -98,7 +98,7 @@ func TestObserveReportsEachCall(t *testing.T) {
 		fmt.Errorf("no upstream: %w", llm.ErrNoCapacity),
 		context.Canceled,
 		&llm.Error{Retryable: true, Err: llm.ErrFirstTokenTimeout},
-		fmt.Errorf("every upstream: %w", circuitOpen{}),
+		&llm.Error{Retryable: true, RetryAfter: time.Second, Err: fmt.Errorf("every upstream: %w", llm.ErrCircuitOpen)},
 	}}
 	calls = nil
 	p = llm.Observe(inner, observe)
@@ -126,12 +126,6 @@ func TestObserveReportsEachCall(t *testing.T) {
 		}
 	}
 }
-
-// circuitOpen is a refusal by an open circuit, as the balancer returns.
-type circuitOpen struct{}
-
-func (circuitOpen) Error() string     { return "circuit open" }
-func (circuitOpen) CircuitOpen() bool { return true }
 
 // reserving is a Reserver whose reservations answer with two chunks.
 type reserving struct{ chunky }

@@ -257,18 +257,10 @@ func (p *directProducer) handed() (source, bool) {
 	return relaySource(r), true
 }
 
-// circuitOpen is an error of a provider behind a circuit breaker that
-// refused the call without making it (admission's Breaker returns one).
-type circuitOpen interface {
-	error
-	CircuitOpen() bool
-}
-
 // retryReason is the reason of the `retrying` event for err: llm.Reason,
 // or circuit_open.
 func retryReason(err error) string {
-	var co circuitOpen
-	if errors.As(err, &co) && co.CircuitOpen() {
+	if llm.IsCircuitOpen(err) {
 		return "circuit_open"
 	}
 	return llm.Reason(err)

@@ -29,17 +29,10 @@ func (c *circuitThenOK) Stream(ctx context.Context, req protocol.ChatRequest, em
 	c.mu.Unlock()
 	if refuse {
 		return llm.Result{}, &llm.Error{Retryable: true, RetryAfter: 3 * time.Second,
-			Err: fmt.Errorf("fake: %w", circuitOpenError{})}
+			Err: fmt.Errorf("fake: %w", llm.ErrCircuitOpen)}
 	}
 	return c.Provider.Stream(ctx, req, emit)
 }
-
-// circuitOpenError is how a breaker says its circuit refused the call
-// (admission's Breaker returns one): it has a CircuitOpen method.
-type circuitOpenError struct{}
-
-func (circuitOpenError) Error() string     { return "fake: provider circuit open" }
-func (circuitOpenError) CircuitOpen() bool { return true }
 
 // While the provider's circuit is open the worker waits for it (as long as
 // the advised delay says) without spending its retries, then answers.

@@ -19,20 +19,6 @@ const retryAfterSeconds = 2
 // spillway_worker_retries_total and the `retrying` event.
 const reasonCircuitOpen = "circuit_open"
 
-// circuitOpen is an error from a provider behind a circuit breaker that
-// refused the call without making it (admission's Breaker returns one).
-// Found by errors.As, so the worker needs no import of the breaker.
-type circuitOpen interface {
-	error
-	CircuitOpen() bool
-}
-
-// isCircuitOpen reports whether err says the provider's circuit is open.
-func isCircuitOpen(err error) bool {
-	var co circuitOpen
-	return errors.As(err, &co) && co.CircuitOpen()
-}
-
 // stream calls the provider and publishes the answer, retrying while
 // nothing reached the client (docs/QUEUE.md, "Retries"; docs/TIMEOUTS.md):
 //
@@ -98,7 +84,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 
 		var wait time.Duration
 		reason := reasonCircuitOpen
-		if isCircuitOpen(err) && errors.As(err, &le) {
+		if llm.IsCircuitOpen(err) && errors.As(err, &le) {
 			// The provider is known to be down: wait for the circuit to
 			// half-open instead of burning retries.
 			wait = max(le.RetryAfter, w.cfg.baseDelay())

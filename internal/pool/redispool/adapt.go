@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/pool/adaptive"
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
 )
 
 // limitKeep is how long an adaptive limit outlives its last report: long

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool"
-	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )

@@ -26,38 +26,22 @@ var (
 	// ErrUnknownModel means no configured upstream serves the requested
 	// model; the request is a client error (400).
 	ErrUnknownModel = errors.New("upstream: no upstream serves the model")
-	// ErrCircuitsOpen means every upstream that could take the call has
+	// errCircuitsOpen means every upstream that could take the call has
 	// its circuit open (or sits out, with at least one circuit open). The
 	// Balancer returns it inside a retryable *llm.Error whose RetryAfter
-	// is the soonest an open circuit turns half-open; its CircuitOpen
-	// method lets the api and the workers treat it as they treat a single
-	// provider's open circuit.
-	ErrCircuitsOpen error = circuitsOpen{}
+	// is the soonest an open circuit turns half-open; it wraps
+	// llm.ErrCircuitOpen, so the api and the workers treat it as they
+	// treat a single provider's open circuit (llm.IsCircuitOpen).
+	errCircuitsOpen = fmt.Errorf("upstream: every upstream that could take the call has its circuit open: %w", llm.ErrCircuitOpen)
 )
 
-type circuitsOpen struct{}
-
-func (circuitsOpen) Error() string {
-	return "upstream: every upstream that could take the call has its circuit open"
-}
-
-// CircuitOpen reports that the call was refused by open circuits.
-func (circuitsOpen) CircuitOpen() bool { return true }
-
 // Circuit is implemented by an upstream's provider that sits behind its
-// own circuit breaker (admission.Breaker): OpenFor says how long the
+// own circuit breaker (breaker.Breaker): OpenFor says how long the
 // circuit still refuses every call, 0 while it takes calls. The Balancer
 // routes around an upstream whose circuit is open. It must read memory
 // only: routing asks it on every call.
 type Circuit interface {
 	OpenFor() time.Duration
-}
-
-// isCircuitOpen reports whether err is a circuit breaker's refusal: an
-// error in its chain has a CircuitOpen method that says so.
-func isCircuitOpen(err error) bool {
-	var co interface{ CircuitOpen() bool }
-	return errors.As(err, &co) && co.CircuitOpen()
 }
 
 // DefaultRetryAfterMax is the default Config.RetryAfterMax
@@ -461,7 +445,7 @@ func (b *Balancer) reserve(ctx context.Context, req *protocol.ChatRequest, a ask
 		eligible &^= 1 << i
 	}
 	if down && openFor > 0 {
-		return nil, &llm.Error{Retryable: true, RetryAfter: openFor, Err: ErrCircuitsOpen}
+		return nil, &llm.Error{Retryable: true, RetryAfter: openFor, Err: errCircuitsOpen}
 	}
 	return nil, ErrNoUpstream
 }
@@ -574,7 +558,7 @@ func (b *Balancer) call(ctx context.Context, r *Reservation, req protocol.ChatRe
 	if ctx.Err() != nil && !first {
 		return res, first, err // the caller left; says nothing of the upstream
 	}
-	if !first && isCircuitOpen(err) {
+	if !first && llm.IsCircuitOpen(err) {
 		// The upstream's own circuit refused the call without making it
 		// (half-open with its trial calls taken, or it opened since the
 		// pick): nothing to count, the next upstream is tried.

@@ -1,16 +1,20 @@
-package admission
+package breaker
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/sony/gobreaker/v2"
 
@@ -49,13 +53,55 @@ func scripted(fail *atomic.Bool) *fakeProvider {
 	}}
 }
 
-func newTestBreaker(tb testing.TB, cfg BreakerConfig, p llm.Provider) (*Breaker, *metrics.Metrics, *logBuffer) {
+// logBuffer collects log output for tests that count log lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// count returns how many logged lines contain s.
+func (b *logBuffer) count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for line := range strings.Lines(b.buf.String()) {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func newLog(tb testing.TB) (*slog.Logger, *logBuffer) {
+	tb.Helper()
+	lb := &logBuffer{}
+	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
+}
+
+func newMetrics(tb testing.TB) *metrics.Metrics {
+	tb.Helper()
+	return metrics.New(prometheus.NewRegistry())
+}
+
+func newTestBreaker(tb testing.TB, cfg Config, p llm.Provider) (*Breaker, *metrics.Metrics, *logBuffer) {
 	tb.Helper()
 	log, lb := newLog(tb)
 	m := newMetrics(tb)
-	b, err := NewBreaker(cfg, p, m, log)
+	b, err := New(cfg, p, m, log)
 	if err != nil {
-		tb.Fatalf("NewBreaker: %v", err)
+		tb.Fatalf("New: %v", err)
 	}
 	return b, m, lb
 }
@@ -70,7 +116,7 @@ func TestBreakerLifecycle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var fail atomic.Bool
 		p := scripted(&fail)
-		b, m, lb := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, MinRequests: 100, OpenTimeout: 10 * time.Second, HalfOpenMaxRequests: 1}, p)
+		b, m, lb := newTestBreaker(t, Config{ConsecutiveFailures: 3, MinRequests: 100, OpenTimeout: 10 * time.Second, HalfOpenMaxRequests: 1}, p)
 		gauge := m.CircuitState.WithLabelValues("fake")
 		var seen []float64
 		observe := func() {
@@ -87,8 +133,8 @@ func TestBreakerLifecycle(t *testing.T) {
 			}
 			observe()
 		}
-		if b.State() != gobreaker.StateClosed || b.Check(protocol.PriorityHigh) != nil {
-			t.Fatalf("after 2 of 3 failures: state %v, Check %v; want closed and accepting", b.State(), b.Check(protocol.PriorityHigh))
+		if b.State() != gobreaker.StateClosed || b.OpenFor() != 0 {
+			t.Fatalf("after 2 of 3 failures: state %v, OpenFor %v; want closed and accepting", b.State(), b.OpenFor())
 		}
 		_ = call(b)
 		observe()
@@ -99,8 +145,8 @@ func TestBreakerLifecycle(t *testing.T) {
 		// Open: fail fast, without calling the provider.
 		calls := p.calls.Load()
 		err := call(b)
-		if !errors.Is(err, ErrCircuitOpen) || !llm.IsRetryable(err) {
-			t.Fatalf("Stream while open: %v; want a retryable error wrapping ErrCircuitOpen", err)
+		if !errors.Is(err, llm.ErrCircuitOpen) || !llm.IsRetryable(err) {
+			t.Fatalf("Stream while open: %v; want a retryable error wrapping llm.ErrCircuitOpen", err)
 		}
 		var le *llm.Error
 		if !errors.As(err, &le) || le.RetryAfter != 10*time.Second {
@@ -109,31 +155,23 @@ func TestBreakerLifecycle(t *testing.T) {
 		if p.calls.Load() != calls {
 			t.Fatal("the provider was called while the circuit was open")
 		}
-		checkOpen := func(wantRetry int) {
+		checkOpen := func(want time.Duration) {
 			t.Helper()
-			pr := b.Check(protocol.PriorityHigh)
-			if pr == nil {
-				t.Fatal("Check accepts while open")
-			}
-			if pr.Status != http.StatusServiceUnavailable || pr.Slug() != protocol.ProblemProviderUnavailable || pr.RetryAfterSeconds != wantRetry {
-				t.Fatalf("Check = %d %q retry %d, want 503 %q retry %d", pr.Status, pr.Slug(), pr.RetryAfterSeconds,
-					protocol.ProblemProviderUnavailable, wantRetry)
+			if got := b.OpenFor(); got != want {
+				t.Fatalf("OpenFor = %v, want %v", got, want)
 			}
 		}
-		checkOpen(10)
+		checkOpen(10 * time.Second)
 		testutil.AdvanceFakeClock(4 * time.Second)
-		checkOpen(6)
+		checkOpen(6 * time.Second)
 		testutil.AdvanceFakeClock(5*time.Second + 500*time.Millisecond)
-		checkOpen(1) // 0.5s left rounds up
-		if got := promtest.ToFloat64(m.QueueRejections.WithLabelValues("circuit_open", "high")); got != 3 {
-			t.Fatalf("circuit_open rejections = %v, want 3", got)
-		}
+		checkOpen(500 * time.Millisecond)
 		observe()
 
 		// Past OpenTimeout: half-open, trial calls allowed.
 		testutil.AdvanceFakeClock(501 * time.Millisecond)
-		if pr := b.Check(protocol.PriorityHigh); pr != nil {
-			t.Fatalf("Check after OpenTimeout = %v, want accept (half-open)", pr)
+		if left := b.OpenFor(); left != 0 {
+			t.Fatalf("OpenFor after OpenTimeout = %v, want 0 (half-open)", left)
 		}
 		if b.State() != gobreaker.StateHalfOpen {
 			t.Fatalf("state after OpenTimeout = %v, want half-open", b.State())
@@ -144,7 +182,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		if err := call(b); err != nil {
 			t.Fatalf("trial call: %v", err)
 		}
-		if b.State() != gobreaker.StateClosed || b.Check(protocol.PriorityHigh) != nil {
+		if b.State() != gobreaker.StateClosed || b.OpenFor() != 0 {
 			t.Fatalf("after a successful trial: state %v, want closed", b.State())
 		}
 		observe()
@@ -162,18 +200,18 @@ func TestBreakerHalfOpenFailureReopens(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var fail atomic.Bool
 		fail.Store(true)
-		b, m, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: 5 * time.Second}, scripted(&fail))
+		b, m, _ := newTestBreaker(t, Config{ConsecutiveFailures: 1, OpenTimeout: 5 * time.Second}, scripted(&fail))
 		_ = call(b)
 		testutil.AdvanceFakeClock(5*time.Second + time.Millisecond)
-		if b.Check(protocol.PriorityHigh) != nil || b.State() != gobreaker.StateHalfOpen {
+		if b.OpenFor() != 0 || b.State() != gobreaker.StateHalfOpen {
 			t.Fatalf("not half-open after OpenTimeout: %v", b.State())
 		}
 		_ = call(b) // the trial fails
 		if b.State() != gobreaker.StateOpen {
 			t.Fatalf("state after a failed trial = %v, want open", b.State())
 		}
-		if pr := b.Check(protocol.PriorityHigh); pr == nil || pr.RetryAfterSeconds != 5 {
-			t.Fatalf("Check after reopening = %v, want a refusal for a fresh 5s", pr)
+		if left := b.OpenFor(); left != 5*time.Second {
+			t.Fatalf("OpenFor after reopening = %v, want a fresh 5s", left)
 		}
 		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("fake")); got != 2 {
 			t.Fatalf("gauge = %v, want 2", got)
@@ -195,15 +233,15 @@ func TestBreakerHalfOpenLimitsTrials(t *testing.T) {
 			<-release
 			return llm.Result{}, nil
 		}}
-		b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 1}, p)
+		b, _, _ := newTestBreaker(t, Config{ConsecutiveFailures: 1, OpenTimeout: time.Second, HalfOpenMaxRequests: 1}, p)
 		_ = call(b)
 		testutil.AdvanceFakeClock(time.Second + time.Millisecond)
 		fail.Store(false)
 		trial := make(chan error, 1)
 		go func() { trial <- call(b) }()
 		synctest.Wait() // the trial is inside the provider
-		if err := call(b); !errors.Is(err, ErrCircuitOpen) {
-			t.Fatalf("second call while the trial runs: %v, want ErrCircuitOpen", err)
+		if err := call(b); !errors.Is(err, llm.ErrCircuitOpen) {
+			t.Fatalf("second call while the trial runs: %v, want llm.ErrCircuitOpen", err)
 		}
 		close(release)
 		if err := <-trial; err != nil {
@@ -275,10 +313,10 @@ func TestBreakerCountsOnlyProviderFailures(t *testing.T) {
 				}
 				return llm.Result{}, errUpstream
 			}}
-			b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 3, MinRequests: 1000}, p)
+			b, _, _ := newTestBreaker(t, Config{ConsecutiveFailures: 3, MinRequests: 1000}, p)
 			for range 10 {
 				err := tt.run(b)
-				if errors.Is(err, ErrCircuitOpen) {
+				if errors.Is(err, llm.ErrCircuitOpen) {
 					break
 				}
 				if err == nil {
@@ -311,7 +349,7 @@ func TestBreakerFailureRatio(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			var fail atomic.Bool
-			b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 10}, scripted(&fail))
+			b, _, _ := newTestBreaker(t, Config{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 10}, scripted(&fail))
 			for _, c := range tt.pattern {
 				fail.Store(c == 'F')
 				_ = call(b)
@@ -328,7 +366,7 @@ func TestBreakerWindowForgets(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		var fail atomic.Bool
-		b, _, _ := newTestBreaker(t, BreakerConfig{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Minute}, scripted(&fail))
+		b, _, _ := newTestBreaker(t, Config{ConsecutiveFailures: 100, FailureRatio: 0.5, MinRequests: 4, Window: time.Minute}, scripted(&fail))
 		for _, c := range "FFS" {
 			fail.Store(c == 'F')
 			_ = call(b)
@@ -342,28 +380,27 @@ func TestBreakerWindowForgets(t *testing.T) {
 	})
 }
 
-func TestBreakerConfig(t *testing.T) {
+func TestConfig(t *testing.T) {
 	t.Parallel()
-	want := BreakerConfig{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20, Window: time.Minute,
+	want := Config{ConsecutiveFailures: 5, FailureRatio: 0.5, MinRequests: 20, Window: time.Minute,
 		OpenTimeout: 30 * time.Second, HalfOpenMaxRequests: 3}
-	if got := (BreakerConfig{}).withDefaults(); got != want {
+	if got := (Config{}).withDefaults(); got != want {
 		t.Fatalf("zero config with defaults = %+v, want %+v", got, want)
 	}
-	for _, c := range []BreakerConfig{{FailureRatio: 1.5}, {FailureRatio: -0.1}, {OpenTimeout: -time.Second}, {Window: -time.Second}} {
+	for _, c := range []Config{{FailureRatio: 1.5}, {FailureRatio: -0.1}, {OpenTimeout: -time.Second}, {Window: -time.Second}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", c)
 		}
 	}
-	if _, err := NewBreaker(BreakerConfig{}, nil, newMetrics(t), testutil.DiscardLogger()); err == nil {
+	if _, err := New(Config{}, nil, newMetrics(t), testutil.DiscardLogger()); err == nil {
 		t.Error("NewBreaker without a provider succeeded")
 	}
 }
 
-// Several upstreams, one breaker each (named after its upstream): the
-// gate's Circuits refuse only while every circuit is open, with the
-// Retry-After of the one that half-opens first, and count the refusal
-// once.
-func TestCircuitsRefuseOnlyWhenAllOpen(t *testing.T) {
+// Several upstreams, one breaker each (named after its upstream):
+// Circuits are open only while every circuit is, for as long as the one
+// that half-opens first has left.
+func TestCircuitsOpenOnlyWhenAllOpen(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		log, _ := newLog(t)
@@ -372,26 +409,25 @@ func TestCircuitsRefuseOnlyWhenAllOpen(t *testing.T) {
 		fail.Store(true)
 		var bs []*Breaker
 		for _, name := range []string{"replica-1:8000", "replica-2:8000"} {
-			b, err := NewBreaker(BreakerConfig{Name: name, ConsecutiveFailures: 1, OpenTimeout: 10 * time.Second}, scripted(&fail), m, log)
+			b, err := New(Config{Name: name, ConsecutiveFailures: 1, OpenTimeout: 10 * time.Second}, scripted(&fail), m, log)
 			if err != nil {
 				t.Fatal(err)
 			}
 			bs = append(bs, b)
 		}
-		if _, err := NewCircuits(m); err == nil {
+		if _, err := NewCircuits(); err == nil {
 			t.Fatal("NewCircuits without breakers: want an error")
 		}
-		c, err := NewCircuits(m, bs...)
+		c, err := NewCircuits(bs...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		refused := m.QueueRejections.WithLabelValues("circuit_open", string(protocol.PriorityNormal))
 		_ = call(bs[0])
 		if bs[0].OpenFor() != 10*time.Second || bs[1].OpenFor() != 0 {
 			t.Fatalf("OpenFor = %v and %v, want 10s and 0", bs[0].OpenFor(), bs[1].OpenFor())
 		}
-		if p := c.Check(protocol.PriorityNormal); p != nil {
-			t.Fatalf("one circuit of two open: refused %+v", p)
+		if left := c.OpenFor(); left != 0 {
+			t.Fatalf("one circuit of two open: Circuits open for %v, want 0", left)
 		}
 		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("replica-1:8000")); got != 2 {
 			t.Fatalf("replica-1's gauge %v, want 2 (open)", got)
@@ -402,19 +438,15 @@ func TestCircuitsRefuseOnlyWhenAllOpen(t *testing.T) {
 		testutil.AdvanceFakeClock(4 * time.Second)
 		_ = call(bs[1])
 		err = call(bs[1])
-		if !errors.Is(err, ErrCircuitOpen) || !strings.Contains(err.Error(), "replica-2:8000") {
-			t.Fatalf("call behind replica-2's open circuit: %v, want ErrCircuitOpen naming it", err)
+		if !llm.IsCircuitOpen(err) || !strings.Contains(err.Error(), "replica-2:8000") {
+			t.Fatalf("call behind replica-2's open circuit: %v, want llm.ErrCircuitOpen naming it", err)
 		}
-		p := c.Check(protocol.PriorityNormal)
-		if p == nil || p.Status != 503 || p.RetryAfterSeconds != 6 {
-			t.Fatalf("every circuit open: %+v, want 503 with Retry-After 6 (replica-1 half-opens first)", p)
-		}
-		if got := promtest.ToFloat64(refused); got != 1 {
-			t.Fatalf("refusals counted %v, want 1", got)
+		if left := c.OpenFor(); left != 6*time.Second {
+			t.Fatalf("every circuit open: Circuits open for %v, want 6s (replica-1 half-opens first)", left)
 		}
 		testutil.AdvanceFakeClock(6*time.Second + time.Millisecond)
-		if p := c.Check(protocol.PriorityNormal); p != nil {
-			t.Fatalf("replica-1 half-open: refused %+v", p)
+		if left := c.OpenFor(); left != 0 {
+			t.Fatalf("replica-1 half-open: Circuits open for %v, want 0", left)
 		}
 	})
 }

@@ -21,8 +21,8 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 	"github.com/spillway-dev/spillway/internal/openaiwire"
-	"github.com/spillway-dev/spillway/internal/upstream"
 )
 
 // DefaultTTL is how long a list is served before the next request asks

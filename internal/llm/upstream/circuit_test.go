@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/spillway-dev/spillway/internal/admission"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/breaker"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -39,11 +39,11 @@ func (s *switchable) Stream(_ context.Context, _ protocol.ChatRequest, emit func
 	return llm.Result{FinishReason: "stop"}, nil
 }
 
-// Each upstream sits behind its own admission.Breaker, as the app wires
+// Each upstream sits behind its own breaker.Breaker, as the app wires
 // it: one failing replica opens only its own circuit and is routed
 // around; the others' stay closed and carry every call. Only when every
 // circuit is open do calls fail fast with a circuit-open error (the
-// worker's path too, instead of waiting), and the gate's Circuits refuse;
+// worker's path too, instead of waiting), and Circuits are open (the gate refuses);
 // when the open time is over a trial call closes a recovered circuit.
 func TestCircuitPerUpstream(t *testing.T) {
 	t.Parallel()
@@ -52,10 +52,10 @@ func TestCircuitPerUpstream(t *testing.T) {
 		specs := []Spec{{Name: "a", Weight: 1}, {Name: "b", Weight: 1}, {Name: "c", Weight: 1}}
 		m := metrics.New(prometheus.NewRegistry())
 		log := slog.New(slog.DiscardHandler)
-		var breakers []*admission.Breaker
+		var breakers []*breaker.Breaker
 		b, err := New(specs, Config{Routing: RoutingWeighted}, Deps{
 			NewProvider: func(s Spec) (llm.Provider, error) {
-				br, err := admission.NewBreaker(admission.BreakerConfig{Name: s.Name, ConsecutiveFailures: 3,
+				br, err := breaker.New(breaker.Config{Name: s.Name, ConsecutiveFailures: 3,
 					MinRequests: 1000, OpenTimeout: 30 * time.Second, HalfOpenMaxRequests: 1}, provs[len(breakers)], m, log)
 				if err != nil {
 					return nil, err
@@ -70,7 +70,7 @@ func TestCircuitPerUpstream(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer b.Close()
-		circuits, err := admission.NewCircuits(m, breakers...)
+		circuits, err := breaker.NewCircuits(breakers...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -90,8 +90,8 @@ func TestCircuitPerUpstream(t *testing.T) {
 				t.Errorf("spillway_circuit_state{provider=%q} = %v, want %v", specs[i].Name, got, want)
 			}
 		}
-		if p := circuits.Check(protocol.PriorityNormal); p != nil {
-			t.Fatalf("gate refused with one circuit of three open: %+v", p)
+		if left := circuits.OpenFor(); left != 0 {
+			t.Fatalf("circuits open for %v with one circuit of three open, want 0", left)
 		}
 
 		provs[0].fail.Store(true)
@@ -102,7 +102,7 @@ func TestCircuitPerUpstream(t *testing.T) {
 		before := provs[0].calls.Load() + provs[1].calls.Load() + provs[2].calls.Load()
 		_, err = collect(ctx, b, chat("x"))
 		var le *llm.Error
-		if !isCircuitOpen(err) || !errors.As(err, &le) || !le.Retryable || le.RetryAfter <= 0 || le.RetryAfter > 30*time.Second {
+		if !llm.IsCircuitOpen(err) || !errors.As(err, &le) || !le.Retryable || le.RetryAfter <= 0 || le.RetryAfter > 30*time.Second {
 			t.Fatalf("every circuit open: %v; want a retryable circuit-open error with a Retry-After", err)
 		}
 		// The worker's path fails fast too: it waits out the circuit with
@@ -111,15 +111,14 @@ func TestCircuitPerUpstream(t *testing.T) {
 		start := time.Now()
 		_, err = collect(wctx, b, chat("x"))
 		cancel()
-		if !isCircuitOpen(err) || time.Since(start) != 0 {
+		if !llm.IsCircuitOpen(err) || time.Since(start) != 0 {
 			t.Fatalf("worker path with every circuit open: %v after %s; want the circuit-open error at once", err, time.Since(start))
 		}
 		if after := provs[0].calls.Load() + provs[1].calls.Load() + provs[2].calls.Load(); after != before {
 			t.Fatalf("%d calls reached upstreams behind open circuits", after-before)
 		}
-		p := circuits.Check(protocol.PriorityNormal)
-		if p == nil || p.Status != http.StatusServiceUnavailable || p.RetryAfterSeconds < 1 || p.RetryAfterSeconds > 30 {
-			t.Fatalf("gate with every circuit open: %+v; want 503 with a Retry-After up to 30s", p)
+		if left := circuits.OpenFor(); left <= 0 || left > 30*time.Second {
+			t.Fatalf("circuits open for %v with every circuit open; want up to 30s", left)
 		}
 
 		// c recovers; after the open time its trial call closes it.
@@ -133,8 +132,8 @@ func TestCircuitPerUpstream(t *testing.T) {
 		if got := promtest.ToFloat64(m.CircuitState.WithLabelValues("c")); got != 0 {
 			t.Fatalf("c's circuit %v after its trial succeeded, want closed", got)
 		}
-		if p := circuits.Check(protocol.PriorityNormal); p != nil {
-			t.Fatalf("gate refused with c's circuit closed: %+v", p)
+		if left := circuits.OpenFor(); left != 0 {
+			t.Fatalf("circuits open for %v with c's circuit closed, want 0", left)
 		}
 	})
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spillway-dev/spillway/internal/upstream"
+	"github.com/spillway-dev/spillway/internal/llm/upstream"
 )
 
 // mockUpstream is a real HTTP upstream whose GET /v1/models answers body

@@ -15,8 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
 	"github.com/spillway-dev/spillway/internal/llm/simserver"
-	"github.com/spillway-dev/spillway/internal/pool/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"

@@ -1,4 +1,4 @@
-package admission
+package breaker
 
 import (
 	"context"
@@ -16,39 +16,20 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// ErrCircuitOpen means the provider's circuit refused the call without
-// trying it: open, or half-open with its trial calls already taken.
-// Breaker.Stream returns it wrapped in a retryable *llm.Error whose
-// RetryAfter is the time the circuit has left open.
-var ErrCircuitOpen = errors.New("admission: provider circuit open")
-
-// circuitOpenError is the refusal Breaker.Stream wraps in an *llm.Error.
-// Its CircuitOpen method lets a caller that does not import admission
-// (the queue worker) recognise it with errors.As.
-type circuitOpenError struct{ provider string }
-
-func (e *circuitOpenError) Error() string {
-	return "admission: provider " + e.provider + ": " + ErrCircuitOpen.Error()
-}
-func (e *circuitOpenError) Unwrap() error { return ErrCircuitOpen }
-
-// CircuitOpen reports that the call was refused by an open circuit.
-func (e *circuitOpenError) CircuitOpen() bool { return true }
-
-// Defaults of zero BreakerConfig fields. The first four are the
-// BREAKER_* settings' defaults (docs/OPERATIONS.md).
+// Defaults of zero Config fields. The first four are the BREAKER_*
+// settings' defaults (docs/OPERATIONS.md).
 const (
-	DefaultBreakerFailures         = 5
-	DefaultBreakerWindow           = time.Minute
-	DefaultBreakerOpenTimeout      = 30 * time.Second
-	DefaultBreakerHalfOpenRequests = 3
-	DefaultBreakerFailureRatio     = 0.5
-	DefaultBreakerMinRequests      = 20
+	DefaultFailures         = 5
+	DefaultWindow           = time.Minute
+	DefaultOpenTimeout      = 30 * time.Second
+	DefaultHalfOpenRequests = 3
+	DefaultFailureRatio     = 0.5
+	DefaultMinRequests      = 20
 )
 
-// BreakerConfig configures a provider's circuit breaker. A zero field
-// takes its default.
-type BreakerConfig struct {
+// Config configures a provider's circuit breaker. A zero field takes its
+// default.
+type Config struct {
 	// Name names the circuit in its log lines and is the provider label
 	// of spillway_circuit_state. Default: the provider's Name(). With
 	// several upstreams each circuit is named after its upstream.
@@ -76,37 +57,37 @@ type BreakerConfig struct {
 }
 
 // withDefaults returns c with every zero field set to its default.
-func (c BreakerConfig) withDefaults() BreakerConfig {
+func (c Config) withDefaults() Config {
 	if c.ConsecutiveFailures == 0 {
-		c.ConsecutiveFailures = DefaultBreakerFailures
+		c.ConsecutiveFailures = DefaultFailures
 	}
 	if c.FailureRatio == 0 {
-		c.FailureRatio = DefaultBreakerFailureRatio
+		c.FailureRatio = DefaultFailureRatio
 	}
 	if c.MinRequests == 0 {
-		c.MinRequests = DefaultBreakerMinRequests
+		c.MinRequests = DefaultMinRequests
 	}
 	if c.Window == 0 {
-		c.Window = DefaultBreakerWindow
+		c.Window = DefaultWindow
 	}
 	if c.OpenTimeout == 0 {
-		c.OpenTimeout = DefaultBreakerOpenTimeout
+		c.OpenTimeout = DefaultOpenTimeout
 	}
 	if c.HalfOpenMaxRequests == 0 {
-		c.HalfOpenMaxRequests = DefaultBreakerHalfOpenRequests
+		c.HalfOpenMaxRequests = DefaultHalfOpenRequests
 	}
 	return c
 }
 
 // Validate reports bad values without changing c; zero fields are valid
 // (they take their defaults).
-func (c BreakerConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if c.FailureRatio < 0 || c.FailureRatio > 1 || c.FailureRatio != c.FailureRatio {
-		errs = append(errs, fmt.Errorf("admission: breaker FailureRatio %v must be in (0, 1]", c.FailureRatio))
+		errs = append(errs, fmt.Errorf("breaker: FailureRatio %v must be in (0, 1]", c.FailureRatio))
 	}
 	if c.Window < 0 || c.OpenTimeout < 0 {
-		errs = append(errs, errors.New("admission: breaker Window and OpenTimeout must not be negative"))
+		errs = append(errs, errors.New("breaker: Window and OpenTimeout must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -118,17 +99,17 @@ func (c BreakerConfig) Validate() error {
 // context ended, whose emit callback failed (the client went away or is
 // too slow), that the provider refused as a client error (400, 404, 413,
 // 415, 422), that was throttled (429), or that timed out after its first
-// chunk is counted neither way. Check lets the api refuse before queueing while the circuit
-// is open. The open → half-open step happens on the first State, Check or
-// Stream after OpenTimeout. Breaker is safe for concurrent use.
+// chunk is counted neither way. OpenFor lets the api's admission gate
+// refuse before queueing while the circuit is open. The open → half-open
+// step happens on the first State, OpenFor or Stream after OpenTimeout.
+// Breaker is safe for concurrent use.
 type Breaker struct {
-	cfg     BreakerConfig
-	p       llm.Provider
-	cb      *gobreaker.CircuitBreaker[llm.Result]
-	gauge   prometheus.Gauge
-	refused [3]prometheus.Counter // by Priority.Rank
-	log     *slog.Logger
-	now     func() time.Time // must agree with gobreaker's clock (time.Now; synctest in tests)
+	cfg   Config
+	p     llm.Provider
+	cb    *gobreaker.CircuitBreaker[llm.Result]
+	gauge prometheus.Gauge
+	log   *slog.Logger
+	now   func() time.Time // must agree with gobreaker's clock (time.Now; synctest in tests)
 
 	state     atomic.Int32 // gobreaker.State, mirrored by OnStateChange
 	openUntil atomic.Int64 // unix nanoseconds when the open circuit turns half-open
@@ -136,24 +117,21 @@ type Breaker struct {
 
 var _ llm.Provider = (*Breaker)(nil)
 
-// NewBreaker wraps p in a circuit named cfg.Name, else after p.Name(),
-// which is also the provider label of spillway_circuit_state.
-func NewBreaker(cfg BreakerConfig, p llm.Provider, m *metrics.Metrics, log *slog.Logger) (*Breaker, error) {
+// New wraps p in a circuit named cfg.Name, else after p.Name(), which is
+// also the provider label of spillway_circuit_state.
+func New(cfg Config, p llm.Provider, m *metrics.Metrics, log *slog.Logger) (*Breaker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
 	if p == nil || m == nil || log == nil {
-		return nil, errors.New("admission: breaker needs a provider, metrics and logger")
+		return nil, errors.New("breaker: needs a provider, metrics and logger")
 	}
 	if cfg.Name == "" {
 		cfg.Name = p.Name()
 	}
 	b := &Breaker{cfg: cfg, p: p, gauge: m.CircuitState.WithLabelValues(cfg.Name),
 		log: log, now: time.Now}
-	for _, prio := range protocol.Priorities {
-		b.refused[prio.Rank()] = m.QueueRejections.WithLabelValues("circuit_open", string(prio))
-	}
 	b.gauge.Set(float64(gobreaker.StateClosed))
 	b.cb = gobreaker.NewCircuitBreaker[llm.Result](gobreaker.Settings{
 		Name:         cfg.Name,
@@ -192,31 +170,14 @@ func (b *Breaker) onStateChange(name string, from, to gobreaker.State) {
 // Name returns the wrapped provider's name.
 func (b *Breaker) Name() string { return b.p.Name() }
 
-// Circuit returns the circuit's name (BreakerConfig.Name).
-func (b *Breaker) Circuit() string { return b.cfg.Name }
-
 // State returns the circuit's state; its int value is what
 // spillway_circuit_state shows (0 closed, 1 half-open, 2 open).
 func (b *Breaker) State() gobreaker.State { return b.cb.State() }
 
-// Check returns nil while the circuit is closed or half-open, else a 503
-// provider-unavailable problem whose Retry-After is the time the circuit
-// has left open. Each refusal counts in
-// spillway_queue_rejections_total{reason="circuit_open",priority}. It reads atomics
-// only, except once the open time is over, when it lets the circuit turn
-// half-open.
-func (b *Breaker) Check(prio protocol.Priority) *protocol.Problem {
-	left := b.OpenFor()
-	if left == 0 {
-		return nil
-	}
-	b.refused[prio.Rank()].Inc()
-	return protocol.ProviderUnavailable(protocol.RetryAfterSeconds(left))
-}
-
 // OpenFor returns how long the circuit still refuses every call: 0 while
 // it is closed or half-open, or once its open time is over (it then turns
-// half-open here). It reads atomics only, except in that last case.
+// half-open here). It reads atomics only, except in that last case, so
+// the admission gate asks it on every request.
 func (b *Breaker) OpenFor() time.Duration {
 	if gobreaker.State(b.state.Load()) != gobreaker.StateOpen {
 		return 0
@@ -240,7 +201,8 @@ func (u *uncounted) Unwrap() error { return u.err }
 
 // Stream calls the provider through the circuit. While the circuit refuses
 // calls it returns at once an *llm.Error (Retryable, RetryAfter = time
-// left open) wrapping ErrCircuitOpen; otherwise what the provider returned.
+// left open) wrapping llm.ErrCircuitOpen (llm.IsCircuitOpen); otherwise
+// what the provider returned.
 func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	res, err := b.cb.Execute(func() (llm.Result, error) {
 		res, err := b.p.Stream(ctx, req, emit)
@@ -259,7 +221,7 @@ func (b *Breaker) Stream(ctx context.Context, req protocol.ChatRequest, emit fun
 			left = time.Second // half-open: the trial call decides soon
 		}
 		return llm.Result{}, &llm.Error{Retryable: true, RetryAfter: left,
-			Err: &circuitOpenError{provider: b.cfg.Name}}
+			Err: fmt.Errorf("breaker: provider %s: %w", b.cfg.Name, llm.ErrCircuitOpen)}
 	}
 	var u *uncounted
 	if errors.As(err, &u) {
