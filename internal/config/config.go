@@ -151,6 +151,11 @@ type Config struct {
 	// MaxBodyBytes bounds the request body. Default 16777216 (16 MiB:
 	// images travel inline).
 	MaxBodyBytes int64 `env:"MAX_BODY_BYTES" envDefault:"16777216"`
+	// BodyBytesInFlight bounds the request-body bytes one api reads or
+	// holds at once, over every request; a new request beyond it is
+	// refused 503 bodies-in-flight. Default 268435456 (256 MiB); at least
+	// MAX_BODY_BYTES.
+	BodyBytesInFlight int64 `env:"BODY_BYTES_IN_FLIGHT" envDefault:"268435456"`
 	// MaxMessages bounds messages per request. Default 1000.
 	MaxMessages int `env:"MAX_MESSAGES" envDefault:"1000"`
 	// MaxTokensLimit bounds max_tokens and max_completion_tokens. Default
