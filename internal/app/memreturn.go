@@ -24,8 +24,12 @@ import (
 //
 // A burst that rose by burstGoroutines and then held steady for one
 // interval (moved by less than a tenth of that) gets the same, once, with
-// one collection: a stream's goroutine needs a 16 KiB stack while it is
-// admitted and handed to the queue, and only 8 KiB once it waits, so by
+// one collection, whenever it settles: minReturnGap does not hold it
+// back, so what 10,000 waiting streams hold once settled does not depend
+// on when the last return happened. A return resets the low, so only a
+// new rise of a burst earns the next: at most one every two intervals
+// under a load that swings by a burst. The reason: a stream's goroutine
+// needs a 16 KiB stack while it is admitted and handed to the queue, and only 8 KiB once it waits, so by
 // the time a collection has shrunk them the 10,000 streams of a burst
 // leave some 80 MB of free pages that the scavenger would keep (its goal
 // follows the heap goal, twice the live heap). Returning them costs one
@@ -86,7 +90,7 @@ func (m *memReturner) check(now time.Time) bool {
 	}
 	ended := m.peak-n >= burstGoroutines
 	settled := n-m.low >= burstGoroutines && prev >= 0 && abs(n-prev) < settledGoroutines
-	if !ended && !settled || now.Sub(m.last) < minReturnGap {
+	if !ended && !settled || !settled && now.Sub(m.last) < minReturnGap {
 		return false
 	}
 	var before runtime.MemStats
