@@ -27,6 +27,9 @@
 # and QUEUE_TIMEOUT longer for it (the api reads and enqueues 1 MiB per
 # stream): 40s and 150 on this 2-core machine.
 #
+# WAIT_API_ENV adds VAR=value settings (space-separated) to the api's, e.g.
+# longer Redis timeouts when the machine is loaded by others.
+#
 # The settled figure (kib_per_stream_settled, from PLATEAU_SETTLE s into
 # the plateau) comes after the api's memory returner gave the settled
 # burst's free pages back (at most two of its 5 s intervals after the
@@ -83,7 +86,7 @@ start_redis
 start_api api DIRECT_PATH_ENABLED=false CONNECTION_POOL_SIZE=1 LLM_PROVIDER=sim \
 	QUEUE_FAILOVER_TIMEOUT_SECONDS="$QUEUE_TIMEOUT" HEARTBEAT_INTERVAL_SECONDS="$HEARTBEAT" \
 	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500 QUEUE_MAX_PER_IDENTITY=$((WAIT_N * 2)) \
-	QUEUE_MAX_BYTES="$QUEUE_MAX_BYTES"
+	QUEUE_MAX_BYTES="$QUEUE_MAX_BYTES" ${WAIT_API_ENV:-}
 API_PPROF=$PPROF_ADDR
 METRICS="http://127.0.0.1:$API_PORT/metrics"
 sleep 2 # let start-up allocation settle
