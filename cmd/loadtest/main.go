@@ -98,6 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.Tokens, "tokens", 48, "the server's SIM_TOKENS, for -verify")
 	fs.BoolVar(&c.Verify, "verify", true, "compare every answer with the simulator's (needs LLM_PROVIDER=sim)")
 	fs.IntVar(&c.MaxTokens, "max-tokens", 0, "max_tokens to send (0: none)")
+	fs.IntVar(&c.ImageBytes, "image-bytes", 0, "send an inline image of this many base64 bytes with every prompt (0: none)")
 	fs.IntVar(&c.UserIDs, "users", 0, "spread requests over this many X-User-ID values (0: none)")
 	fs.DurationVar(&c.Timeout, "timeout", 2*time.Minute, "longest time for one stream")
 	fs.StringVar(&c.Mode, "mode", loadtest.ModeSpillway, "API to load: spillway (/v1/stream) or openai (an OpenAI-compatible /v1/chat/completions, path \"upstream\")")

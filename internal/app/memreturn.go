@@ -24,8 +24,15 @@ import (
 //
 // A burst that rose by burstGoroutines and then held steady for one
 // interval (moved by less than a tenth of that) gets the same, once, with
-// one collection: a stream's goroutine needs a 16 KiB stack while it is
-// admitted and handed to the queue, and only 8 KiB once it waits, so by
+// one collection, whenever it settles: minReturnGap does not hold it
+// back, so what 10,000 waiting streams hold once settled does not depend
+// on when the last return happened. A ramp that stalled for an interval
+// looks settled too; so a settled return keeps the low, and the burst
+// settles again, with another return, once the count moved by a tenth of
+// a burst since and held still again: the end of the ramp is returned
+// too. That is at most one return every two intervals, and none while
+// the count holds still. The reason: a stream's goroutine
+// needs a 16 KiB stack while it is admitted and handed to the queue, and only 8 KiB once it waits, so by
 // the time a collection has shrunk them the 10,000 streams of a burst
 // leave some 80 MB of free pages that the scavenger would keep (its goal
 // follows the heap goal, twice the live heap). Returning them costs one
@@ -36,6 +43,7 @@ type memReturner struct {
 	peak     int // goroutines, since the last return
 	low      int // goroutines, since the last return
 	prev     int // goroutines at the last check; -1 before the first
+	settledN int // goroutines at the last settled return; -1 after any other
 	last     time.Time
 	sample   []metrics.Sample
 }
@@ -55,7 +63,7 @@ const (
 )
 
 func newMemReturner(log *slog.Logger) *memReturner {
-	return &memReturner{log: log, interval: memReturnInterval, low: -1, prev: -1,
+	return &memReturner{log: log, interval: memReturnInterval, low: -1, prev: -1, settledN: -1,
 		sample: []metrics.Sample{{Name: "/sched/goroutines:goroutines"}}}
 }
 
@@ -85,8 +93,9 @@ func (m *memReturner) check(now time.Time) bool {
 		m.low = n
 	}
 	ended := m.peak-n >= burstGoroutines
-	settled := n-m.low >= burstGoroutines && prev >= 0 && abs(n-prev) < settledGoroutines
-	if !ended && !settled || now.Sub(m.last) < minReturnGap {
+	settled := n-m.low >= burstGoroutines && prev >= 0 && abs(n-prev) < settledGoroutines &&
+		(m.settledN < 0 || abs(n-m.settledN) >= settledGoroutines)
+	if !ended && !settled || !settled && now.Sub(m.last) < minReturnGap {
 		return false
 	}
 	var before runtime.MemStats
@@ -106,7 +115,15 @@ func (m *memReturner) check(now time.Time) bool {
 	}
 	m.log.Info(msg, "goroutines_peak", m.peak, "goroutines_low", m.low, "goroutines", n,
 		"heap_retained_before", before.HeapSys-before.HeapReleased, "heap_retained_after", after.HeapSys-after.HeapReleased)
-	m.peak, m.low, m.last = n, n, now
+	if ended {
+		m.peak, m.low, m.settledN = n, n, -1
+	} else {
+		// The low stays: the rest of a ramp that stalled still counts
+		// as the burst's rise (settledN keeps a still count from
+		// returning again).
+		m.peak, m.settledN = n, n
+	}
+	m.last = now
 	return true
 }
 

@@ -72,6 +72,65 @@ func TestMemReturnerAfterSettledBurst(t *testing.T) {
 	}
 }
 
+// A burst that settles soon after the last return still gets its pages
+// returned: minReturnGap bounds the returns after a burst ended, not the
+// one of a burst that settled, so what waiting streams hold once settled
+// does not depend on when the last return was. Not parallel: it counts
+// the process's goroutines.
+func TestMemReturnerSettledBurstNotHeldBackByGap(t *testing.T) {
+	m := newMemReturner(testutil.DiscardLogger())
+	now := time.Now()
+	m.check(now)
+	end := startBurst(2 * burstGoroutines)
+	m.check(now.Add(time.Second))
+	end()
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return runtime.NumGoroutine() < m.peak-burstGoroutines
+	}, "the burst's goroutines did not end")
+	if !m.check(now.Add(2 * time.Second)) {
+		t.Fatal("no return after the first burst ended")
+	}
+	// A second burst rises and settles within minReturnGap of that return.
+	defer startBurst(2 * burstGoroutines)()
+	if m.check(now.Add(3 * time.Second)) {
+		t.Fatal("returned memory while the second burst was still rising")
+	}
+	leaveGarbage()
+	if !m.check(now.Add(4 * time.Second)) {
+		t.Fatalf("the settled second burst was held back by minReturnGap: low %d, now %d goroutines", m.low, runtime.NumGoroutine())
+	}
+	if m.check(now.Add(5 * time.Second)) {
+		t.Error("returned again with no new burst")
+	}
+}
+
+// A ramp that stalled for an interval looks settled and gets a return;
+// the rest of the ramp, less than a burst, gets another once it holds
+// still, and a count that then holds still gets none. Not parallel: it
+// counts the process's goroutines.
+func TestMemReturnerStalledRampReturnedAgainAtItsEnd(t *testing.T) {
+	m := newMemReturner(testutil.DiscardLogger())
+	now := time.Now()
+	m.check(now)
+	defer startBurst(2 * burstGoroutines)()
+	m.check(now.Add(time.Second))
+	if !m.check(now.Add(2 * time.Second)) {
+		t.Fatal("no return when the ramp stalled")
+	}
+	// The ramp goes on by half a burst, then holds still.
+	defer startBurst(burstGoroutines / 2)()
+	if m.check(now.Add(3 * time.Second)) {
+		t.Fatal("returned memory while the ramp was still rising")
+	}
+	leaveGarbage()
+	if !m.check(now.Add(4 * time.Second)) {
+		t.Fatalf("the end of the ramp was not returned: low %d, last settled at %d, now %d goroutines", m.low, m.settledN, runtime.NumGoroutine())
+	}
+	if m.check(now.Add(5*time.Second)) || m.check(now.Add(6*time.Second)) {
+		t.Error("returned again while the count held still")
+	}
+}
+
 // startBurst starts n goroutines that wait; end stops them and returns
 // once every one has.
 func startBurst(n int) (end func()) {

@@ -32,7 +32,14 @@ import (
 // WAITING_HEAP_PROFILE=<file> a heap profile of the plateau is written
 // (run with -memprofilerate=1 for exact figures per allocation site).
 //
+// With WAITING_IMAGE_BYTES=<n> every request carries an inline image of n
+// base64 bytes (a photo, as a chat client sends it): once its job is
+// enqueued the api gives the body back (BODY_BYTES_IN_FLIGHT), so the
+// figures per stream must not grow with n. Redis then holds n bytes per
+// stream.
+//
 //	go test ./internal/app -run '^$' -bench WaitingStreamMemory -benchtime 1x
+//	WAITING_IMAGE_BYTES=1048576 go test ./internal/app -run '^$' -bench WaitingStreamMemory -benchtime 1x
 func BenchmarkWaitingStreamMemory(b *testing.B) {
 	n := 2000
 	if s := os.Getenv("WAITING_N"); s != "" {
@@ -42,9 +49,17 @@ func BenchmarkWaitingStreamMemory(b *testing.B) {
 		}
 		n = v
 	}
-	url := startWaitingAPI(b, n, nil)
+	image := 0
+	if s := os.Getenv("WAITING_IMAGE_BYTES"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 0 || v > 15<<20 {
+			b.Fatalf("WAITING_IMAGE_BYTES=%q: want 0 to 15 MiB", s)
+		}
+		image = v
+	}
+	url := startWaitingAPI(b, n, map[string]string{"QUEUE_MAX_BYTES": strconv.Itoa(max(1<<28, 2*n*(image+4096)))})
 	for b.Loop() {
-		w := openWaiting(b, url, n, "HTTP/1.1", os.Getenv("WAITING_HEAP_PROFILE"))
+		w := openWaitingBody(b, url, n, "HTTP/1.1", os.Getenv("WAITING_HEAP_PROFILE"), waitingBody(image))
 		b.ReportMetric(w.perStream(w.plateau.goroutines), "goroutines/stream")
 		b.ReportMetric(w.perStream(w.plateau.stack), "stack-B/stream")
 		b.ReportMetric(w.perStream(w.pinged.stack), "stack-after-ping-B/stream")
@@ -97,8 +112,23 @@ func (w *waiting) close() {
 // profile there. The samples it keeps are the differences from before.
 func openWaiting(tb testing.TB, url string, n int, proto, heapProfile string) *waiting {
 	tb.Helper()
+	return openWaitingBody(tb, url, n, proto, heapProfile, waitingBody(0))
+}
+
+// waitingBody is a waiting stream's request, with an inline image of
+// image base64 bytes when positive.
+func waitingBody(image int) string {
+	if image <= 0 {
+		return `{"prompt":"wait"}`
+	}
+	return `{"messages":[{"role":"user","content":[{"type":"text","text":"wait"},` +
+		`{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("iVBO", (image+3)/4) + `"}}]}]}`
+}
+
+// openWaitingBody is openWaiting with the request body given.
+func openWaitingBody(tb testing.TB, url string, n int, proto, heapProfile, body string) *waiting {
+	tb.Helper()
 	addr := strings.TrimPrefix(url, "http://")
-	body := `{"prompt":"wait"}`
 	req := []byte("POST /v1/stream " + proto + "\r\nHost: " + addr + "\r\nContent-Type: application/json\r\n" +
 		"Origin: https://chat.example.com\r\nX-User-ID: waiting\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 	w := &waiting{n: n, before: memNow(true)}

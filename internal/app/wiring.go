@@ -221,6 +221,7 @@ func queueTraceName(cfg *config.Config) (system, name string) {
 func StreamConfig(cfg *config.Config) stream.Config {
 	return stream.Config{
 		MaxBodyBytes:      cfg.MaxBodyBytes,
+		BodyBytesInFlight: cfg.BodyBytesInFlight,
 		Limits:            protocol.Limits{MaxMessages: cfg.MaxMessages, MaxTokens: cfg.MaxTokensLimit, MaxChoices: cfg.MaxChoices},
 		Heartbeat:         cfg.HeartbeatInterval,
 		DirectPathEnabled: cfg.DirectPathEnabled,

@@ -153,6 +153,10 @@ type Config struct {
 	// MaxBodyBytes bounds the request body; its default is 16 MiB because
 	// images travel inline.
 	MaxBodyBytes int64 `env:"MAX_BODY_BYTES"`
+	// BodyBytesInFlight bounds the request-body bytes one api reads or
+	// holds at once, over every request; a new request beyond it is
+	// refused 503 bodies-in-flight. At least MAX_BODY_BYTES.
+	BodyBytesInFlight int64 `env:"BODY_BYTES_IN_FLIGHT"`
 	// MaxMessages bounds messages per request.
 	MaxMessages int `env:"MAX_MESSAGES"`
 	// MaxTokensLimit bounds max_tokens and max_completion_tokens; its

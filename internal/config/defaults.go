@@ -81,6 +81,7 @@ func Defaults() Config {
 
 		HeartbeatInterval: 15 * time.Second,
 		MaxBodyBytes:      16 << 20,
+		BodyBytesInFlight: stream.DefaultBodyBytesInFlight,
 		MaxMessages:       1000,
 		MaxTokensLimit:    1 << 20,
 		MaxChoices:        8,

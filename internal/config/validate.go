@@ -47,6 +47,7 @@ const (
 // Lower bounds that are not simply "at least 1".
 const (
 	minMaxBodyBytes        = 1024
+	maxBodyBytesInFlight   = 64 << 30
 	minDepthCacheTTLMS     = 10
 	minPoolLeaseTTLSeconds = 2
 	// minAdaptiveIntervalMS keeps the adaptive limit's Redis traffic (one
@@ -191,6 +192,13 @@ func (c *Config) Validate() error {
 	// A queued job carries the body whole.
 	if c.MaxBodyBytes > protocol.MaxJobBytes-(1<<20) {
 		v.fail("MAX_BODY_BYTES", "(%d) must be at most %d: a queued job carries the body whole", c.MaxBodyBytes, protocol.MaxJobBytes-(1<<20))
+	}
+	// One body must fit, or every request of MAX_BODY_BYTES is refused;
+	// above maxBodyBytesInFlight the bound is no bound but a typo.
+	if c.BodyBytesInFlight < c.MaxBodyBytes {
+		v.fail("BODY_BYTES_IN_FLIGHT", "(%d) must be at least MAX_BODY_BYTES (%d): one body must fit", c.BodyBytesInFlight, c.MaxBodyBytes)
+	} else if c.BodyBytesInFlight > maxBodyBytesInFlight {
+		v.fail("BODY_BYTES_IN_FLIGHT", "(%d) must be at most %d (64 GiB)", c.BodyBytesInFlight, int64(maxBodyBytesInFlight))
 	}
 	v.durationAtLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGrace, 0)
 	v.durationAtLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindow, 0)

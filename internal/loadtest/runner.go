@@ -64,6 +64,14 @@ type Config struct {
 	Verify bool
 	// MaxTokens is sent as max_tokens when positive (default 0: not sent).
 	MaxTokens int
+	// ImageBytes, when positive, makes each request's user message an
+	// array of content parts: the prompt's text, then an image_url part
+	// whose data URL carries ImageBytes bytes of base64 (rounded up to a
+	// multiple of 4), as a chat client sends a photo inline. The answer
+	// (and Verify) depends on the text only. Every request shares one
+	// copy of the image, so the tool's memory does not grow with it
+	// (default 0: a plain string prompt; at most MaxImageBytes).
+	ImageBytes int
 	// UserIDs spreads requests over this many X-User-ID identities,
 	// "loadtest-user-0" and on; 0 sends no X-User-ID (default 0).
 	UserIDs int
@@ -139,6 +147,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("loadtest: max tokens %d is negative", c.MaxTokens)
 	case c.UserIDs < 0:
 		return fmt.Errorf("loadtest: user ids %d is negative", c.UserIDs)
+	case c.ImageBytes < 0 || c.ImageBytes > MaxImageBytes:
+		return fmt.Errorf("loadtest: image bytes %d: want 0 to %d", c.ImageBytes, MaxImageBytes)
 	case c.Timeout <= 0:
 		return fmt.Errorf("loadtest: timeout %v: need a positive per-stream bound", c.Timeout)
 	case c.Mode != "" && c.Mode != ModeSpillway && c.Mode != ModeOpenAI:
@@ -273,6 +283,7 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot)) (*Result, err
 		client: &http.Client{Transport: tr, CheckRedirect: noRedirect},
 		start:  time.Now(),
 		agg:    newAggregate(),
+		image:  imageData(cfg.ImageBytes),
 	}
 	dispatch, cancel := ctx, context.CancelFunc(func() {})
 	if cfg.Duration > 0 {
@@ -350,6 +361,7 @@ type runner struct {
 	next    atomic.Int64
 	answers sync.Map // prompt index → []string
 	agg     *aggregate
+	image   []byte // ImageBytes of base64, shared by every request; nil without
 }
 
 // worker is one client: it sends requests one after the other until the
@@ -444,6 +456,10 @@ func (r *runner) one(ctx context.Context, idx int) outcome {
 	if err != nil { // a struct of strings and ints cannot fail
 		return r.lost(o, ReasonTransport, "encode request: %v", err)
 	}
+	rd, size, err := r.withImage(body)
+	if err != nil {
+		return r.lost(o, ReasonTransport, "encode request: %v", err)
+	}
 	var check StreamCheck
 	if r.cfg.openAI() {
 		check.Format = FormatOpenAI
@@ -458,10 +474,11 @@ func (r *runner) one(ctx context.Context, idx int) outcome {
 
 	sctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(sctx, http.MethodPost, r.cfg.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(sctx, http.MethodPost, r.cfg.URL, rd)
 	if err != nil {
 		return r.lost(o, ReasonTransport, "build request: %v", err)
 	}
+	req.ContentLength = size
 	for k, v := range r.cfg.Headers {
 		req.Header.Set(k, v)
 	}
@@ -527,22 +544,94 @@ func (r *runner) one(ctx context.Context, idx int) outcome {
 
 // openAIRequest is the body of a ModeOpenAI request.
 type openAIRequest struct {
-	Model     string             `json:"model"`
-	Messages  []protocol.Message `json:"messages"`
-	MaxTokens int                `json:"max_tokens,omitempty"`
-	Stream    bool               `json:"stream"`
+	Model     string `json:"model"`
+	Messages  any    `json:"messages"` // []protocol.Message or []partsMessage
+	MaxTokens int    `json:"max_tokens,omitempty"`
+	Stream    bool   `json:"stream"`
 }
 
-// body encodes the request for msgs in the run's mode.
+// body encodes the request for msgs in the run's mode; with an image, its
+// data URL is left empty for withImage to fill.
 func (r *runner) body(msgs []protocol.Message) ([]byte, error) {
+	var out any = msgs
+	if r.image != nil {
+		pm := make([]partsMessage, len(msgs))
+		for i, m := range msgs {
+			pm[i] = partsMessage{Role: m.Role, Content: []contentPart{{Type: "text", Text: m.Content},
+				{Type: "image_url", ImageURL: &imageURL{URL: imagePrefix}}}}
+		}
+		out = pm
+	}
 	if r.cfg.openAI() {
 		model := r.cfg.Model
 		if model == "" {
 			model = DefaultModel
 		}
-		return json.Marshal(openAIRequest{Model: model, Messages: msgs, MaxTokens: r.cfg.MaxTokens, Stream: true})
+		return json.Marshal(openAIRequest{Model: model, Messages: out, MaxTokens: r.cfg.MaxTokens, Stream: true})
 	}
-	return json.Marshal(protocol.ChatRequest{Messages: msgs, MaxTokens: r.cfg.MaxTokens})
+	return json.Marshal(spillwayRequest{Messages: out, MaxTokens: r.cfg.MaxTokens})
+}
+
+// MaxImageBytes bounds Config.ImageBytes: a body must stay within the
+// api's MAX_BODY_BYTES, at most 63 MiB.
+const MaxImageBytes = 63 << 20
+
+// imagePrefix starts the data URL of the image part.
+const imagePrefix = "data:image/png;base64,"
+
+type partsMessage struct {
+	Role    string        `json:"role"`
+	Content []contentPart `json:"content"`
+}
+
+type contentPart struct {
+	Type     string    `json:"type"`
+	Text     string    `json:"text,omitempty"`
+	ImageURL *imageURL `json:"image_url,omitempty"`
+}
+
+type imageURL struct {
+	URL string `json:"url"`
+}
+
+type spillwayRequest struct {
+	Messages  any `json:"messages"`
+	MaxTokens int `json:"max_tokens,omitempty"`
+}
+
+// imageData is n bytes of base64 (n rounded up to a multiple of 4); nil
+// for n = 0.
+func imageData(n int) []byte {
+	if n <= 0 {
+		return nil
+	}
+	return bytes.Repeat([]byte("iVBO"), (n+3)/4)
+}
+
+// withImage returns body with the run's image spliced into every image
+// part's data URL, as a reader over the shared image, and its length.
+func (r *runner) withImage(body []byte) (io.Reader, int64, error) {
+	if r.image == nil {
+		return bytes.NewReader(body), int64(len(body)), nil
+	}
+	mark := []byte(imagePrefix + `"`)
+	var parts []io.Reader
+	size := int64(0)
+	for {
+		i := bytes.Index(body, mark)
+		if i < 0 {
+			break
+		}
+		cut := i + len(imagePrefix)
+		parts = append(parts, bytes.NewReader(body[:cut]), bytes.NewReader(r.image))
+		size += int64(cut + len(r.image))
+		body = body[cut:]
+	}
+	if parts == nil {
+		return nil, 0, errors.New("no image part in the request")
+	}
+	parts = append(parts, bytes.NewReader(body))
+	return io.MultiReader(parts...), size + int64(len(body)), nil
 }
 
 // disconnectPoint picks after how many chunks request idx hangs up: early

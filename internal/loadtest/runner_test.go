@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -581,6 +582,9 @@ func TestConfigValidate(t *testing.T) {
 		{"bad header name", func(c *Config) { c.Headers = map[string]string{"X Bad": "1"} }, false},
 		{"header injection", func(c *Config) { c.Headers = map[string]string{"X-A": "1\r\nX-B: 2"} }, false},
 		{"negative users", func(c *Config) { c.UserIDs = -1 }, false},
+		{"negative image", func(c *Config) { c.ImageBytes = -1 }, false},
+		{"image over a body", func(c *Config) { c.ImageBytes = MaxImageBytes + 1 }, false},
+		{"image of 1 MiB", func(c *Config) { c.ImageBytes = 1 << 20 }, true},
 		{"openai mode", func(c *Config) { c.Mode = ModeOpenAI }, true},
 		{"spillway mode", func(c *Config) { c.Mode = ModeSpillway }, true},
 		{"unknown mode", func(c *Config) { c.Mode = "anthropic" }, false},
@@ -599,4 +603,67 @@ func TestConfigValidate(t *testing.T) {
 func nan() float64 {
 	zero := 0.0
 	return zero / zero
+}
+
+// -image-bytes: every request carries the prompt's text and an inline
+// image of the asked size (rounded up to whole base64 quads), with an
+// exact Content-Length; the answer still verifies against the text.
+func TestRunImageBodies(t *testing.T) {
+	t.Parallel()
+	const imageBytes = 100_003
+	var mu sync.Mutex
+	var bad []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			return
+		}
+		var req struct {
+			Messages []struct {
+				Content []struct {
+					Type     string `json:"type"`
+					Text     string `json:"text"`
+					ImageURL struct {
+						URL string `json:"url"`
+					} `json:"image_url"`
+				} `json:"content"`
+			} `json:"messages"`
+		}
+		err = json.Unmarshal(body, &req)
+		mu.Lock()
+		switch {
+		case err != nil:
+			bad = append(bad, "body: "+err.Error())
+		case r.ContentLength != int64(len(body)):
+			bad = append(bad, fmt.Sprintf("Content-Length %d, body %d bytes", r.ContentLength, len(body)))
+		case len(req.Messages) != 1 || len(req.Messages[0].Content) != 2 || req.Messages[0].Content[1].Type != "image_url":
+			bad = append(bad, "want one message of a text part and an image part: "+string(body[:min(len(body), 200)]))
+		case len(req.Messages[0].Content[1].ImageURL.URL) != len(imagePrefix)+imageBytes+1:
+			bad = append(bad, fmt.Sprintf("image URL of %d bytes", len(req.Messages[0].Content[1].ImageURL.URL)))
+		}
+		mu.Unlock()
+		pr, err := protocol.DecodeChatRequest(body, protocol.DefaultLimits)
+		if err != nil {
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
+		want := llm.SimChunks(pr.Messages, testSeed, testTokens)
+		send := sse(w, "queued")
+		send(chunks(1, want...) + doneFrame(len(want)+1, "queued"))
+	}))
+	t.Cleanup(srv.Close)
+	cfg := testConfig(srv.URL)
+	cfg.ImageBytes = imageBytes
+	res, err := Run(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Done != cfg.Requests || res.Lost != 0 {
+		t.Errorf("done %d of %d, lost %d %v", res.Done, cfg.Requests, res.Lost, res.LostSamples)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Errorf("%d bad requests, first: %s", len(bad), bad[0])
+	}
 }

@@ -37,6 +37,7 @@ const (
 	ProblemRequestTimeout      = "request-timeout"
 	ProblemHeadersTooLarge     = "headers-too-large"
 	ProblemTooManyConnections  = "too-many-connections"
+	ProblemBodiesInFlight      = "bodies-in-flight"
 )
 
 // Problem is an RFC 9457 problem document. It is what a refused request

@@ -70,6 +70,7 @@ var Problems = catalogue(
 	pt(ProblemRequestTimeout, "Request Timeout", http.StatusRequestTimeout),
 	pt(ProblemHeadersTooLarge, "Request Header Fields Too Large", http.StatusRequestHeaderFieldsTooLarge),
 	pt(ProblemTooManyConnections, "Too Many Connections", http.StatusServiceUnavailable),
+	pt(ProblemBodiesInFlight, "Request Bodies Over Capacity", http.StatusServiceUnavailable),
 )
 
 // problem returns an occurrence of the catalogued type slug advising a
@@ -264,6 +265,12 @@ func HeadersTooLarge(limit int) *Problem {
 // TooManyConnections refuses a connection over MAX_CONNECTIONS.
 func TooManyConnections(retryAfterSeconds int) *Problem {
 	return problem(ProblemTooManyConnections, "The server has too many open connections; retry shortly.", retryAfterSeconds)
+}
+
+// BodiesInFlight refuses a request whose body would take the bytes the
+// api reads or holds at once over BODY_BYTES_IN_FLIGHT.
+func BodiesInFlight(retryAfterSeconds int) *Problem {
+	return problem(ProblemBodiesInFlight, "The server holds too many request bodies at once; retry shortly.", retryAfterSeconds)
 }
 
 // ModelNotAllowed refuses a model outside LLM_MODELS.

@@ -26,6 +26,10 @@ const (
 	// DefaultBodyReadTimeout bounds reading the request body
 	// (BODY_READ_TIMEOUT_SECONDS).
 	DefaultBodyReadTimeout = 10 * time.Second
+	// DefaultBodyBytesInFlight is the request-body bytes one api reads or
+	// holds at once over every request (BODY_BYTES_IN_FLIGHT); the zero
+	// Config field means no bound.
+	DefaultBodyBytesInFlight = 256 << 20
 	// DefaultFrameBuffer is how many frames a producer may be ahead of
 	// the client; with the gateway's buffer (gateway.DefaultBuffer) and
 	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
@@ -38,6 +42,10 @@ const (
 type Config struct {
 	// MaxBodyBytes bounds the request body (MAX_BODY_BYTES).
 	MaxBodyBytes int64
+	// BodyBytesInFlight bounds the request-body bytes the handler reads
+	// or holds at once, over every request (BODY_BYTES_IN_FLIGHT); zero
+	// means no bound. When set, at least MaxBodyBytes.
+	BodyBytesInFlight int64
 	// Limits bound messages and max_tokens (MAX_MESSAGES, MAX_TOKENS_LIMIT).
 	Limits protocol.Limits
 	// Heartbeat is the `: ping` period while nothing else was sent
@@ -125,6 +133,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.MaxBodyBytes < 1 {
 		errs = append(errs, errors.New("stream: MaxBodyBytes must be positive"))
+	}
+	if c.BodyBytesInFlight < 0 || (c.BodyBytesInFlight > 0 && c.BodyBytesInFlight < c.MaxBodyBytes) {
+		errs = append(errs, errors.New("stream: BodyBytesInFlight must be zero (no bound) or at least MaxBodyBytes"))
 	}
 	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
 		errs = append(errs, errors.New("stream: limits must be positive"))

@@ -102,6 +102,7 @@ type Handler struct {
 	tel       *telemetry.Provider
 	hold      func() func()
 	ended     func(err error)
+	bodies    *bodyBudget // nil: no BODY_BYTES_IN_FLIGHT
 
 	liveMu sync.Mutex
 	// live holds the streams of this process by request id, each with a
@@ -152,7 +153,7 @@ func New(cfg Config, deps Deps) (*Handler, error) {
 	return &Handler{cfg: cfg, pool: deps.Pool, provider: deps.Provider, spill: deps.Spiller, gate: deps.Gate,
 		m: deps.Metrics, log: deps.Log, ids: ids, models: models, served: served, tel: deps.Tracing, draining: make(chan struct{}),
 		logw: deps.LogWriter, logr: deps.LogReader, canceller: deps.Canceller, hold: deps.Hold, ended: deps.Ended,
-		progress: newProgress(deps.Positions)}, nil
+		progress: newProgress(deps.Positions), bodies: newBodyBudget(cfg.BodyBytesInFlight)}, nil
 }
 
 // Drain makes every open stream end now with an `error` event of type
@@ -216,6 +217,7 @@ type exchange struct {
 	open      opener            // set once the request was read
 	prio      protocol.Priority // effective priority, after the caller's maximum
 	session   string            // X-Session-ID: the affinity key of several upstreams
+	bodyHeld  int64             // bytes of the body's taken from the budget (releaseBody)
 }
 
 // ServeHTTP parses the request, finds the caller's identity and streams
@@ -239,7 +241,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 	h.wg.Add(1)
 	defer h.wg.Done()
 	x := h.admitted(w, r, d)
-	if x == nil || h.tryDirect(x) {
+	if x == nil {
+		return
+	}
+	// Each path gives the body back as soon as it is done with it; this
+	// is for a panic on the way.
+	defer h.releaseBody(x)
+	if h.tryDirect(x) {
 		return
 	}
 	if s := h.queued(x); s != nil {
@@ -287,8 +295,13 @@ func (h *Handler) park(s *session) {
 // request was refused (and answered).
 //
 //go:noinline
-func (h *Handler) admitted(w http.ResponseWriter, r *http.Request, d dialect) *exchange {
+func (h *Handler) admitted(w http.ResponseWriter, r *http.Request, d dialect) (admitted *exchange) {
 	x := &exchange{w: w, r: r, d: d, requestID: uuid.NewString(), start: time.Now()}
+	defer func() {
+		if admitted == nil {
+			h.releaseBody(x)
+		}
+	}()
 	setRequestID(w.Header(), x.requestID)
 	// The server span (otelgin) names the request.
 	telemetry.SetRequest(trace.SpanFromContext(r.Context()), x.requestID, "")
@@ -336,6 +349,7 @@ func (h *Handler) tryDirect(x *exchange) bool {
 			if ok {
 				telemetry.SetPath(span, protocol.PathDirect)
 				h.direct(x, lease, res)
+				h.releaseBody(x)
 				return true
 			}
 			lease.Release()

@@ -15,7 +15,7 @@ import (
 // body, the caller's identity and how the answer is written; or it returns
 // the problem to refuse it with.
 func (h *Handler) parseRequest(x *exchange) *protocol.Problem {
-	w, r := x.w, x.r
+	r := x.r
 	id, prob := h.identity(r)
 	if prob != nil {
 		return prob
@@ -27,7 +27,7 @@ func (h *Handler) parseRequest(x *exchange) *protocol.Problem {
 	if r.ContentLength > h.cfg.MaxBodyBytes {
 		return protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
 	}
-	body, prob := h.readBody(w, r)
+	body, prob := h.readBody(x)
 	if prob != nil {
 		return prob
 	}
@@ -46,14 +46,36 @@ func (h *Handler) parseRequest(x *exchange) *protocol.Problem {
 	return nil
 }
 
-// readBody reads the body under MAX_BODY_BYTES and the body read deadline
-// (BODY_READ_TIMEOUT_SECONDS): a client that sends headers and part of a
-// body must not hold a goroutine, and shutdown, for ever.
-func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *protocol.Problem) {
+// readBody reads the body under MAX_BODY_BYTES, BODY_BYTES_IN_FLIGHT and
+// the body read deadline (BODY_READ_TIMEOUT_SECONDS): a client that sends
+// headers and part of a body must not hold a goroutine, and shutdown, for
+// ever. The bytes it took from the budget are x.bodyHeld, given back by
+// releaseBody, even when the read failed.
+func (h *Handler) readBody(x *exchange) ([]byte, *protocol.Problem) {
+	w, r := x.w, x.r
+	// A body of announced length takes its bytes before it is read, so a
+	// refusal costs no read; one of unknown length (chunked) takes them as
+	// they come.
+	if r.ContentLength > 0 {
+		if !h.bodies.take(r.ContentLength) {
+			return nil, protocol.BodiesInFlight(bodiesRetryAfter)
+		}
+		x.bodyHeld = r.ContentLength
+	}
 	rc := http.NewResponseController(w)
 	// A writer without deadlines (a test recorder) reads without one.
 	deadlineSet := rc.SetReadDeadline(time.Now().Add(h.cfg.BodyReadTimeout)) == nil
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	src := io.Reader(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	var body []byte
+	var err error
+	if r.ContentLength >= 0 {
+		// Exactly the announced length: io.ReadAll's doubling would hold
+		// up to twice the bytes the budget counts.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(src, body)
+	} else {
+		body, err = io.ReadAll(&budgetReader{r: src, b: h.bodies, held: &x.bodyHeld})
+	}
 	if err != nil {
 		// The deadline stays: the server must not wait for the rest of a
 		// body that did not come, and the connection closes after the
@@ -65,6 +87,8 @@ func (h *Handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *pro
 			return nil, protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return nil, protocol.RequestTimeout()
+		case errors.Is(err, errBodyBudget):
+			return nil, protocol.BodiesInFlight(bodiesRetryAfter)
 		}
 		return nil, protocol.BadRequest("The request body could not be read.")
 	}

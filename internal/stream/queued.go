@@ -24,6 +24,9 @@ func (h *Handler) queued(x *exchange) *session {
 		RequestID: x.requestID, UserID: x.user, ThreadID: x.req.ThreadID, SessionID: x.session,
 		Payload: x.req, Priority: x.prio,
 	})
+	// Enqueued or refused, the body is the queue's now: what the stream
+	// keeps while it waits must not include it.
+	h.releaseBody(x)
 	if err != nil {
 		var p *protocol.Problem
 		if !errors.As(err, &p) {

@@ -17,6 +17,25 @@
 # /metrics every AFTER_SCRAPE_EVERY (10): is the memory given back to the
 # system?
 #
+# WAIT_IMAGE_BYTES (default 0), when set, sends every stream's prompt
+# with an inline image of that many base64 bytes (loadtest -image-bytes),
+# as a chat client sends a photo: what the api keeps per waiting stream
+# once the job is enqueued must not include the body (BODY_BYTES_IN_FLIGHT,
+# docs/OPERATIONS.md). QUEUE_MAX_BYTES is raised to hold every job;
+# Redis then holds WAIT_N × WAIT_IMAGE_BYTES (10 GB for 10,000 × 1 MiB),
+# so the run stops first unless MemAvailable is 1.5× that. Set WAIT_RAMP
+# and QUEUE_TIMEOUT longer for it (the api reads and enqueues 1 MiB per
+# stream): 40s and 150 on this 2-core machine.
+#
+# WAIT_API_ENV adds VAR=value settings (space-separated) to the api's, e.g.
+# longer Redis timeouts when the machine is loaded by others.
+#
+# The settled figure (kib_per_stream_settled, from PLATEAU_SETTLE s into
+# the plateau) comes after the api's memory returner gave the settled
+# burst's free pages back (at most two of its 5 s intervals after the
+# count stopped rising, internal/app/memreturn.go); samples.tsv's
+# heap_released_bytes shows when it did.
+#
 # Needs WAIT_N + a margin of open files in both the api and the load tool:
 # it raises the soft limit to 65536 or to the hard limit, whichever is
 # lower, and stops if that is not enough.
@@ -45,6 +64,16 @@ HEARTBEAT=${HEARTBEAT:-2}
 PLATEAU_SAMPLES=${PLATEAU_SAMPLES:-10}
 PLATEAU_SETTLE=${PLATEAU_SETTLE:-20}
 AFTER_SECONDS=${AFTER_SECONDS:-60}
+WAIT_IMAGE_BYTES=${WAIT_IMAGE_BYTES:-0}
+QUEUE_MAX_BYTES=268435456
+IMAGE_ARGS=()
+if ((WAIT_IMAGE_BYTES > 0)); then
+	need_kib=$((WAIT_N * (WAIT_IMAGE_BYTES + 4096) / 1024 * 3 / 2))
+	avail_kib=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+	((avail_kib >= need_kib)) || die "waiting: Redis would hold $((WAIT_N * WAIT_IMAGE_BYTES >> 20)) MiB of jobs; MemAvailable ${avail_kib} KiB is below 1.5x that"
+	QUEUE_MAX_BYTES=$((WAIT_N * (WAIT_IMAGE_BYTES + 65536) * 2))
+	IMAGE_ARGS=(-image-bytes "$WAIT_IMAGE_BYTES")
+fi
 
 ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 NOFILE=$(ulimit -n)
@@ -56,7 +85,8 @@ mkdir -p "$dir"
 start_redis
 start_api api DIRECT_PATH_ENABLED=false CONNECTION_POOL_SIZE=1 LLM_PROVIDER=sim \
 	QUEUE_FAILOVER_TIMEOUT_SECONDS="$QUEUE_TIMEOUT" HEARTBEAT_INTERVAL_SECONDS="$HEARTBEAT" \
-	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500 QUEUE_MAX_PER_IDENTITY=$((WAIT_N * 2))
+	QUEUE_OVERFLOW_THRESHOLD=$((WAIT_N * 2)) QUEUE_OVERFLOW_HYSTERESIS=500 QUEUE_MAX_PER_IDENTITY=$((WAIT_N * 2)) \
+	QUEUE_MAX_BYTES="$QUEUE_MAX_BYTES" ${WAIT_API_ENV:-}
 API_PPROF=$PPROF_ADDR
 METRICS="http://127.0.0.1:$API_PORT/metrics"
 sleep 2 # let start-up allocation settle
@@ -70,12 +100,12 @@ IDLE_GOR=$(awk '$1 == "go_goroutines" {print $2 + 0}' "$dir/api.idle.metrics.txt
 if [[ -n $API_PPROF ]]; then curl -fsS -m 30 -o "$dir/api.idle.heap.pprof" "http://$API_PPROF/debug/pprof/heap?gc=1" || true; fi
 
 load_start waiting $((QUEUE_TIMEOUT + 120)) -url "http://127.0.0.1:$API_PORT/v1/stream" \
-	-c "$WAIT_N" -n "$WAIT_N" -ramp "$WAIT_RAMP" -prompts 100 -timeout $((QUEUE_TIMEOUT + 60))s
+	-c "$WAIT_N" -n "$WAIT_N" -ramp "$WAIT_RAMP" -prompts 100 -timeout $((QUEUE_TIMEOUT + 60))s "${IMAGE_ARGS[@]}"
 LT=$REPLY
 
 # Sample once a second while the load runs: time, api RSS, open queued
 # streams, goroutines, Go heap in use, Redis clients.
-echo -e "t_s\trss_kib\tactive_queued\tgoroutines\theap_inuse_bytes\tredis_clients\tstack_inuse_bytes" >"$dir/samples.tsv"
+echo -e "t_s\trss_kib\tactive_queued\tgoroutines\theap_inuse_bytes\tredis_clients\tstack_inuse_bytes\theap_released_bytes\tredis_used_memory" >"$dir/samples.tsv"
 start=$SECONDS plateau_at= plateau=() settled=() peak=0
 while kill -0 "$LT" 2>/dev/null; do
 	m=$(curl -fsS -m 5 "$METRICS" 2>/dev/null || true)
@@ -83,10 +113,12 @@ while kill -0 "$LT" 2>/dev/null; do
 	gor=$(awk '$1 == "go_goroutines" {print $2 + 0}' <<<"$m")
 	heap=$(awk '$1 == "go_memstats_heap_inuse_bytes" {printf "%d", $2}' <<<"$m")
 	stack=$(awk '$1 == "go_memstats_stack_inuse_bytes" {printf "%d", $2}' <<<"$m")
+	released=$(awk '$1 == "go_memstats_heap_released_bytes" {printf "%d", $2}' <<<"$m")
+	redis_mem=$(redis-cli -p "$REDIS_PORT" info memory 2>/dev/null | awk -F: '/^used_memory:/ {print $2 + 0}')
 	rss=$(rss_kib "$API_PID")
 	clients=$(redis-cli -p "$REDIS_PORT" info clients 2>/dev/null | awk -F: '/^connected_clients/ {print $2 + 0}')
 	((rss > peak)) && peak=$rss
-	echo -e "$((SECONDS - start))\t$rss\t${active:-}\t${gor:-}\t${heap:-}\t${clients:-}\t${stack:-}" >>"$dir/samples.tsv"
+	echo -e "$((SECONDS - start))\t$rss\t${active:-}\t${gor:-}\t${heap:-}\t${clients:-}\t${stack:-}\t${released:-}\t${redis_mem:-}" >>"$dir/samples.tsv"
 	# Later in the plateau, once the burst's admission is PLATEAU_SETTLE
 	# seconds behind it: what the waiting streams hold, the ramp's free
 	# pages given back (docs/OPERATIONS.md, "Memory after a burst").
@@ -96,7 +128,7 @@ while kill -0 "$LT" 2>/dev/null; do
 	if [[ -n ${active:-} && ${active%.*} -ge $WAIT_N && ${#plateau[@]} -lt $PLATEAU_SAMPLES ]]; then
 		[[ -z $plateau_at ]] && plateau_at=$((SECONDS - start)) && log "all $WAIT_N streams waiting after ${plateau_at}s"
 		plateau+=("$rss")
-		PLATEAU_GOR=$gor PLATEAU_HEAP=$heap PLATEAU_CLIENTS=$clients PLATEAU_STACK=${stack:-0}
+		PLATEAU_GOR=$gor PLATEAU_HEAP=$heap PLATEAU_CLIENTS=$clients PLATEAU_STACK=${stack:-0} PLATEAU_REDIS_MEM=${redis_mem:-0}
 		[[ ${#plateau[@]} -eq 1 ]] && printf '%s\n' "$m" >"$dir/api.plateau.metrics.txt"
 		if [[ ${#plateau[@]} -eq 1 && -n $API_PPROF ]]; then
 			curl -fsS -m 30 -o "$dir/api.plateau.heap.pprof" "http://$API_PPROF/debug/pprof/heap" || true
@@ -145,10 +177,11 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	--argjson idle_anon "$IDLE_ANON" --argjson later_anon "$LATER_ANON" \
 	--argjson at "$plateau_at" --argjson gor "${PLATEAU_GOR:-0}" --argjson idle_gor "${IDLE_GOR:-0}" --argjson heap "${PLATEAU_HEAP:-0}" --argjson stack "${PLATEAU_STACK:-0}" \
 	--argjson clients "${PLATEAU_CLIENTS:-0}" --argjson nofile "$NOFILE" \
+	--argjson image "$WAIT_IMAGE_BYTES" --argjson redis_mem "${PLATEAU_REDIS_MEM:-0}" \
 	--argjson qt "$QUEUE_TIMEOUT" --argjson hb "$HEARTBEAT" --argjson scrape "$AFTER_SCRAPE_EVERY" "$JQ_DEFS"'
 	$run[0] as $r | ($plateau | median) as $pm | {
 	scenario: "waiting",
-	settings: {streams: $n, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile, after_scrape_every_s: $scrape},
+	settings: {streams: $n, image_bytes: $image, queue_timeout_s: $qt, heartbeat_s: $hb, open_files_limit: $nofile, after_scrape_every_s: $scrape},
 	rss_kib: {idle: $idle, plateau_median: $pm, plateau_samples: $plateau,
 		settled_median: (if ($settled | length) > 0 then ($settled | median) else null end), settled_samples: ($settled | length),
 		peak: $peak, after_streams_ended: $after,
@@ -161,7 +194,7 @@ jq -n --slurpfile run "$dir/waiting.json" --argjson n "$WAIT_N" --argjson idle "
 	plateau_reached_after_s: $at,
 	at_plateau: {goroutines: $gor, goroutines_idle: $idle_gor, goroutines_per_stream: (($gor - $idle_gor) / $n | r3), heap_inuse_bytes: $heap,
 		heap_bytes_per_stream: ($heap / $n | round), stack_inuse_bytes: $stack, stack_bytes_per_stream: ($stack / $n | round),
-		redis_clients: $clients},
+		redis_clients: $clients, redis_used_memory_bytes: $redis_mem},
 	outcome: {requests: $r.result.requests, errors: $r.result.errors, errors_by_type: $r.result.errors_by_type,
 		refused: $r.result.refused, lost: $r.result.lost, lost_by_reason: $r.result.lost_by_reason, exit_code: $r.exit_code},
 	pings: $r.result.pings, pings_per_stream: ($r.result.pings / ([$r.result.requests, 1] | max) | r3),
