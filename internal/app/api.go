@@ -241,9 +241,6 @@ func (a *API) buildQueued() (failover.Spiller, *admission.Overflow, error) {
 	return gw, overflow, nil
 }
 
-// Handler returns the HTTP handler of every api route.
-func (a *API) Handler() http.Handler { return a.engine }
-
 // Close releases what NewAPI built, newest first, then the shared
 // dependencies and the clients.
 func (a *API) Close() {

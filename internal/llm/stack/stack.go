@@ -267,7 +267,7 @@ func (s *Stack) balanced(cfg Config, deps Deps) error {
 			}
 			name := sp.Name
 			m.UpstreamKnown(name)
-			var p llm.Provider = llm.CountResponses(c, func(code string) { m.UpstreamResponded(name, code) })
+			p := llm.CountResponses(c, func(code string) { m.UpstreamResponded(name, code) })
 			if ctl := limits[name]; ctl != nil {
 				p = llm.Observe(p, ctl.Observe)
 			}
