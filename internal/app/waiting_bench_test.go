@@ -17,7 +17,7 @@ import (
 )
 
 // BenchmarkWaitingStreamMemory measures what one waiting stream holds in
-// the api (docs/BENCHMARKS.md, "Waiting streams"): WAITING_N (default
+// the api (docs/bench-history/2026-11.md, "Waiting streams"): WAITING_N (default
 // 2,000) streams are opened over raw TCP connections against an api with
 // no consumer, so every one waits in the queue, and once each has its
 // headers and a first heartbeat the process's goroutines, goroutine stacks

@@ -17,7 +17,7 @@ import (
 // few enough that a collection shrinks the handler's stack to 8 KiB. A
 // stack only shrinks when less than a quarter of it (less the runtime's
 // 800-byte allowance) is in use, so a frame added under the wait, or
-// grown, puts every waiting stream back at 16 KiB (docs/BENCHMARKS.md,
+// grown, puts every waiting stream back at 16 KiB (docs/bench-history/2026-11.md,
 // "Waiting streams"). CORS is on: its middleware is one more frame under
 // the handler's wait.
 //

@@ -5,7 +5,7 @@
 // net/http notices a client that closes its connection by keeping a
 // goroutine blocked in a read for as long as a handler runs. A stream
 // that waits minutes in the queue holds that goroutine, and its stack,
-// the whole time (docs/BENCHMARKS.md, "Waiting streams"). Once a handler
+// the whole time (docs/bench-history/2026-11.md, "Waiting streams"). Once a handler
 // owns the connection (http.Hijacker), it can ask this package instead:
 // on Linux one goroutine per process waits in epoll for every watched
 // connection's hang-up; elsewhere, and for a connection without a file

@@ -7,7 +7,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
-// The fast path of the OpenAI client's stream parser (docs/BENCHMARKS.md,
+// The fast path of the OpenAI client's stream parser (docs/bench-history/2026-11.md,
 // "Per chunk: no allocation, no full decode"). Nearly every event of an
 // answer is one of three shapes:
 //

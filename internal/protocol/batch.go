@@ -7,7 +7,7 @@ import (
 
 // The BATCH payload, `[{"seq":1,"content":"…"},…]`, is most of what the
 // result channel carries; these read and write it without encoding/json's
-// reflection (docs/BENCHMARKS.md, "Queued relay"). The encoder writes
+// reflection (docs/bench-history/2026-11.md, "Queued relay"). The encoder writes
 // byte for byte what json.Encoder with SetEscapeHTML(false) writes; the
 // decoder accepts exactly that shape and declines anything else, which
 // decodeResult then decodes in full. FuzzBatchCodec holds both to

@@ -7,7 +7,7 @@ import (
 
 // BenchmarkBatchCodec encodes and decodes BATCH messages of 5 and 20
 // chunks as a worker writes and the api's relay reads them: the per
-// message cost of the queued path's relay (docs/BENCHMARKS.md, "Queued
+// message cost of the queued path's relay (docs/bench-history/2026-11.md, "Queued
 // relay").
 func BenchmarkBatchCodec(b *testing.B) {
 	for _, n := range []int{5, 20} {

@@ -55,7 +55,7 @@ func sseAnswer(n int) []byte {
 	return append(enc.AppendFinish(b, "stop"), openaiwire.DoneFrame...)
 }
 
-// The direct path allocates per stream, never per chunk (docs/BENCHMARKS.md,
+// The direct path allocates per stream, never per chunk (docs/bench-history/2026-11.md,
 // "Per chunk: no allocation, no full decode"): from the upstream's bytes
 // through the OpenAI client, the producer, the write loop, the stream log
 // and the SSE writer, an answer of 1,010 chunks costs no more allocations

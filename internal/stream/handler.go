@@ -232,7 +232,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve(w,
 // one that cannot be taken over (HTTP/1.0) waits here to its end. A
 // goroutine's stack only shrinks at a collection when less than a
 // quarter of it is in use: every byte of the frames below the wait
-// counts, 10,000 times over (docs/BENCHMARKS.md, "Waiting streams"). So
+// counts, 10,000 times over (docs/bench-history/2026-11.md, "Waiting streams"). So
 // serve and queued keep small frames: the steps with many temporaries
 // (parsing, admission, the direct path, the hand-over to the queue) run
 // in functions of their own that have returned before a stream waits,
@@ -261,7 +261,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, d dialect) {
 // over (Writer.takeOver), in a goroutine of its own, so that the handler
 // returns: net/http's request, response and
 // connection state, gin's context and the handler's 8 KiB stack are
-// given back while the stream waits (docs/BENCHMARKS.md, "Waiting
+// given back while the stream waits (docs/bench-history/2026-11.md, "Waiting
 // streams"). The request's server span ends with the handler; the rest of
 // the stream is traced in spillway.stream.parked (docs/TRACING.md). Deps.
 // Hold keeps the stream counted as open until it ends.

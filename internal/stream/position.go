@@ -37,7 +37,7 @@ const (
 // that one ends. A read that need not be fresh takes counters at most half
 // a positionEvery old, or joins the query in flight. So at most one query
 // runs and one waits, whatever the number of requests: under a burst the
-// queue is asked once a round trip, not once a request (docs/BENCHMARKS.md,
+// queue is asked once a round trip, not once a request (docs/bench-history/2026-11.md,
 // "The queued path's CPU"), and no request waits behind others' queries.
 type progress struct {
 	q failover.Positioner

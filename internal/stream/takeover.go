@@ -20,7 +20,7 @@ import (
 // client hangs up, with no goroutine of its own on Linux. Then the stream
 // parks (Handler.park): its loop goes on in a goroutine of its own with
 // a small stack, and the handler returns, giving back net/http's and
-// gin's state of the request (docs/BENCHMARKS.md, "Waiting streams").
+// gin's state of the request (docs/bench-history/2026-11.md, "Waiting streams").
 //
 // The connection is closed when the stream ends: a client's next request
 // opens a new connection, which costs little next to a stream that waited

@@ -117,7 +117,7 @@ func (s *session) serve(ctx context.Context) (string, bool) {
 // frame below it on its goroutine's stack: a stack shrinks at a collection
 // only when less than a quarter of it is in use, so the frames under the
 // wait decide whether a waiting stream's goroutine keeps 8 or 16 KiB
-// (docs/BENCHMARKS.md, "Waiting streams"). So loop's frame holds little
+// (docs/bench-history/2026-11.md, "Waiting streams"). So loop's frame holds little
 // more than the select: what comes before the loop runs in begin, each
 // wake is handled in woke, and the end in finish, whose frames are gone
 // again while the stream waits.
@@ -395,7 +395,7 @@ func (s *session) mayTakeOver() {
 const maxCoalesce = 64
 
 // writeReady writes res and every frame already waiting behind it in one
-// write and one flush (docs/BENCHMARKS.md, "Per chunk: no allocation, no
+// write and one flush (docs/bench-history/2026-11.md, "Per chunk: no allocation, no
 // full decode"): chunks that are ready at the same moment cost one system
 // call. A terminal frame is written at once, with what came before it.
 func (s *session) writeReady(res protocol.Result) (outcome string, end bool, err error) {

@@ -27,7 +27,7 @@ import (
 // holding memory or a goroutine forever. Between Hold and Flush, events
 // are gathered and go out in one write and one flush: what is ready at
 // the same moment costs one system call, not one per chunk
-// (docs/BENCHMARKS.md, "Per chunk: no allocation, no full decode").
+// (docs/bench-history/2026-11.md, "Per chunk: no allocation, no full decode").
 type Writer struct {
 	w  http.ResponseWriter
 	rc *http.ResponseController

@@ -44,7 +44,7 @@ const (
 	// one under way; the next write takes them all. Only beyond that are
 	// events dropped (and counted) rather than slowing every stream down:
 	// at the 73,000 events/s of one api at 200 concurrent, about a second
-	// of a Redis that does not answer (docs/BENCHMARKS.md, "Stream log at
+	// of a Redis that does not answer (docs/bench-history/2026-11.md, "Stream log at
 	// load"). The buffer grows with use; an idle one holds nothing.
 	DefaultBuffer = 65536
 	// flushTimeout bounds one pipelined write.
@@ -265,7 +265,7 @@ func (a *Appender) Run(ctx context.Context) {
 	// log's entries reach Redis in order. Meanwhile entries gather (up to
 	// Buffer), and go out whole when the write returns: the log keeps up
 	// with Redis's throughput however long its round trips
-	// (docs/BENCHMARKS.md, "Stream log at load"). On a stop, the write
+	// (docs/bench-history/2026-11.md, "Stream log at load"). On a stop, the write
 	// under way ends, then Run writes the rest itself.
 	writes, written := make(chan []item), make(chan []item)
 	go func() {

@@ -16,7 +16,7 @@ import (
 )
 
 // load is a load on the stream log shaped like the bench's direct
-// scenario (docs/BENCHMARKS.md, "Stream log at load"): Conc streams at
+// scenario (docs/bench-history/2026-11.md, "Stream log at load"): Conc streams at
 // once, each an owner entry, Chunks chunks and a done event.
 type load struct {
 	Streams, Conc, Chunks int

@@ -81,7 +81,7 @@ func BenchmarkAppendCall(b *testing.B) {
 }
 
 // BenchmarkLogLoad is the stream log under the bench's direct load
-// (docs/BENCHMARKS.md, "Stream log at load"): 200 streams at once of 50
+// (docs/bench-history/2026-11.md, "Stream log at load"): 200 streams at once of 50
 // chunks and a done event each, written to a real redis-server. unpaced:
 // each stream's events back to back, 100,000 events/s over all of them
 // (above what one api relays at 200 concurrent); paced: a chunk every

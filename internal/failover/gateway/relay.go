@@ -49,7 +49,7 @@ func startRelay(g *Gateway, job protocol.Job, sub failover.ResultSubscription) *
 	// goroutine starts when the worker's first message (or the end of
 	// the subscription) arrives, or at the queue deadline to give up,
 	// so a waiting stream costs no goroutine of its own
-	// (docs/BENCHMARKS.md, "Waiting streams").
+	// (docs/bench-history/2026-11.md, "Waiting streams").
 	if n, ok := sub.(readyNotifier); ok {
 		r.wake = time.AfterFunc(time.Until(job.Deadline), r.start)
 		n.OnReady(r.start)

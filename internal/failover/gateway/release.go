@@ -18,7 +18,7 @@ type QuotaBatch interface {
 const maxReleaseBatch = 256
 
 // releaser uncounts the jobs that left the queue off the relays' path
-// (docs/BENCHMARKS.md, "The queued path's CPU"): a relay whose worker
+// (docs/bench-history/2026-11.md, "The queued path's CPU"): a relay whose worker
 // spoke hands its job over and relays on at once, instead of waiting a
 // Redis round trip before the worker's first message goes to the client.
 // One goroutine at a time, started when a job is handed over and gone

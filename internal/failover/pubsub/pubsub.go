@@ -457,7 +457,7 @@ func (sub *Subscription) C() <-chan []byte {
 // payload to read or has ended (at once when it already has). It lets a
 // reader wait with no goroutine of its own: a request waiting in the
 // queue costs no goroutine and no buffer until its worker speaks
-// (docs/BENCHMARKS.md, "Waiting streams"). f runs on the shard's reader
+// (docs/bench-history/2026-11.md, "Waiting streams"). f runs on the shard's reader
 // goroutine with the shard locked: it must not block or call back into
 // the subscription; starting a goroutine is what it is for. A later call
 // replaces an earlier f that has not run.

@@ -203,7 +203,7 @@ func runCurve(t *testing.T, adaptiveOn bool) []row {
 // above it, climbing back one per interval), the upstream never sees far
 // more calls than it takes, and 429s are a small share of calls, where
 // the same flood without adaptive concurrency is mostly 429s. The curve
-// is printed with -v (docs/BENCHMARKS.md, "Adaptive concurrency").
+// is printed with -v (docs/bench-history/2026-11.md, "Adaptive concurrency").
 func TestAIMDConvergesOnUpstreamCapacity(t *testing.T) {
 	t.Parallel()
 	rows := runCurve(t, true)

@@ -134,7 +134,7 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 }
 
 // BenchmarkStreamsPerSecond measures the ceiling of new streams per
-// second through the pool's one primary (docs/BENCHMARKS.md, "New
+// second through the pool's one primary (docs/bench-history/2026-11.md, "New
 // streams per second through the pool"): each op is one stream, a slot
 // taken and given back, by 128 goroutines at once sharing one Pool, each
 // its own identity and without idle leases, so every stream needs Redis.

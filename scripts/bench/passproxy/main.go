@@ -2,7 +2,7 @@
 // a bare HTTP pass-through hop (net/http/httputil.ReverseProxy, flushing
 // every write of the upstream at once, connections kept alive), with no
 // pool, no queue, no parsing and no re-encoding. What the api adds on top
-// of it is the api's own cost (docs/BENCHMARKS.md, "The floor: a bare
+// of it is the api's own cost (docs/bench-history/2026-11.md, "The floor: a bare
 // pass-through hop").
 //
 //	passproxy -addr 127.0.0.1:9000 -upstream http://127.0.0.1:8081
