@@ -173,5 +173,5 @@ func run(f func() error) (panicked any, err error) {
 			panicked = fmt.Sprint(r)
 		}
 	}()
-	return f(), nil
+	return nil, f()
 }
