@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/spillway-dev/spillway/internal/failover"
 )
 
 // purge deletes the dead letters named, or all of them.
@@ -31,7 +33,7 @@ func (t *Tool) purge(ctx context.Context, args []string) int {
 	// Every id must name a record, or nothing is deleted: a typo must not
 	// pass for a purge.
 	for _, id := range ids {
-		if _, err := t.deps.Store.Get(ctx, id); errors.Is(err, ErrNotFound) {
+		if _, err := t.deps.Store.DeadLetterByID(ctx, id); errors.Is(err, failover.ErrDeadLetterNotFound) {
 			return t.failf(ExitNotFound, "no dead letter %q; nothing purged", id)
 		} else if err != nil {
 			return t.backendErr("read dead letter "+id, err)
@@ -40,7 +42,7 @@ func (t *Tool) purge(ctx context.Context, args []string) int {
 	if !*yes && !t.confirm(fmt.Sprintf("Delete %d dead letters for good?", len(ids))) {
 		return t.failf(ExitAborted, "not confirmed; nothing purged")
 	}
-	n, err := del.Delete(ctx, ids...)
+	n, err := del.DeleteDeadLetters(ctx, ids...)
 	if err != nil {
 		return t.backendErr("delete dead letters", err)
 	}
@@ -49,14 +51,14 @@ func (t *Tool) purge(ctx context.Context, args []string) int {
 }
 
 func (t *Tool) purgeAll(ctx context.Context, yes bool) int {
-	depth, err := t.deps.Store.Depth(ctx)
+	depth, err := t.deps.Store.DeadLetterDepth(ctx)
 	if err != nil {
 		return t.backendErr("count dead letters", err)
 	}
 	if !yes && !t.confirm(fmt.Sprintf("Delete all %d dead letters (%s) for good?", depth, t.cfg.Backend)) {
 		return t.failf(ExitAborted, "not confirmed; nothing purged")
 	}
-	n, err := t.deps.Store.Purge(ctx)
+	n, err := t.deps.Store.PurgeDeadLetters(ctx)
 	if err != nil {
 		return t.backendErr("purge dead letters", err)
 	}

@@ -27,7 +27,7 @@ var (
 )
 
 // replayable returns the job a record would replay.
-func replayable(r Record) (protocol.Job, error) {
+func replayable(r failover.DeadLetter) (protocol.Job, error) {
 	if len(r.Body) == 0 {
 		return protocol.Job{}, errNoPayload
 	}
@@ -101,7 +101,7 @@ func (t *Tool) replay(ctx context.Context, args []string) int {
 // thousands of jobs are not held in memory).
 type replayTarget struct {
 	id  string
-	rec *Record
+	rec *failover.DeadLetter
 }
 
 // replayTargets finds what to replay. Named ids must all exist and be
@@ -116,8 +116,8 @@ func (t *Tool) replayTargets(ctx context.Context, ids []string, all bool) ([]rep
 				continue
 			}
 			seen[id] = true
-			r, err := t.deps.Store.Get(ctx, id)
-			if errors.Is(err, ErrNotFound) {
+			r, err := t.deps.Store.DeadLetterByID(ctx, id)
+			if errors.Is(err, failover.ErrDeadLetterNotFound) {
 				return nil, 0, t.failf(ExitNotFound, "no dead letter %q; nothing replayed", id)
 			}
 			if err != nil {
@@ -132,7 +132,7 @@ func (t *Tool) replayTargets(ctx context.Context, ids []string, all bool) ([]rep
 	}
 	skipped := 0
 	for cursor := ""; ; {
-		recs, next, err := t.deps.Store.Page(ctx, cursor, listPage)
+		recs, next, err := t.deps.Store.DeadLetterPage(ctx, cursor, listPage)
 		if err != nil {
 			return nil, 0, t.backendErr("read dead letters", err)
 		}
@@ -187,7 +187,7 @@ const (
 // run is one dead letter being replayed: its relay, and what it produced
 // so far for the printer.
 type run struct {
-	rec   Record
+	rec   failover.DeadLetter
 	newID string
 	relay failover.Relay
 
@@ -208,8 +208,8 @@ func (t *Tool) runBatch(ctx context.Context, batch []replayTarget, offset, total
 	for i, tg := range batch {
 		rec := tg.rec
 		if rec == nil {
-			r, err := t.deps.Store.Get(ctx, tg.id)
-			if errors.Is(err, ErrNotFound) {
+			r, err := t.deps.Store.DeadLetterByID(ctx, tg.id)
+			if errors.Is(err, failover.ErrDeadLetterNotFound) {
 				// Replayed or purged by someone else since the start, or
 				// expired.
 				fmt.Fprintf(t.deps.Stderr, "[%d/%d] dead letter %s is gone; skipped\n", offset+i+1, total, tg.id)
@@ -270,7 +270,7 @@ func (t *Tool) runBatch(ctx context.Context, batch []replayTarget, offset, total
 
 // start subscribes to a new request's results and enqueues the job under
 // it.
-func (t *Tool) start(ctx context.Context, rec Record, job protocol.Job) (*run, error) {
+func (t *Tool) start(ctx context.Context, rec failover.DeadLetter, job protocol.Job) (*run, error) {
 	job.RequestID = uuid.NewString()
 	job.Trace, job.TraceDropped = nil, false
 	// If the replay fails too, its dead letter replaces this one (on Redis
@@ -427,7 +427,7 @@ func (t *Tool) deleteReplayed(ctx context.Context, ids []string, sum *replaySumm
 	// ended in done must not run again.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), deleteTimeout)
 	defer cancel()
-	n, err := del.Delete(dctx, ids...)
+	n, err := del.DeleteDeadLetters(dctx, ids...)
 	if err != nil {
 		fmt.Fprintf(t.deps.Stderr, "spillway-admin: delete %d replayed dead letters: %v (they stay; do not replay them again)\n", len(ids), err)
 		sum.kept += len(ids)

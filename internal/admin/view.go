@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -37,7 +38,7 @@ func (t *Tool) list(ctx context.Context, args []string) int {
 	if *n < 1 || *n > maxListed {
 		return t.failf(ExitUsage, "-n %d is not between 1 and %d", *n, maxListed)
 	}
-	depth, err := t.deps.Store.Depth(ctx)
+	depth, err := t.deps.Store.DeadLetterDepth(ctx)
 	if err != nil {
 		return t.backendErr("count dead letters", err)
 	}
@@ -49,7 +50,7 @@ func (t *Tool) list(ctx context.Context, args []string) int {
 	}
 	cursor, listed := *after, 0
 	for listed < *n {
-		recs, next, err := t.deps.Store.Page(ctx, cursor, min(listPage, *n-listed))
+		recs, next, err := t.deps.Store.DeadLetterPage(ctx, cursor, min(listPage, *n-listed))
 		if err != nil {
 			return t.backendErr("read dead letters", err)
 		}
@@ -89,8 +90,8 @@ func (t *Tool) show(ctx context.Context, args []string) int {
 	if len(pos) != 1 {
 		return t.failf(ExitUsage, "show takes one dead-letter id (got %d)", len(pos))
 	}
-	r, err := t.deps.Store.Get(ctx, pos[0])
-	if errors.Is(err, ErrNotFound) {
+	r, err := t.deps.Store.DeadLetterByID(ctx, pos[0])
+	if errors.Is(err, failover.ErrDeadLetterNotFound) {
 		return t.failf(ExitNotFound, "no dead letter %q", pos[0])
 	}
 	if err != nil {
@@ -165,7 +166,7 @@ func writeJob(w io.Writer, j protocol.Job) {
 
 // recordJSON is a record as list -json and show -json print it. The job is
 // included (withJob) as JSON when it is JSON, else as a string.
-func recordJSON(r Record, withJob bool) map[string]any {
+func recordJSON(r failover.DeadLetter, withJob bool) map[string]any {
 	out := map[string]any{
 		"id": r.ID, "request_id": r.RequestID, "reason": r.Reason, "attempt": r.Attempt, "replays": r.Replays,
 		"failed_at": r.FailedAt.UTC().Format(time.RFC3339Nano), "source": r.Source,
@@ -191,7 +192,7 @@ func writeJSON(w io.Writer, v any) error {
 }
 
 // jobSummary is the JOB column: its size and whether it was kept.
-func jobSummary(r Record) string {
+func jobSummary(r failover.DeadLetter) string {
 	if len(r.Body) > 0 {
 		return fmt.Sprintf("%d B kept", r.BodyBytes)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -112,7 +111,7 @@ func openAdminQueue(ctx context.Context, cfg *config.Config, rdb redis.Universal
 			_ = q.Close()
 			return nil, nil, nil, fmt.Errorf("kafka brokers %v: %w", cfg.KafkaBrokers, err)
 		}
-		return kafkaStore{q}, q, func() { _ = q.Close() }, nil
+		return q, q, func() { _ = q.Close() }, nil
 	case config.QueueTypeRedis:
 		// The consumer name is never used: the tool only enqueues and
 		// reads the dead-letter streams.
@@ -120,83 +119,15 @@ func openAdminQueue(ctx context.Context, cfg *config.Config, rdb redis.Universal
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		return redisStore{q}, q, func() {}, nil
+		return q, q, func() {}, nil
 	}
 	return nil, nil, nil, fmt.Errorf("unknown QUEUE_TYPE %q", cfg.QueueType)
 }
 
-// redisStore is the dead letters of a Redis Streams queue, every shard
-// of it.
-type redisStore struct{ q *redisstream.Queue }
-
+// The queues are the tool's dead-letter stores as they are: a Redis
+// Streams queue can delete single records, a Kafka topic cannot.
 var (
-	_ admin.Store   = redisStore{}
-	_ admin.Deleter = redisStore{}
+	_ admin.Store   = (*redisstream.Queue)(nil)
+	_ admin.Deleter = (*redisstream.Queue)(nil)
+	_ admin.Store   = (*kafka.Queue)(nil)
 )
-
-func fromRedis(d redisstream.DeadLetter) admin.Record {
-	return admin.Record{ID: d.ID, RequestID: d.RequestID, Reason: d.Reason, Attempt: d.Attempt, FailedAt: d.FailedAt,
-		Body: d.Body, BodySHA1: d.BodySHA1, BodyBytes: d.BodyBytes, Source: "job stream entry " + d.SourceID, Replays: d.Replays}
-}
-
-func (s redisStore) Page(ctx context.Context, cursor string, n int) ([]admin.Record, string, error) {
-	dls, next, err := s.q.DeadLetterPage(ctx, cursor, n)
-	out := make([]admin.Record, len(dls))
-	for i, d := range dls {
-		out[i] = fromRedis(d)
-	}
-	return out, next, err
-}
-
-func (s redisStore) Get(ctx context.Context, id string) (admin.Record, error) {
-	d, err := s.q.DeadLetterByID(ctx, id)
-	if errors.Is(err, redisstream.ErrDeadLetterNotFound) {
-		return admin.Record{}, errors.Join(admin.ErrNotFound, err)
-	}
-	return fromRedis(d), err
-}
-
-func (s redisStore) Delete(ctx context.Context, ids ...string) (int64, error) {
-	n, err := s.q.DeleteDeadLetters(ctx, ids...)
-	if errors.Is(err, redisstream.ErrDeadLetterNotFound) {
-		return n, errors.Join(admin.ErrNotFound, err)
-	}
-	return n, err
-}
-
-func (s redisStore) Depth(ctx context.Context) (int64, error) { return s.q.DeadLetterDepth(ctx) }
-
-func (s redisStore) Purge(ctx context.Context) (int64, error) { return s.q.PurgeDeadLetters(ctx) }
-
-// kafkaStore is the dead letters of a Kafka queue's dead-letter topic.
-// It has no Delete: Kafka cannot delete single records.
-type kafkaStore struct{ q *kafka.Queue }
-
-var _ admin.Store = kafkaStore{}
-
-func fromKafka(d kafka.DeadLetter) admin.Record {
-	return admin.Record{ID: d.ID, RequestID: d.RequestID, Reason: d.Reason, Attempt: d.Attempt, FailedAt: d.FailedAt,
-		Body: d.Body, BodySHA1: d.BodySHA1, BodyBytes: d.BodyBytes,
-		Source: "job topic partition " + strconv.Itoa(d.SourcePartition) + " offset " + strconv.FormatInt(d.SourceOffset, 10)}
-}
-
-func (s kafkaStore) Page(ctx context.Context, cursor string, n int) ([]admin.Record, string, error) {
-	dls, next, err := s.q.DeadLetterPage(ctx, cursor, n)
-	out := make([]admin.Record, len(dls))
-	for i, d := range dls {
-		out[i] = fromKafka(d)
-	}
-	return out, next, err
-}
-
-func (s kafkaStore) Get(ctx context.Context, id string) (admin.Record, error) {
-	d, err := s.q.DeadLetterByID(ctx, id)
-	if errors.Is(err, kafka.ErrDeadLetterNotFound) {
-		return admin.Record{}, errors.Join(admin.ErrNotFound, err)
-	}
-	return fromKafka(d), err
-}
-
-func (s kafkaStore) Depth(ctx context.Context) (int64, error) { return s.q.DeadLetterDepth(ctx) }
-
-func (s kafkaStore) Purge(ctx context.Context) (int64, error) { return s.q.PurgeDeadLetters(ctx) }

@@ -14,36 +14,9 @@ import (
 	"time"
 
 	kafkago "github.com/segmentio/kafka-go"
+
+	"github.com/spillway-dev/spillway/internal/failover"
 )
-
-// ErrDeadLetterNotFound is returned by DeadLetterByID for an id that names no
-// record of the dead-letter topic (never written, expired by retention, or
-// purged).
-var ErrDeadLetterNotFound = errors.New("kafka: dead letter not found")
-
-// DeadLetter is one record of the dead-letter topic.
-type DeadLetter struct {
-	// ID is the record's "partition:offset" in the dead-letter topic.
-	ID string
-	// RequestID is the request id the job was enqueued with (the key).
-	RequestID string
-	// Body is the job exactly as enqueued when the queue keeps payloads
-	// (Config.KeepPayload); empty otherwise.
-	Body []byte
-	// BodySHA1 is the hex SHA-1 of the job as enqueued, kept either way.
-	BodySHA1 string
-	// BodyBytes is the job's size as enqueued.
-	BodyBytes int
-	// Reason is the reason given to DeadLetter.
-	Reason string
-	// Attempt is the delivery attempt that gave up.
-	Attempt int
-	// SourcePartition and SourceOffset locate the job in the job topic.
-	SourcePartition int
-	SourceOffset    int64
-	// FailedAt is when the job was dead-lettered, by the worker's clock.
-	FailedAt time.Time
-}
 
 // deadLetterMessage is the record DeadLetter writes for a job: key the
 // request id; value the body when Config.KeepPayload, else empty; headers
@@ -173,7 +146,7 @@ func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
 // DeadLetters returns up to count records of the dead-letter topic, oldest
 // first (by record time, then partition and offset): the first page of
 // DeadLetterPage. Meant for tests and admin tools, not for a hot path.
-func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error) {
+func (q *Queue) DeadLetters(ctx context.Context, count int) ([]failover.DeadLetter, error) {
 	out, _, err := q.DeadLetterPage(ctx, "", count)
 	return out, err
 }
@@ -184,7 +157,7 @@ type stampedRecord struct {
 	at        time.Time
 	partition int
 	offset    int64
-	DeadLetter
+	failover.DeadLetter
 }
 
 func (a stampedRecord) compare(b stampedRecord) int {
@@ -197,7 +170,7 @@ func (a stampedRecord) compare(b stampedRecord) int {
 // by record time, each read in offset order, so every record appears on
 // exactly one page however the times interleave. A cursor is opaque; it
 // holds the next offset of each partition.
-func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([]DeadLetter, string, error) {
+func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([]failover.DeadLetter, string, error) {
 	if count < 1 {
 		return nil, "", fmt.Errorf("kafka: dead letters: count %d < 1", count)
 	}
@@ -230,7 +203,7 @@ func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([
 		}
 		runs[p] = &run{recs: recs, end: end}
 	}
-	var out []DeadLetter
+	var out []failover.DeadLetter
 	for len(out) < count {
 		best := -1
 		for _, p := range parts {
@@ -326,11 +299,11 @@ func (q *Queue) readDeadLetters(ctx context.Context, p int, start, end int64, li
 }
 
 // DeadLetterByID returns the record id ("partition:offset") names, or an
-// error wrapping ErrDeadLetterNotFound.
-func (q *Queue) DeadLetterByID(ctx context.Context, id string) (DeadLetter, error) {
+// error wrapping failover.ErrDeadLetterNotFound.
+func (q *Queue) DeadLetterByID(ctx context.Context, id string) (failover.DeadLetter, error) {
 	p, off, err := parseDeliveryID(id)
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("%w: %w", ErrDeadLetterNotFound, err)
+		return failover.DeadLetter{}, fmt.Errorf("%w: %w", failover.ErrDeadLetterNotFound, err)
 	}
 	bctx, cancel := context.WithTimeout(ctx, q.cfg.Timeout)
 	parts, err := q.partitions(bctx, q.cfg.DeadLetterTopic)
@@ -340,18 +313,18 @@ func (q *Queue) DeadLetterByID(ctx context.Context, id string) (DeadLetter, erro
 	}
 	cancel()
 	if err != nil {
-		return DeadLetter{}, err
+		return failover.DeadLetter{}, err
 	}
 	b, ok := bounds[p]
 	if !ok || off < b.first || off >= b.last {
-		return DeadLetter{}, fmt.Errorf("kafka: dead letter %s: %w", id, ErrDeadLetterNotFound)
+		return failover.DeadLetter{}, fmt.Errorf("kafka: dead letter %s: %w", id, failover.ErrDeadLetterNotFound)
 	}
 	recs, _, err := q.readDeadLetters(ctx, p, off, off+1, 1)
 	if err != nil {
-		return DeadLetter{}, err
+		return failover.DeadLetter{}, err
 	}
 	if len(recs) == 0 || recs[0].offset != off {
-		return DeadLetter{}, fmt.Errorf("kafka: dead letter %s: %w", id, ErrDeadLetterNotFound)
+		return failover.DeadLetter{}, fmt.Errorf("kafka: dead letter %s: %w", id, failover.ErrDeadLetterNotFound)
 	}
 	return recs[0].DeadLetter, nil
 }
@@ -448,16 +421,18 @@ func formatPageCursor(next map[int]int64) string {
 	return strings.Join(fs, ",")
 }
 
-func parseDeadLetter(partition int, rec *kafkago.Record) (DeadLetter, error) {
+func parseDeadLetter(partition int, rec *kafkago.Record) (failover.DeadLetter, error) {
 	key, err := readBytes(rec.Key)
 	if err != nil {
-		return DeadLetter{}, err
+		return failover.DeadLetter{}, err
 	}
 	body, err := readBytes(rec.Value)
 	if err != nil {
-		return DeadLetter{}, err
+		return failover.DeadLetter{}, err
 	}
-	d := DeadLetter{ID: deliveryID(partition, rec.Offset), RequestID: string(key), Body: body, BodyBytes: -1}
+	d := failover.DeadLetter{ID: deliveryID(partition, rec.Offset), RequestID: string(key), Body: body, BodyBytes: -1}
+	var srcPartition int
+	var srcOffset int64
 	for _, h := range rec.Headers {
 		v := string(h.Value)
 		switch h.Key {
@@ -466,9 +441,9 @@ func parseDeadLetter(partition int, rec *kafkago.Record) (DeadLetter, error) {
 		case "attempt":
 			d.Attempt, _ = strconv.Atoi(v)
 		case "source_partition":
-			d.SourcePartition, _ = strconv.Atoi(v)
+			srcPartition, _ = strconv.Atoi(v)
 		case "source_offset":
-			d.SourceOffset, _ = strconv.ParseInt(v, 10, 64)
+			srcOffset, _ = strconv.ParseInt(v, 10, 64)
 		case "body_sha1":
 			d.BodySHA1 = v
 		case "body_bytes":
@@ -481,6 +456,7 @@ func parseDeadLetter(partition int, rec *kafkago.Record) (DeadLetter, error) {
 			}
 		}
 	}
+	d.Source = "job topic partition " + strconv.Itoa(srcPartition) + " offset " + strconv.FormatInt(srcOffset, 10)
 	// Records written before the digest headers existed hold the body.
 	if d.BodySHA1 == "" && len(body) > 0 {
 		sum := sha1.Sum(body)

@@ -152,7 +152,7 @@ func TestDeadLetterPages(t *testing.T) {
 		t.Fatalf("DeadLetterByID(%s) = %+v, %v; want %+v", all[4].ID, one, err, all[4])
 	}
 	for _, id := range []string{"0:999", "9:0", "x", "-1:0", ""} {
-		if _, err := q.DeadLetterByID(ctxT(t, 5*time.Second), id); !errors.Is(err, ErrDeadLetterNotFound) {
+		if _, err := q.DeadLetterByID(ctxT(t, 5*time.Second), id); !errors.Is(err, failover.ErrDeadLetterNotFound) {
 			t.Errorf("DeadLetterByID(%q) = %v, want ErrDeadLetterNotFound", id, err)
 		}
 	}

@@ -86,15 +86,8 @@ func harness(t *testing.T, q *Queue) failovertest.Harness {
 		Depth:       q,
 		NewConsumer: func(name string) failover.Consumer { return newConsumer(t, q, name) },
 		ReclaimIdle: q.Config().ClaimTTL,
-		DeadLetters: func(ctx context.Context) ([]failovertest.DeadLetterRecord, error) {
-			dls, err := q.DeadLetters(ctx, 1<<20)
-			var recs []failovertest.DeadLetterRecord
-			for _, d := range dls {
-				recs = append(recs, failovertest.DeadLetterRecord{RequestID: d.RequestID, Body: d.Body, Reason: d.Reason, Attempt: d.Attempt})
-			}
-			return recs, err
-		},
-		Kill: func(c failover.Consumer) { _ = c.(*Consumer).Close() },
+		DeadLetters: func(ctx context.Context) ([]failover.DeadLetter, error) { return q.DeadLetters(ctx, 1<<20) },
+		Kill:        func(c failover.Consumer) { _ = c.(*Consumer).Close() },
 	}
 }
 
@@ -629,7 +622,7 @@ func TestDeadLetterTopic(t *testing.T) {
 	}
 	got := dls[0]
 	if got.RequestID != "req-dl" || string(got.Body) != "poison" || got.Reason != "provider kept failing" ||
-		got.Attempt != 1 || got.SourcePartition != pid || got.SourceOffset != off ||
+		got.Attempt != 1 || got.Source != fmt.Sprintf("job topic partition %d offset %d", pid, off) ||
 		got.FailedAt.Before(before.Add(-time.Second)) || got.FailedAt.After(time.Now().Add(time.Second)) {
 		t.Fatalf("dead letter = %+v, want req-dl/poison/reason/attempt 1/source %s/failed now", got, d.ID)
 	}

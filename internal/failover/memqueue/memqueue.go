@@ -9,6 +9,8 @@ package memqueue
 import (
 	"cmp"
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -39,22 +41,6 @@ func (cfg Config) Validate() error {
 	return nil
 }
 
-// DeadLetter is one job moved to the dead-letter list.
-type DeadLetter struct {
-	// RequestID is the request id given to Enqueue.
-	RequestID string
-	// Body is the job exactly as enqueued.
-	Body []byte
-	// Reason is the reason given to Consumer.DeadLetter.
-	Reason string
-	// Attempt is the delivery attempt that gave up.
-	Attempt int
-	// SourceID is the Delivery.ID of the job.
-	SourceID string
-	// FailedAt is when the job was dead-lettered.
-	FailedAt time.Time
-}
-
 type entry struct {
 	seq       uint64
 	requestID string
@@ -76,7 +62,7 @@ type Queue struct {
 	seq     uint64
 	ready   []*entry          // never delivered, FIFO
 	pending map[uint64]*entry // delivered, not yet acknowledged
-	dead    []DeadLetter
+	dead    []failover.DeadLetter
 	// changed is closed and replaced whenever a job becomes available, so
 	// blocked Fetch calls wake without polling.
 	changed chan struct{}
@@ -152,7 +138,7 @@ func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
 }
 
 // DeadLetters returns up to count dead-lettered jobs, oldest first.
-func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error) {
+func (q *Queue) DeadLetters(ctx context.Context, count int) ([]failover.DeadLetter, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -161,7 +147,7 @@ func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	out := make([]DeadLetter, 0, min(count, len(q.dead)))
+	out := make([]failover.DeadLetter, 0, min(count, len(q.dead)))
 	for _, d := range q.dead[:min(count, len(q.dead))] {
 		d.Body = slices.Clone(d.Body)
 		out = append(out, d)
@@ -378,12 +364,16 @@ func (c *Consumer) DeadLetter(ctx context.Context, d failover.Delivery, reason s
 		return fmt.Errorf("memqueue: dead-letter %s: held by %s: %w", d.ID, e.owner, ErrClaimLost)
 	}
 	delete(q.pending, e.seq)
-	q.dead = append(q.dead, DeadLetter{
+	sum := sha1.Sum(e.body)
+	q.dead = append(q.dead, failover.DeadLetter{
+		ID:        strconv.Itoa(len(q.dead) + 1),
 		RequestID: e.requestID,
 		Body:      e.body,
+		BodySHA1:  hex.EncodeToString(sum[:]),
+		BodyBytes: len(e.body),
 		Reason:    reason,
 		Attempt:   d.Attempt,
-		SourceID:  d.ID,
+		Source:    "memqueue delivery " + d.ID,
 		FailedAt:  time.Now(),
 	})
 	return nil

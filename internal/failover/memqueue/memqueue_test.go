@@ -3,6 +3,7 @@ package memqueue
 import (
 	"context"
 	"errors"
+	"reflect"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -30,14 +31,7 @@ func TestSuite(t *testing.T) {
 			Depth:       q,
 			NewConsumer: func(name string) failover.Consumer { return q.Consumer(name) },
 			ReclaimIdle: idle,
-			DeadLetters: func(ctx context.Context) ([]failovertest.DeadLetterRecord, error) {
-				dls, err := q.DeadLetters(ctx, 1<<20)
-				var recs []failovertest.DeadLetterRecord
-				for _, d := range dls {
-					recs = append(recs, failovertest.DeadLetterRecord{RequestID: d.RequestID, Body: d.Body, Reason: d.Reason, Attempt: d.Attempt})
-				}
-				return recs, err
-			},
+			DeadLetters: func(ctx context.Context) ([]failover.DeadLetter, error) { return q.DeadLetters(ctx, 1<<20) },
 		}
 	})
 }
@@ -113,6 +107,22 @@ func TestDeadLetterOnce(t *testing.T) {
 	}
 	if n, _ := q.DeadLetterDepth(ctx); n != 1 {
 		t.Fatalf("DeadLetterDepth after two DeadLetter calls = %d, want 1", n)
+	}
+	// The record carries what every backend's does (failover.DeadLetter).
+	dls, err := q.DeadLetters(ctx, 10)
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("DeadLetters = %+v, %v; want one", dls, err)
+	}
+	want := failover.DeadLetter{ID: "1", RequestID: "r", Body: []byte("job"),
+		BodySHA1: "2eda8ad1632af052b0c74d6fcab6058b3a79cf25", BodyBytes: 3, Reason: "bad", Attempt: 1,
+		Source: "memqueue delivery " + ds[0].ID}
+	got := dls[0]
+	if got.FailedAt.IsZero() {
+		t.Errorf("FailedAt is zero")
+	}
+	got.FailedAt = time.Time{}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("dead letter = %+v, want %+v", got, want)
 	}
 	if err := c.Touch(ctx, ds[0]); !errors.Is(err, ErrClaimLost) {
 		t.Fatalf("Touch after DeadLetter = %v, want ErrClaimLost", err)

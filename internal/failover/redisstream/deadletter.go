@@ -2,7 +2,6 @@ package redisstream
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -11,34 +10,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/rediserr"
 )
-
-// DeadLetter is one record of the dead-letter stream.
-type DeadLetter struct {
-	// ID is the record's entry id in the dead-letter stream.
-	ID string
-	// RequestID is the request id the job was enqueued with.
-	RequestID string
-	// Body is the job exactly as enqueued, when the queue keeps payloads
-	// (DEAD_LETTER_KEEP_PAYLOAD); empty otherwise or if the entry had none.
-	Body []byte
-	// BodySHA1 is the hex SHA-1 of the job as enqueued, kept either way.
-	BodySHA1 string
-	// BodyBytes is the job's size as enqueued.
-	BodyBytes int
-	// Reason is the reason given to DeadLetter.
-	Reason string
-	// Attempt is the delivery attempt that gave up.
-	Attempt int
-	// SourceID is the job's entry id in the job stream.
-	SourceID string
-	// FailedAt is when the job was dead-lettered, by the Redis clock.
-	FailedAt time.Time
-	// Replays is how often the job was replayed and failed again: a
-	// failed replay replaces its original record (Queue.DeadLetter).
-	Replays int
-}
 
 // DeadLetterDepth returns the number of records in the dead-letter
 // streams of every shard.
@@ -62,14 +36,10 @@ func (q *Queue) DeadLetterDepth(ctx context.Context) (int64, error) {
 
 // DeadLetters returns up to count records of the dead-letter streams,
 // oldest first: the first page of DeadLetterPage.
-func (q *Queue) DeadLetters(ctx context.Context, count int) ([]DeadLetter, error) {
+func (q *Queue) DeadLetters(ctx context.Context, count int) ([]failover.DeadLetter, error) {
 	out, _, err := q.DeadLetterPage(ctx, "", count)
 	return out, err
 }
-
-// ErrDeadLetterNotFound is returned for a dead-letter id that names no
-// record (never written, trimmed, expired, deleted or purged).
-var ErrDeadLetterNotFound = errors.New("redisstream: dead letter not found")
 
 // DeadLetterPage returns up to count records of the dead-letter streams
 // after cursor ("" for the start), oldest first (by the Redis time they
@@ -79,7 +49,7 @@ var ErrDeadLetterNotFound = errors.New("redisstream: dead letter not found")
 // not parse are left zero rather than hiding the record. With several
 // shards a record's ID is "<shard>:<entry id>". A cursor is opaque: the
 // last entry id returned of each shard.
-func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([]DeadLetter, string, error) {
+func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([]failover.DeadLetter, string, error) {
 	if count < 1 {
 		return nil, "", fmt.Errorf("redisstream: dead letters: count %d < 1", count)
 	}
@@ -97,7 +67,7 @@ func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([
 		cmds[i] = pipe.XRangeN(ctx, sh.deadLetter, start, "+", int64(count))
 	}
 	_ = rediserr.Exec(ctx, pipe) // each command's error is looked at below
-	runs := make([][]DeadLetter, len(q.shards))
+	runs := make([][]failover.DeadLetter, len(q.shards))
 	for i, c := range cmds {
 		msgs, err := c.Result()
 		if err != nil {
@@ -110,7 +80,7 @@ func (q *Queue) DeadLetterPage(ctx context.Context, cursor string, count int) ([
 		}
 	}
 	took := make([]int, len(q.shards))
-	var out []DeadLetter
+	var out []failover.DeadLetter
 	for len(out) < count {
 		best := -1
 		for i, run := range runs {
@@ -167,31 +137,31 @@ func validEntryID(id string) bool {
 }
 
 // locateDeadLetter returns the shard and entry id of a dead-letter id, or
-// an error wrapping ErrDeadLetterNotFound when it cannot name one.
+// an error wrapping failover.ErrDeadLetterNotFound when it cannot name one.
 func (q *Queue) locateDeadLetter(id string) (*shard, string, error) {
 	sh, entry, err := q.locateShard(id)
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: %w", ErrDeadLetterNotFound, err)
+		return nil, "", fmt.Errorf("%w: %w", failover.ErrDeadLetterNotFound, err)
 	}
 	if !validEntryID(entry) {
-		return nil, "", fmt.Errorf("redisstream: dead letter %q: not an entry id: %w", id, ErrDeadLetterNotFound)
+		return nil, "", fmt.Errorf("redisstream: dead letter %q: not an entry id: %w", id, failover.ErrDeadLetterNotFound)
 	}
 	return sh, entry, nil
 }
 
 // DeadLetterByID returns the record id names, or an error wrapping
-// ErrDeadLetterNotFound.
-func (q *Queue) DeadLetterByID(ctx context.Context, id string) (DeadLetter, error) {
+// failover.ErrDeadLetterNotFound.
+func (q *Queue) DeadLetterByID(ctx context.Context, id string) (failover.DeadLetter, error) {
 	sh, entry, err := q.locateDeadLetter(id)
 	if err != nil {
-		return DeadLetter{}, err
+		return failover.DeadLetter{}, err
 	}
 	msgs, err := q.client.XRange(ctx, sh.deadLetter, entry, entry).Result()
 	if err != nil {
-		return DeadLetter{}, fmt.Errorf("redisstream: xrange %s %s: %w", sh.deadLetter, entry, err)
+		return failover.DeadLetter{}, fmt.Errorf("redisstream: xrange %s %s: %w", sh.deadLetter, entry, err)
 	}
 	if len(msgs) == 0 {
-		return DeadLetter{}, fmt.Errorf("redisstream: dead letter %s in %s: %w", entry, sh.deadLetter, ErrDeadLetterNotFound)
+		return failover.DeadLetter{}, fmt.Errorf("redisstream: dead letter %s in %s: %w", entry, sh.deadLetter, failover.ErrDeadLetterNotFound)
 	}
 	d := parseDeadLetter(msgs[0])
 	d.ID = id
@@ -200,7 +170,7 @@ func (q *Queue) DeadLetterByID(ctx context.Context, id string) (DeadLetter, erro
 
 // DeleteDeadLetters deletes the records ids name (XDEL) and returns how
 // many there were; ids naming no record are skipped. A malformed id is an
-// error wrapping ErrDeadLetterNotFound, and then nothing is deleted.
+// error wrapping failover.ErrDeadLetterNotFound, and then nothing is deleted.
 func (q *Queue) DeleteDeadLetters(ctx context.Context, ids ...string) (int64, error) {
 	byShard := make(map[*shard][]string)
 	for _, id := range ids {
@@ -242,17 +212,17 @@ func (q *Queue) PurgeDeadLetters(ctx context.Context) (int64, error) {
 	return n, nil
 }
 
-func parseDeadLetter(m redis.XMessage) DeadLetter {
+func parseDeadLetter(m redis.XMessage) failover.DeadLetter {
 	field := func(name string) string {
 		s, _ := m.Values[name].(string)
 		return s
 	}
-	d := DeadLetter{
+	d := failover.DeadLetter{
 		ID:        m.ID,
 		RequestID: field("request_id"),
 		Body:      []byte(field("body")),
 		Reason:    field("reason"),
-		SourceID:  field("source_id"),
+		Source:    "job stream entry " + field("source_id"),
 		BodySHA1:  field("body_sha1"),
 	}
 	d.BodyBytes, _ = strconv.Atoi(field("body_bytes"))

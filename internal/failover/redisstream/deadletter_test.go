@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
@@ -94,7 +95,7 @@ func TestDeadLetterPages(t *testing.T) {
 				t.Fatalf("DeadLetterByID(%s) = %+v, %v; want %+v", all[3].ID, one, err, all[3])
 			}
 			for _, id := range []string{"1-1", "99:1-1", "garbage", "", "0:x-1"} {
-				if _, err := q.DeadLetterByID(ctx, id); !errors.Is(err, ErrDeadLetterNotFound) {
+				if _, err := q.DeadLetterByID(ctx, id); !errors.Is(err, failover.ErrDeadLetterNotFound) {
 					t.Errorf("DeadLetterByID(%q) = %v, want ErrDeadLetterNotFound", id, err)
 				}
 			}
@@ -102,7 +103,7 @@ func TestDeadLetterPages(t *testing.T) {
 				t.Error("DeadLetterPage accepted a malformed cursor")
 			}
 
-			if _, err := q.DeleteDeadLetters(ctx, all[3].ID, "garbage"); !errors.Is(err, ErrDeadLetterNotFound) {
+			if _, err := q.DeleteDeadLetters(ctx, all[3].ID, "garbage"); !errors.Is(err, failover.ErrDeadLetterNotFound) {
 				t.Fatalf("DeleteDeadLetters with a malformed id = %v, want ErrDeadLetterNotFound", err)
 			}
 			if d, err := q.DeleteDeadLetters(ctx, all[3].ID, all[5].ID); err != nil || d != 2 {
@@ -111,7 +112,7 @@ func TestDeadLetterPages(t *testing.T) {
 			if d, err := q.DeleteDeadLetters(ctx, all[3].ID); err != nil || d != 0 {
 				t.Fatalf("DeleteDeadLetters again = %d, %v; want 0", d, err)
 			}
-			if _, err := q.DeadLetterByID(ctx, all[3].ID); !errors.Is(err, ErrDeadLetterNotFound) {
+			if _, err := q.DeadLetterByID(ctx, all[3].ID); !errors.Is(err, failover.ErrDeadLetterNotFound) {
 				t.Fatalf("deleted record still found: %v", err)
 			}
 			if depth, err := q.DeadLetterDepth(ctx); err != nil || depth != n-2 {

@@ -57,14 +57,7 @@ func shardedHarness(t testing.TB, client redis.UniversalClient, shards int) fail
 		NewConsumer: func(name string) failover.Consumer { return newShardedQueue(t, client, prefix, name, shards) },
 		ReclaimIdle: testIdle,
 		Unordered:   shards > 1,
-		DeadLetters: func(ctx context.Context) ([]failovertest.DeadLetterRecord, error) {
-			dls, err := producer.DeadLetters(ctx, 1<<20)
-			var recs []failovertest.DeadLetterRecord
-			for _, d := range dls {
-				recs = append(recs, failovertest.DeadLetterRecord{RequestID: d.RequestID, Body: d.Body, Reason: d.Reason, Attempt: d.Attempt})
-			}
-			return recs, err
-		},
+		DeadLetters: func(ctx context.Context) ([]failover.DeadLetter, error) { return producer.DeadLetters(ctx, 1<<20) },
 	}
 }
 
@@ -350,7 +343,7 @@ func TestMissingBodyIsDeliveredAndDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	if len(dls) != 2 || dls[0].RequestID != "req-raw" || dls[1].RequestID != "" ||
-		dls[0].Reason != "undecodable job" || dls[0].SourceID != ds[0].ID || len(dls[0].Body) != 0 {
+		dls[0].Reason != "undecodable job" || dls[0].Source != "job stream entry "+ds[0].ID || len(dls[0].Body) != 0 {
 		t.Fatalf("dead letters = %+v", dls)
 	}
 	// Fetch keeps working after the malformed entries.
@@ -395,7 +388,7 @@ func TestDeadLetterRecordOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := dls[0]
-	if d.RequestID != "req-1" || string(d.Body) != "req-1-body" || d.Reason != "gave up" || d.Attempt != 1 || d.SourceID != ds[0].ID {
+	if d.RequestID != "req-1" || string(d.Body) != "req-1-body" || d.Reason != "gave up" || d.Attempt != 1 || d.Source != "job stream entry "+ds[0].ID {
 		t.Fatalf("dead letter = %+v", d)
 	}
 	if d.FailedAt.Before(before.Add(-time.Second)) || d.FailedAt.After(time.Now().Add(time.Second)) {

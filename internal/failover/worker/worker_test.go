@@ -152,7 +152,7 @@ func (e *env) depth() int64 {
 	return n
 }
 
-func (e *env) deadLetters() []memqueue.DeadLetter {
+func (e *env) deadLetters() []failover.DeadLetter {
 	e.tb.Helper()
 	dls, err := e.q.DeadLetters(context.Background(), 100)
 	if err != nil {

@@ -31,7 +31,7 @@ type Harness struct {
 	// Keep it small (a few hundred milliseconds) so the suite is fast.
 	ReclaimIdle time.Duration
 	// DeadLetters returns every dead-lettered job, oldest first.
-	DeadLetters func(ctx context.Context) ([]DeadLetterRecord, error)
+	DeadLetters func(ctx context.Context) ([]failover.DeadLetter, error)
 	// Kill, if set, ends a consumer the way a crashed worker process ends:
 	// it stops fetching and leaves the group without settling the jobs it
 	// holds; its Touch must still report a claim lost once another member
@@ -53,18 +53,6 @@ func (h Harness) kill(c failover.Consumer) {
 	if h.Kill != nil {
 		h.Kill(c)
 	}
-}
-
-// DeadLetterRecord is what the suite checks of one dead-lettered job.
-type DeadLetterRecord struct {
-	// RequestID is the id given to Enqueue.
-	RequestID string
-	// Body is the job exactly as enqueued.
-	Body []byte
-	// Reason is the reason given to DeadLetter.
-	Reason string
-	// Attempt is the delivery attempt that was dead-lettered.
-	Attempt int
 }
 
 // Run runs the behaviour suite. newHarness is called once per subtest with
@@ -371,7 +359,7 @@ func testDeadLetter(t *testing.T, h Harness) {
 	if err != nil {
 		t.Fatalf("DeadLetters: %v", err)
 	}
-	want := DeadLetterRecord{RequestID: "req-dl", Body: []byte("poison"), Reason: "provider kept failing", Attempt: 2}
+	want := failover.DeadLetter{RequestID: "req-dl", Body: []byte("poison"), Reason: "provider kept failing", Attempt: 2}
 	if len(recs) != 1 || recs[0].RequestID != want.RequestID || !bytes.Equal(recs[0].Body, want.Body) ||
 		recs[0].Reason != want.Reason || recs[0].Attempt != want.Attempt {
 		t.Fatalf("dead letters = %+v, want exactly [%+v]", recs, want)
