@@ -264,7 +264,7 @@ func TestDegraderFailureRate(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
 		in := &fakeSignals{}
-		log, logs := newLog(t)
+		log, logs := testutil.NewLog(t)
 		m := newMetrics(t)
 		d, err := NewDegrader(DegradeConfig{}, in, m, log)
 		if err != nil {
@@ -286,7 +286,7 @@ func TestDegraderFailureRate(t *testing.T) {
 		// has held for 9 s, eleven for 10 s.
 		checkLevel(t, "30 % again, held 9 s", after(10), 0)
 		checkLevel(t, "30 % held 10 s", after(1), 2)
-		if logs.count("input=error_rate") != 1 || logs.count("requests=40") != 1 {
+		if logs.Count("input=error_rate") != 1 || logs.Count("requests=40") != 1 {
 			t.Errorf("level change logged as %q; want the input and its figures named", logs.String())
 		}
 		if got := promtest.ToFloat64(m.DegradationInput.WithLabelValues(InputErrorRate)); got != 0.3 {
@@ -301,7 +301,7 @@ func TestDegraderFailureRate(t *testing.T) {
 		// A second input at 3: 3.
 		in.set(DegradeSignals{ErrorRate: 1, LatestErrorRate: 1, Requests: 400, BacklogFraction: 0.85})
 		checkLevel(t, "beside a critical backlog", after(1), 3)
-		if logs.count("input=backlog_fraction") != 1 {
+		if logs.Count("input=backlog_fraction") != 1 {
 			t.Errorf("level 3 logged as %q; want the backlog named", logs.String())
 		}
 		// The failures stop: the minute still reads 40 %, its latest

@@ -1,10 +1,7 @@
 package admission
 
 import (
-	"bytes"
 	"context"
-	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,43 +11,6 @@ import (
 
 	"github.com/spillway-dev/spillway/internal/metrics"
 )
-
-// logBuffer collects log output for tests that count log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// count returns how many logged lines contain s.
-func (b *logBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for line := range strings.Lines(b.buf.String()) {
-		if strings.Contains(line, s) {
-			n++
-		}
-	}
-	return n
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func newLog(tb testing.TB) (*slog.Logger, *logBuffer) {
-	tb.Helper()
-	lb := &logBuffer{}
-	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
-}
 
 func newMetrics(tb testing.TB) *metrics.Metrics {
 	tb.Helper()

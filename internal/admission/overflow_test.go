@@ -14,10 +14,10 @@ import (
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
-func newTestOverflow(tb testing.TB, cfg OverflowConfig) (*Overflow, *fakeDepth, *logBuffer, func() (depth, threshold, rejected float64)) {
+func newTestOverflow(tb testing.TB, cfg OverflowConfig) (*Overflow, *fakeDepth, *testutil.LogBuffer, func() (depth, threshold, rejected float64)) {
 	tb.Helper()
 	fd := &fakeDepth{}
-	log, lb := newLog(tb)
+	log, lb := testutil.NewLog(tb)
 	m := newMetrics(tb)
 	o, err := NewOverflow(cfg, DepthFunc(fd.read), m, log)
 	if err != nil {
@@ -177,7 +177,7 @@ func TestOverflowDepthReadFailure(t *testing.T) {
 			t.Fatalf("after failed read %d: Depth %d, Check %v; want last value 120 kept and refusing", i, o.Depth(), o.Check(protocol.PriorityHigh))
 		}
 	}
-	if n := lb.count("queue depth read failed"); n != 1 {
+	if n := lb.Count("queue depth read failed"); n != 1 {
 		t.Fatalf("%d failure lines for one streak of 3 failed reads, want 1:\n%s", n, lb)
 	}
 	fd.set(50, nil)
@@ -185,13 +185,13 @@ func TestOverflowDepthReadFailure(t *testing.T) {
 	if o.Depth() != 50 || o.Check(protocol.PriorityHigh) != nil {
 		t.Fatalf("after recovery: Depth %d, Check %v; want 50 and accepting", o.Depth(), o.Check(protocol.PriorityHigh))
 	}
-	if n := lb.count("queue depth read works again"); n != 1 {
+	if n := lb.Count("queue depth read works again"); n != 1 {
 		t.Fatalf("%d recovery lines, want 1:\n%s", n, lb)
 	}
 	fd.set(0, boom)
 	o.refresh(ctx, at(5))
 	o.refresh(ctx, at(6))
-	if n := lb.count("queue depth read failed"); n != 2 {
+	if n := lb.Count("queue depth read failed"); n != 2 {
 		t.Fatalf("%d failure lines after a second streak, want 2:\n%s", n, lb)
 	}
 }
@@ -278,7 +278,7 @@ func TestOverflowShedsByPriority(t *testing.T) {
 	t.Parallel()
 	cfg := OverflowConfig{Threshold: 100, Hysteresis: 10, RefreshEvery: time.Second, RetryAfterMax: 30 * time.Second}
 	fd := &fakeDepth{}
-	log, _ := newLog(t)
+	log, _ := testutil.NewLog(t)
 	m := newMetrics(t)
 	o, err := NewOverflow(cfg, DepthFunc(fd.read), m, log)
 	if err != nil {

@@ -58,9 +58,9 @@ func (h *countingHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	return func(ctx context.Context, cmds []redis.Cmder) error { h.n.Add(int64(len(cmds))); return next(ctx, cmds) }
 }
 
-func newTestLimiter(tb testing.TB, cfg RateLimitConfig, rdb redis.UniversalClient) (*RateLimiter, *metrics.Metrics, *logBuffer) {
+func newTestLimiter(tb testing.TB, cfg RateLimitConfig, rdb redis.UniversalClient) (*RateLimiter, *metrics.Metrics, *testutil.LogBuffer) {
 	tb.Helper()
-	log, lb := newLog(tb)
+	log, lb := testutil.NewLog(tb)
 	m := newMetrics(tb)
 	l, err := NewRateLimiter(cfg, rdb, m, log)
 	if err != nil {
@@ -230,7 +230,7 @@ func TestRateLimiterFallback(t *testing.T) {
 	if got := promtest.ToFloat64(m.RateLimited); got != 99 { // carol once, dave 98 times
 		t.Fatalf("spillway_rate_limited_total = %v, want 99", got)
 	}
-	if n := lb.count("redis unreachable"); n != 1 {
+	if n := lb.Count("redis unreachable"); n != 1 {
 		t.Fatalf("%d 'redis unreachable' lines, want 1:\n%s", n, lb)
 	}
 	// Local GCRA honours time: one emission interval later carol may go again.
@@ -239,7 +239,7 @@ func TestRateLimiterFallback(t *testing.T) {
 		t.Fatalf("carol refused locally one emission interval later: %v", p)
 	}
 	checkRateLimited(t, l.Allow(ctx, "carol"), 2)
-	if n := lb.count("redis unreachable"); n != 1 {
+	if n := lb.Count("redis unreachable"); n != 1 {
 		t.Fatalf("a failed probe logged again: %d 'redis unreachable' lines, want 1", n)
 	}
 
@@ -250,7 +250,7 @@ func TestRateLimiterFallback(t *testing.T) {
 		_ = l.Allow(ctx, "erin")
 		return !l.Degraded()
 	}, "limiter back on redis after restart")
-	if n := lb.count("redis answers again"); n != 1 {
+	if n := lb.Count("redis answers again"); n != 1 {
 		t.Fatalf("%d recovery lines, want 1:\n%s", n, lb)
 	}
 	if got := l.local.size(); got != 0 {

@@ -1,14 +1,11 @@
 package breaker
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -53,51 +50,14 @@ func scripted(fail *atomic.Bool) *fakeProvider {
 	}}
 }
 
-// logBuffer collects log output for tests that count log lines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// count returns how many logged lines contain s.
-func (b *logBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for line := range strings.Lines(b.buf.String()) {
-		if strings.Contains(line, s) {
-			n++
-		}
-	}
-	return n
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func newLog(tb testing.TB) (*slog.Logger, *logBuffer) {
-	tb.Helper()
-	lb := &logBuffer{}
-	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
-}
-
 func newMetrics(tb testing.TB) *metrics.Metrics {
 	tb.Helper()
 	return metrics.New(prometheus.NewRegistry())
 }
 
-func newTestBreaker(tb testing.TB, cfg Config, p llm.Provider) (*Breaker, *metrics.Metrics, *logBuffer) {
+func newTestBreaker(tb testing.TB, cfg Config, p llm.Provider) (*Breaker, *metrics.Metrics, *testutil.LogBuffer) {
 	tb.Helper()
-	log, lb := newLog(tb)
+	log, lb := testutil.NewLog(tb)
 	m := newMetrics(tb)
 	b, err := New(cfg, p, m, log)
 	if err != nil {
@@ -189,7 +149,7 @@ func TestBreakerLifecycle(t *testing.T) {
 		if want := []float64{0, 2, 1, 0}; fmt.Sprint(seen) != fmt.Sprint(want) {
 			t.Fatalf("spillway_circuit_state went %v, want %v", seen, want)
 		}
-		if lb.count("provider circuit opened") != 1 || lb.count("provider circuit half-open") != 1 || lb.count("provider circuit closed") != 1 {
+		if lb.Count("provider circuit opened") != 1 || lb.Count("provider circuit half-open") != 1 || lb.Count("provider circuit closed") != 1 {
 			t.Fatalf("want one log line per transition:\n%s", lb)
 		}
 	})
@@ -403,7 +363,7 @@ func TestConfig(t *testing.T) {
 func TestCircuitsOpenOnlyWhenAllOpen(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
-		log, _ := newLog(t)
+		log, _ := testutil.NewLog(t)
 		m := newMetrics(t)
 		var fail atomic.Bool
 		fail.Store(true)

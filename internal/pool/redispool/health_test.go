@@ -46,7 +46,7 @@ func testBusyRedisNoFallback(t *testing.T, idleHold time.Duration) {
 	admin := s.Client(t)
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 8, PerUser: 8, LeaseTTL: 3 * time.Second, IdleHold: idleHold}
 	var fellBack atomic.Int32
-	logs := &logBuffer{}
+	logs := &testutil.LogBuffer{}
 	p := newTestPool(t, s.Addr, cfg, slog.New(slog.NewTextHandler(logs, nil)), func(on bool) {
 		if on {
 			fellBack.Add(1)

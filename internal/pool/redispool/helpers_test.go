@@ -1,11 +1,8 @@
 package redispool
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,31 +11,6 @@ import (
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
-
-// logBuffer collects log lines from any goroutine.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// count returns how many lines contain s.
-func (b *logBuffer) count(s string) int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return strings.Count(b.buf.String(), s)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // newTestPool returns a Pool on its own client, as a separate process
 // would have, closed when the test ends.

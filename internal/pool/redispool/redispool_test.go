@@ -578,7 +578,7 @@ func TestFallbackWhileRedisDown(t *testing.T) {
 	cfg := Config{Prefix: redistest.Prefix(t), Size: 1, PerUser: 5, LeaseTTL: time.Second, FallbackSize: 2}
 	ctx := context.Background()
 	events := make(chan bool, 10)
-	logs := &logBuffer{}
+	logs := &testutil.LogBuffer{}
 	p := newTestPool(t, s.Addr, cfg, slog.New(slog.NewTextHandler(logs, nil)), func(on bool) { events <- on })
 
 	l0, err := p.TryAcquire(ctx, "u") // in Redis
@@ -658,7 +658,7 @@ func TestFallbackWhileRedisDown(t *testing.T) {
 		t.Fatalf("extra onFallback(%v)", on)
 	default:
 	}
-	if w, i := logs.count("Redis gone"), logs.count("reachable again"); w != 1 || i != 1 {
+	if w, i := logs.Count("Redis gone"), logs.Count("reachable again"); w != 1 || i != 1 {
 		t.Fatalf("log lines: %d down, %d up, want 1 each:\n%s", w, i, logs)
 	}
 }

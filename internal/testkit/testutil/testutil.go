@@ -5,7 +5,10 @@
 package testutil
 
 import (
+	"bytes"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -46,6 +49,45 @@ func Within(within time.Duration, cond func() bool) bool {
 func AdvanceFakeClock(d time.Duration) {
 	synctest.Wait()
 	time.Sleep(d)
+}
+
+// LogBuffer collects log output from any goroutine, for tests that count
+// log lines.
+type LogBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *LogBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// Count returns how many logged lines contain s.
+func (b *LogBuffer) Count(s string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := 0
+	for line := range strings.Lines(b.buf.String()) {
+		if strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+func (b *LogBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// NewLog returns a text logger at debug level writing into a LogBuffer.
+func NewLog(tb testing.TB) (*slog.Logger, *LogBuffer) {
+	tb.Helper()
+	lb := &LogBuffer{}
+	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
 }
 
 // DiscardLogger returns a logger that drops everything.
