@@ -137,13 +137,18 @@ func TestBacklogAndDrops(t *testing.T) {
 	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute, MaxBatch: maxBatch, Buffer: buffer,
 		OnDrop: func() { onDrop.Add(1) }}, srv)
 	admin := srv.Client(t)
-	// One write goes out, then Redis stalls writes: the appender's next
-	// pipeline waits and the rest pile up behind it.
+	// One write goes out, then Redis stalls writes and a second write
+	// (another log's) is under way, waiting: everything appended from here
+	// piles up behind it, up to Buffer. (Without that plug in flight the
+	// writer could take part of the burst into its next write as it
+	// arrives, and fewer than Buffer would wait.)
 	a.Open("req-b", "alice")
 	testutil.Eventually(t, 5*time.Second, func() bool { return a.Batches() == 1 && a.Pending() == 0 }, "the first write out")
-	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "400", "WRITE").Err(); err != nil {
+	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "3000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
+	a.Open("req-plug", "alice")
+	testutil.Eventually(t, 2*time.Second, func() bool { return a.Batches() == 2 && a.Pending() == 1 }, "the plug's write under way")
 	start := time.Now()
 	kept := 0
 	for i := 1; i <= n; i++ {
