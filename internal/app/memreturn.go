@@ -23,7 +23,7 @@ import (
 // small, so this costs little, and it runs at most once per minReturnGap.
 //
 // A burst that rose by burstGoroutines and then held steady for one
-// interval (moved by less than a tenth of that) gets the same, once, with
+// interval (moved by less than a fiftieth of that) gets the same, once, with
 // one collection, whenever it settles: minReturnGap does not hold it
 // back, so what 10,000 waiting streams hold once settled does not depend
 // on when the last return happened. A ramp that stalled for an interval
@@ -53,13 +53,20 @@ const (
 	// peak, or rise from its low: about 500 streams (two goroutines each
 	// while they wait).
 	burstGoroutines = 1000
-	// settledGoroutines is how little the count may move in one interval
-	// for a risen burst to count as settled.
+	// settledGoroutines is how far a settled burst's count must have
+	// moved since its last return for a settled return to come again.
 	settledGoroutines = burstGoroutines / 10
-	// minReturnGap bounds how often memory is returned.
+	// stillGoroutines is how little the count may move in one interval
+	// for a risen burst to count as settled: about ten streams a second.
+	stillGoroutines = burstGoroutines / 50
+	// minReturnGap bounds how often memory is returned after a burst
+	// ended.
 	minReturnGap = 30 * time.Second
-	// memReturnInterval is how often the goroutine count is read.
-	memReturnInterval = 5 * time.Second
+	// memReturnInterval is how often the goroutine count is read: a
+	// second, so the pages of a burst that settled are returned a second
+	// or two after its last stream arrived (a read costs a few hundred
+	// nanoseconds).
+	memReturnInterval = time.Second
 )
 
 func newMemReturner(log *slog.Logger) *memReturner {
@@ -93,7 +100,7 @@ func (m *memReturner) check(now time.Time) bool {
 		m.low = n
 	}
 	ended := m.peak-n >= burstGoroutines
-	settled := n-m.low >= burstGoroutines && prev >= 0 && abs(n-prev) < settledGoroutines &&
+	settled := n-m.low >= burstGoroutines && prev >= 0 && abs(n-prev) < stillGoroutines &&
 		(m.settledN < 0 || abs(n-m.settledN) >= settledGoroutines)
 	if !ended && !settled || !settled && now.Sub(m.last) < minReturnGap {
 		return false
