@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -173,28 +174,22 @@ func (c DegradeConfig) withDefaults() DegradeConfig {
 	return c
 }
 
-// Validate reports bad values without changing c.
+// Validate reports bad values without changing c, each field out of range
+// as a *bounds.Error. It checks the fields as given: NewDegrader fills the
+// zero fields that have a default before it calls Validate.
 func (c DegradeConfig) Validate() error {
-	var errs []error
-	if c.MaxTokens < 0 {
-		errs = append(errs, fmt.Errorf("admission: degrade MaxTokens %d must not be negative", c.MaxTokens))
+	err := errors.Join(
+		bounds.AtLeast("MaxTokens", c.MaxTokens, 1),
+		bounds.AtLeast("MinRequests", c.MinRequests, 1),
+		bounds.AtLeast("ProbeEvery", c.ProbeEvery, 1),
+		bounds.AtLeast("Hold", c.Hold, 0),
+		bounds.AtLeast("RaiseAfter", c.RaiseAfter, 0),
+		bounds.AtLeast("RetryAfterMax", c.RetryAfterMax, time.Second),
+	)
+	if err != nil {
+		return fmt.Errorf("admission: degrade: %w", err)
 	}
-	if c.MinRequests < 0 {
-		errs = append(errs, fmt.Errorf("admission: degrade MinRequests %d must not be negative", c.MinRequests))
-	}
-	if c.ProbeEvery < 0 {
-		errs = append(errs, fmt.Errorf("admission: degrade ProbeEvery %d must not be negative", c.ProbeEvery))
-	}
-	if c.Hold < 0 {
-		errs = append(errs, fmt.Errorf("admission: degrade Hold %s must not be negative", c.Hold))
-	}
-	if c.RaiseAfter < 0 {
-		errs = append(errs, fmt.Errorf("admission: degrade RaiseAfter %s must not be negative", c.RaiseAfter))
-	}
-	if c.RetryAfterMax < 0 || (c.RetryAfterMax > 0 && c.RetryAfterMax < time.Second) {
-		errs = append(errs, errors.New("admission: degrade RetryAfterMax must be at least 1s"))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Degrader computes the degradation level 0–3 from its inputs and applies
@@ -231,6 +226,7 @@ type Degrader struct {
 // NewDegrader returns a degrader at level 0. m and log may be nil (no
 // metrics, slog.Default).
 func NewDegrader(cfg DegradeConfig, in DegradeInputs, m *metrics.Metrics, log *slog.Logger) (*Degrader, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}

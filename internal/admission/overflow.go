@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -75,27 +76,34 @@ func (c OverflowConfig) withDefaults() OverflowConfig {
 	return c
 }
 
-// Validate reports bad values without changing c.
+// MinOverflowRefreshEvery is the shortest OverflowConfig.RefreshEvery:
+// every api reads the backlog depth from Redis that often.
+const MinOverflowRefreshEvery = 10 * time.Millisecond
+
+// Validate reports bad values without changing c, each field out of range
+// as a *bounds.Error. It checks the fields as given: NewOverflow fills the
+// zero fields that have a default before it calls Validate.
 func (c OverflowConfig) Validate() error {
-	c = c.withDefaults()
-	var errs []error
-	if c.Threshold < 1 {
-		errs = append(errs, fmt.Errorf("admission: overflow Threshold %d must be positive", c.Threshold))
+	errs := []error{
+		bounds.AtLeast("Threshold", c.Threshold, 1),
+		bounds.AtLeast("Hysteresis", c.Hysteresis, 0),
+		bounds.AtLeast("RefreshEvery", c.RefreshEvery, MinOverflowRefreshEvery),
+		bounds.AtLeast("RetryAfterMax", c.RetryAfterMax, time.Second),
 	}
-	if c.Hysteresis < 0 || c.Hysteresis >= c.Threshold {
-		errs = append(errs, fmt.Errorf("admission: overflow Hysteresis %d must be in [0, Threshold)", c.Hysteresis))
+	if c.Hysteresis >= 0 && c.Hysteresis >= c.Threshold {
+		errs = append(errs, fmt.Errorf("Hysteresis %d must be below Threshold %d", c.Hysteresis, c.Threshold))
 	}
-	if c.RefreshEvery <= 0 {
-		errs = append(errs, errors.New("admission: overflow RefreshEvery must be positive"))
+	if !(c.ShedLowFraction > 0 && c.ShedLowFraction <= 1) { // written so NaN fails too
+		errs = append(errs, &bounds.Error{Field: "ShedLowFraction", Value: c.ShedLowFraction,
+			Rule: "must be above %v and at most %v", Bounds: []any{0.0, 1.0}})
+	} else if !(c.ShedNormalFraction >= c.ShedLowFraction && c.ShedNormalFraction <= 1) {
+		errs = append(errs, fmt.Errorf("ShedNormalFraction %g must be at least ShedLowFraction %g and at most 1",
+			c.ShedNormalFraction, c.ShedLowFraction))
 	}
-	if !(c.ShedLowFraction > 0 && c.ShedLowFraction <= c.ShedNormalFraction && c.ShedNormalFraction <= 1) {
-		errs = append(errs, fmt.Errorf("admission: overflow shed fractions low %g and normal %g must satisfy 0 < low <= normal <= 1",
-			c.ShedLowFraction, c.ShedNormalFraction))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("admission: overflow: %w", err)
 	}
-	if c.RetryAfterMax < time.Second {
-		errs = append(errs, errors.New("admission: overflow RetryAfterMax must be at least 1s"))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // drainWeight is the weight of the newest sample in the drain-rate EWMA:
@@ -151,13 +159,13 @@ type waitingCounter interface {
 // NewOverflow returns the gate. backlog is read only by Run, never by
 // Check. The gate accepts until the first refresh says otherwise.
 func NewOverflow(cfg OverflowConfig, backlog Backlog, m *metrics.Metrics, log *slog.Logger) (*Overflow, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if backlog == nil || m == nil || log == nil {
 		return nil, errors.New("admission: overflow needs a backlog, metrics and logger")
 	}
-	cfg = cfg.withDefaults()
 	o := &Overflow{cfg: cfg, backlog: backlog, m: m, log: log, levels: shedLevels(cfg)}
 	for _, p := range protocol.Priorities {
 		o.rejected[p.Rank()] = m.QueueRejections.WithLabelValues("overflow", string(p))

@@ -264,7 +264,7 @@ func TestOverflowConfigValidate(t *testing.T) {
 			t.Parallel()
 			c := ok
 			tt.mutate(&c)
-			if err := c.Validate(); (err == nil) != tt.valid {
+			if err := c.withDefaults().Validate(); (err == nil) != tt.valid {
 				t.Fatalf("Validate() = %v, want valid %v", err, tt.valid)
 			}
 		})
@@ -336,11 +336,11 @@ func TestOverflowConfigShedFractions(t *testing.T) {
 		{ShedLowFraction: -0.1},
 		{ShedNormalFraction: 1.1},
 	} {
-		if err := c.Validate(); err == nil {
+		if err := c.withDefaults().Validate(); err == nil {
 			t.Errorf("Validate(%+v) = nil, want an error", c)
 		}
 	}
-	if err := (OverflowConfig{ShedLowFraction: 1, ShedNormalFraction: 1}).Validate(); err != nil {
+	if err := (OverflowConfig{ShedLowFraction: 1, ShedNormalFraction: 1}).withDefaults().Validate(); err != nil {
 		t.Errorf("fractions of 1 (shed only at the threshold): %v", err)
 	}
 }

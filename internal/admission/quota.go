@@ -9,6 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -49,11 +50,20 @@ func (c QuotaConfig) withDefaults() QuotaConfig {
 	return c
 }
 
-// Validate reports bad values without changing c.
+// Validate reports bad values without changing c, each field out of range
+// as a *bounds.Error. It checks the fields as given: NewQuota fills the
+// zero fields that have a default before it calls Validate.
 func (c QuotaConfig) Validate() error {
-	c = c.withDefaults()
-	if c.Prefix == "" || c.MaxPerIdentity < 0 || c.MaxBytes < 0 || c.RetryAfter < 0 {
-		return errors.New("admission: quota needs a prefix, and limits not negative")
+	errs := []error{
+		bounds.AtLeast("MaxPerIdentity", c.MaxPerIdentity, 1),
+		bounds.AtLeast("MaxBytes", c.MaxBytes, 0),
+		bounds.AtLeast("RetryAfter", c.RetryAfter, 0),
+	}
+	if c.Prefix == "" {
+		errs = append(errs, errors.New("a prefix is required"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("admission: quota: %w", err)
 	}
 	return nil
 }
@@ -80,13 +90,14 @@ type Quota struct {
 
 // NewQuota returns the quota on rdb, which it does not close.
 func NewQuota(cfg QuotaConfig, rdb redis.Scripter) (*Quota, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if rdb == nil {
 		return nil, errors.New("admission: quota needs a Redis client")
 	}
-	return &Quota{cfg: cfg.withDefaults(), rdb: rdb}, nil
+	return &Quota{cfg: cfg, rdb: rdb}, nil
 }
 
 // Every key carries the {quota} hash tag: the scripts touch an identity's

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/metrics"
 	"github.com/spillway-dev/spillway/internal/protocol"
@@ -66,19 +67,25 @@ func (c RateLimitConfig) withDefaults() RateLimitConfig {
 
 // Validate reports bad values without changing c. Zero durations and
 // LocalMaxKeys are valid: they take their defaults.
+// RPS and Burst out of range are *bounds.Errors.
 func (c RateLimitConfig) Validate() error {
-	var errs []error
-	if math.IsNaN(c.RPS) || c.RPS < 0 || c.RPS > 1e6 {
-		errs = append(errs, fmt.Errorf("admission: rate limit RPS %v must be in [0, 1e6]", c.RPS))
-	}
-	if c.Burst < 0 {
-		errs = append(errs, fmt.Errorf("admission: rate limit Burst %d is negative", c.Burst))
+	errs := []error{bounds.AtLeast("Burst", c.Burst, 0)}
+	if math.IsNaN(c.RPS) || math.IsInf(c.RPS, 0) || c.RPS < 0 {
+		errs = append(errs, &bounds.Error{Field: "RPS", Value: c.RPS, Rule: "must be 0 (off) or a positive number"})
+	} else {
+		errs = append(errs, bounds.AtMost("RPS", c.RPS, maxRPS))
 	}
 	if c.Timeout < 0 || c.ProbeEvery < 0 || c.LocalMaxKeys < 0 {
-		errs = append(errs, errors.New("admission: rate limit Timeout, ProbeEvery and LocalMaxKeys must not be negative"))
+		errs = append(errs, errors.New("Timeout, ProbeEvery and LocalMaxKeys must not be negative"))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("admission: rate limit: %w", err)
+	}
+	return nil
 }
+
+// maxRPS is the highest RateLimitConfig.RPS: a faster rate is no limit.
+const maxRPS = 1e6
 
 // limitFor maps a rate and burst to a redis_rate limit with the same
 // emission interval (Period/Rate): whole rates per second, anything else

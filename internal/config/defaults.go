@@ -12,12 +12,16 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
 	"github.com/spillway-dev/spillway/internal/llm/breaker"
 	"github.com/spillway-dev/spillway/internal/llm/upstream"
 	"github.com/spillway-dev/spillway/internal/llm/upstream/models"
+	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/redisclient"
 	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 )
 
 // Defaults returns every setting at its default, before Load fills in the
@@ -32,13 +36,11 @@ func Defaults() Config {
 	return Config{
 		HTTPAddr:         ":8080",
 		ConsumerHTTPAddr: ":9090",
-		// go-redis's own dial timeout is 5 s; a Redis that takes a second
-		// to accept is better treated as down (the pool falls back).
-		RedisDialTimeout: time.Second,
-		RedisTimeout:     3 * time.Second,
-		RedisPoolTimeout: time.Second,
+		RedisDialTimeout: redisclient.DefaultDialTimeout,
+		RedisTimeout:     redisclient.DefaultTimeout,
+		RedisPoolTimeout: redisclient.DefaultPoolTimeout,
 		RedisDownAfter:   redispool.DefaultDownAfter,
-		QueueShards:      1,
+		QueueShards:      redisstream.DefaultShards,
 
 		QueueType:              QueueTypeRedis,
 		KafkaPartitions:        kafka.DefaultPartitions,
@@ -72,24 +74,23 @@ func Defaults() Config {
 		WorkerConcurrency: worker.DefaultConcurrency,
 		WorkerHeartbeat:   worker.DefaultHeartbeat,
 
-		ConnectionPoolPerUser:    5,
+		ConnectionPoolPerUser:    pool.DefaultPerUser,
 		PoolLeaseTTL:             redispool.DefaultLeaseTTL,
 		PoolLocalFallbackSize:    redispool.DefaultFallbackSize,
 		PoolIdleHold:             redispool.DefaultIdleHold,
-		AdaptiveConcurrencyFloor: 1,
-		AdaptiveInterval:         time.Second,
+		AdaptiveConcurrencyFloor: adaptive.DefaultFloor,
+		AdaptiveInterval:         adaptive.DefaultInterval,
 
-		HeartbeatInterval: 15 * time.Second,
-		MaxBodyBytes:      16 << 20,
-		BodyBytesInFlight: stream.DefaultBodyBytesInFlight,
-		MaxMessages:       1000,
-		MaxTokensLimit:    1 << 20,
-		MaxChoices:        8,
-		NonTextPartTokens: upstream.DefaultNonTextPartTokens,
-		ShutdownGrace:     worker.DefaultStopGrace,
-		StreamLogTTL:      5 * time.Minute,
-		// Long enough for a client's reconnect after a network blip.
-		StreamResumeWindow: 10 * time.Second,
+		HeartbeatInterval:  stream.DefaultHeartbeat,
+		MaxBodyBytes:       stream.DefaultMaxBodyBytes,
+		BodyBytesInFlight:  stream.DefaultBodyBytesInFlight,
+		MaxMessages:        protocol.DefaultLimits.MaxMessages,
+		MaxTokensLimit:     protocol.DefaultLimits.MaxTokens,
+		MaxChoices:         protocol.DefaultLimits.MaxChoices,
+		NonTextPartTokens:  upstream.DefaultNonTextPartTokens,
+		ShutdownGrace:      worker.DefaultStopGrace,
+		StreamLogTTL:       streamlog.DefaultTTL,
+		StreamResumeWindow: stream.DefaultResumeWindow,
 		BodyReadTimeout:    stream.DefaultBodyReadTimeout,
 		MaxConnections:     20000,
 		HTTPIdleTimeout:    120 * time.Second,

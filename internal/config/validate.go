@@ -5,9 +5,10 @@ import (
 
 	"errors"
 	"fmt"
-	"math"
+	"maps"
 	"net"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,9 +17,21 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/admission"
+	"github.com/spillway-dev/spillway/internal/bounds"
+	"github.com/spillway-dev/spillway/internal/failover/kafka"
+	"github.com/spillway-dev/spillway/internal/failover/redisstream"
+	"github.com/spillway-dev/spillway/internal/failover/worker"
 	"github.com/spillway-dev/spillway/internal/identity"
+	"github.com/spillway-dev/spillway/internal/llm"
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
+	"github.com/spillway-dev/spillway/internal/llm/upstream/models"
+	"github.com/spillway-dev/spillway/internal/pool/redispool"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redact"
+	"github.com/spillway-dev/spillway/internal/redisclient"
+	"github.com/spillway-dev/spillway/internal/stream"
+	"github.com/spillway-dev/spillway/internal/streamlog"
 )
 
 // Values of QUEUE_TYPE, POOL_BACKEND, LLM_PROVIDER, CORS_ALLOWED_ORIGINS and
@@ -47,13 +60,7 @@ const (
 // Lower bounds that are not simply "at least 1".
 const (
 	minMaxBodyBytes        = 1024
-	maxBodyBytesInFlight   = 64 << 30
-	minDepthCacheTTLMS     = 10
 	minPoolLeaseTTLSeconds = 2
-	// minAdaptiveIntervalMS keeps the adaptive limit's Redis traffic (one
-	// script per process per interval) small.
-	minAdaptiveIntervalMS = 100
-	maxQueueShards        = 64
 	// maxModelName is the longest `model` a request may carry
 	// (internal/protocol), so a longer LLM_MODELS item could never match.
 	maxModelName = 256
@@ -116,101 +123,58 @@ func (c *Config) Validate() error {
 	default:
 		v.fail("POOL_BACKEND", "(%q) must be local or redis", c.PoolBackend)
 	}
-	poolOK := v.atLeast("CONNECTION_POOL_SIZE", c.ConnectionPoolSize, 1)
-	v.atLeast("CONNECTION_POOL_PER_USER", c.ConnectionPoolPerUser, 1)
+	// The pool takes leases as short as it can renew (tests use them); a
+	// process renewing every POOL_LEASE_TTL_SECONDS/3 needs whole seconds.
 	v.durationAtLeast("POOL_LEASE_TTL_SECONDS", c.PoolLeaseTTL, minPoolLeaseTTLSeconds)
-	v.atLeast("POOL_LOCAL_FALLBACK_SIZE", c.PoolLocalFallbackSize, 1)
-	v.durationAtLeast("POOL_IDLE_HOLD_MS", c.PoolIdleHold, 0)
-	if v.atLeast("ADAPTIVE_CONCURRENCY_FLOOR", c.AdaptiveConcurrencyFloor, 1) && poolOK && c.AdaptiveConcurrencyFloor > c.ConnectionPoolSize {
+	if c.AdaptiveConcurrencyFloor >= 1 && c.ConnectionPoolSize >= 1 && c.AdaptiveConcurrencyFloor > c.ConnectionPoolSize {
 		v.fail("ADAPTIVE_CONCURRENCY_FLOOR", "(%d) must be at most CONNECTION_POOL_SIZE (%d)", c.AdaptiveConcurrencyFloor, c.ConnectionPoolSize)
 	}
-	v.durationAtLeast("ADAPTIVE_FIRST_TOKEN_TARGET_MS", c.AdaptiveFirstTokenTarget, 0)
-	v.durationAtLeast("ADAPTIVE_INTERVAL_MS", c.AdaptiveInterval, minAdaptiveIntervalMS)
-	v.atLeast("REDIS_POOL_SIZE", c.RedisPoolSize, 0)
-	v.atLeast("REDIS_MIN_IDLE_CONNS", c.RedisMinIdleConns, 0)
-	v.durationAtLeast("REDIS_DIAL_TIMEOUT_MS", c.RedisDialTimeout, 10)
-	v.durationAtLeast("REDIS_TIMEOUT_MS", c.RedisTimeout, 10)
-	v.durationAtLeast("REDIS_POOL_TIMEOUT_MS", c.RedisPoolTimeout, 10)
-	v.durationAtLeast("REDIS_DOWN_AFTER_MS", c.RedisDownAfter, 100)
-	if v.atLeast("QUEUE_SHARDS", c.QueueShards, 1) {
-		if c.QueueShards > maxQueueShards {
-			v.fail("QUEUE_SHARDS", "(%d) must be at most %d", c.QueueShards, maxQueueShards)
-		} else if c.QueueShards > 1 && c.QueueType == QueueTypeKafka {
-			v.fail("QUEUE_SHARDS", "(%d) applies to QUEUE_TYPE=redis only: Kafka scales by KAFKA_PARTITIONS", c.QueueShards)
-		}
+	if c.QueueShards > 1 && c.QueueShards <= redisstream.MaxShards && c.QueueType == QueueTypeKafka {
+		v.fail("QUEUE_SHARDS", "(%d) applies to QUEUE_TYPE=redis only: Kafka scales by KAFKA_PARTITIONS", c.QueueShards)
 	}
-	v.atLeast("KAFKA_PARTITIONS", c.KafkaPartitions, 1)
-	v.atLeast("KAFKA_REPLICATION_FACTOR", c.KafkaReplicationFactor, 1)
 
-	v.atLeast("WORKER_CONCURRENCY", c.WorkerConcurrency, 1)
-	v.durationAtLeast("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeat, 1)
 	// A live worker refreshes its claim every heartbeat; if the idle limit
 	// were not longer, live workers' jobs would be taken over.
 	if c.QueueReclaimIdle <= c.WorkerHeartbeat {
 		v.fail("QUEUE_RECLAIM_IDLE_SECONDS", "(%s) must be greater than WORKER_HEARTBEAT_SECONDS (%s)",
 			inUnit("QUEUE_RECLAIM_IDLE_SECONDS", c.QueueReclaimIdle), inUnit("WORKER_HEARTBEAT_SECONDS", c.WorkerHeartbeat))
 	}
-	v.durationAtLeast("QUEUE_FAILOVER_TIMEOUT_SECONDS", c.QueueFailoverTimeout, 1)
-	v.atLeast("DEAD_LETTER_MAX_LEN", c.DeadLetterMaxLen, 1)
-	v.durationAtLeast("DEAD_LETTER_TTL_HOURS", c.DeadLetterTTL, 1)
-	v.atLeast("QUEUE_FAILOVER_MAX_RETRIES", c.QueueFailoverMaxRetries, 0)
 	v.durationAtLeast("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelay, 1)
 	if c.QueueFailoverMaxDelay < c.QueueFailoverBaseDelay {
 		v.fail("QUEUE_FAILOVER_MAX_DELAY_MS", "(%s) must be at least QUEUE_FAILOVER_BASE_DELAY_MS (%s)",
 			inUnit("QUEUE_FAILOVER_MAX_DELAY_MS", c.QueueFailoverMaxDelay), inUnit("QUEUE_FAILOVER_BASE_DELAY_MS", c.QueueFailoverBaseDelay))
 	}
-	v.atLeast("QUEUE_FAILOVER_CHUNK_BATCH_SIZE", c.QueueFailoverChunkBatchSize, 1)
-	v.durationAtLeast("QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS", c.QueueFailoverChunkBatchTimeout, 1)
-	v.atLeast("QUEUE_OVERFLOW_THRESHOLD", c.QueueOverflowThreshold, 1)
-	if v.atLeast("QUEUE_OVERFLOW_HYSTERESIS", c.QueueOverflowHysteresis, 0) &&
-		c.QueueOverflowHysteresis >= c.QueueOverflowThreshold {
+	if c.QueueOverflowHysteresis >= 0 && c.QueueOverflowHysteresis >= c.QueueOverflowThreshold {
 		v.fail("QUEUE_OVERFLOW_HYSTERESIS", "(%d) must be less than QUEUE_OVERFLOW_THRESHOLD (%d)",
 			c.QueueOverflowHysteresis, c.QueueOverflowThreshold)
 	}
-	if !(c.QueueShedLowFraction > 0 && c.QueueShedLowFraction <= 1) { // written so NaN fails too
-		v.fail("QUEUE_SHED_LOW_FRACTION", "(%g) must be above 0 and at most 1", c.QueueShedLowFraction)
-	} else if !(c.QueueShedNormalFraction >= c.QueueShedLowFraction && c.QueueShedNormalFraction <= 1) {
+	if c.QueueShedLowFraction > 0 && c.QueueShedLowFraction <= 1 &&
+		!(c.QueueShedNormalFraction >= c.QueueShedLowFraction && c.QueueShedNormalFraction <= 1) {
 		v.fail("QUEUE_SHED_NORMAL_FRACTION", "(%g) must be at least QUEUE_SHED_LOW_FRACTION (%g) and at most 1",
 			c.QueueShedNormalFraction, c.QueueShedLowFraction)
 	}
 	if _, err := protocol.ParsePriority(c.PriorityMax); err != nil {
 		v.fail("PRIORITY_MAX", "(%q) must be high, normal or low", c.PriorityMax)
 	}
-	v.durationAtLeast("PRIORITY_AGING_SECONDS", c.PriorityAging, 1)
-	v.atLeast("DEGRADE_MAX_TOKENS", c.DegradeMaxTokens, 1)
-	v.atLeast("DEGRADE_MIN_REQUESTS", c.DegradeMinRequests, 1)
-	v.atLeast("DEGRADE_PROBE_EVERY", c.DegradeProbeEvery, 1)
-	v.durationAtLeast("QUEUE_RETRY_AFTER_SECONDS", c.QueueRetryAfter, 1)
-	v.durationAtLeast("QUEUE_DEPTH_CACHE_TTL_MS", c.QueueDepthCacheTTL, minDepthCacheTTLMS)
 
-	v.durationAtLeast("HEARTBEAT_INTERVAL_SECONDS", c.HeartbeatInterval, 1)
+	// The handler takes any positive bound (tests use tiny ones); below
+	// 1 KiB a deployment would refuse every real request.
 	atLeast(&v, "MAX_BODY_BYTES", c.MaxBodyBytes, minMaxBodyBytes)
-	v.atLeast("MAX_MESSAGES", c.MaxMessages, 1)
-	v.atLeast("MAX_TOKENS_LIMIT", c.MaxTokensLimit, 1)
-	v.atLeast("MAX_CHOICES", c.MaxChoices, 1)
-	v.atLeast("NONTEXT_PART_TOKENS", c.NonTextPartTokens, 0)
 	// A queued job carries the body whole.
 	if c.MaxBodyBytes > protocol.MaxJobBytes-(1<<20) {
 		v.fail("MAX_BODY_BYTES", "(%d) must be at most %d: a queued job carries the body whole", c.MaxBodyBytes, protocol.MaxJobBytes-(1<<20))
 	}
-	// One body must fit, or every request of MAX_BODY_BYTES is refused;
-	// above maxBodyBytesInFlight the bound is no bound but a typo.
+	// One body must fit, or every request of MAX_BODY_BYTES is refused.
 	if c.BodyBytesInFlight < c.MaxBodyBytes {
 		v.fail("BODY_BYTES_IN_FLIGHT", "(%d) must be at least MAX_BODY_BYTES (%d): one body must fit", c.BodyBytesInFlight, c.MaxBodyBytes)
-	} else if c.BodyBytesInFlight > maxBodyBytesInFlight {
-		v.fail("BODY_BYTES_IN_FLIGHT", "(%d) must be at most %d (64 GiB)", c.BodyBytesInFlight, int64(maxBodyBytesInFlight))
 	}
 	v.durationAtLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGrace, 0)
-	v.durationAtLeast("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindow, 0)
-	if v.durationAtLeast("STREAM_LOG_TTL_SECONDS", c.StreamLogTTL, 1) &&
-		c.StreamLogTTL <= c.StreamResumeWindow {
+	if c.StreamLogTTL >= time.Second && c.StreamLogTTL <= c.StreamResumeWindow {
 		v.fail("STREAM_LOG_TTL_SECONDS", "(%s) must exceed STREAM_RESUME_WINDOW_SECONDS (%s): a resume needs the log",
 			inUnit("STREAM_LOG_TTL_SECONDS", c.StreamLogTTL), inUnit("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindow))
 	}
-	v.durationAtLeast("BODY_READ_TIMEOUT_SECONDS", c.BodyReadTimeout, 1)
 	v.atLeast("MAX_CONNECTIONS", c.MaxConnections, 1)
 	v.durationAtLeast("HTTP_IDLE_TIMEOUT_SECONDS", c.HTTPIdleTimeout, 1)
-	v.atLeast("QUEUE_MAX_PER_IDENTITY", c.QueueMaxPerIdentity, 1)
 	// A backlog bound below one body would refuse every queued request.
 	if c.QueueMaxBytes < c.MaxBodyBytes {
 		v.fail("QUEUE_MAX_BYTES", "(%d) must be at least MAX_BODY_BYTES (%d)", c.QueueMaxBytes, c.MaxBodyBytes)
@@ -242,12 +206,8 @@ func (c *Config) Validate() error {
 	if c.LLMModel != "" && len(c.LLMModels) > 0 && !slices.Contains(c.LLMModels, c.LLMModel) {
 		v.fail("LLM_MODEL", "(%q) must be one of LLM_MODELS, or requests that name no model would be sent one they may not ask for", c.LLMModel)
 	}
-	v.durationAtLeast("MODELS_CACHE_SECONDS", c.ModelsCacheTTL, 0)
 
-	if math.IsNaN(c.RateLimitRPS) || math.IsInf(c.RateLimitRPS, 0) || c.RateLimitRPS < 0 {
-		v.fail("RATE_LIMIT_RPS", "(%g) must be 0 (off) or a positive number", c.RateLimitRPS)
-	}
-	if v.atLeast("RATE_LIMIT_BURST", c.RateLimitBurst, 0) && c.RateLimitRPS > 0 && c.RateLimitBurst < 1 {
+	if c.RateLimitBurst == 0 && c.RateLimitRPS > 0 {
 		v.fail("RATE_LIMIT_BURST", "(%d) must be at least 1 when RATE_LIMIT_RPS is set (%g)", c.RateLimitBurst, c.RateLimitRPS)
 	}
 
@@ -282,26 +242,12 @@ func (c *Config) Validate() error {
 		v.fail("LLM_ROUTING", "(%q) must be least-loaded, weighted, affinity or latency", c.LLMRouting)
 	}
 	v.atLeast("LLM_UPSTREAM_MAX_CONCURRENCY", c.LLMUpstreamMaxConcurrency, 0)
-	v.atLeast("LLM_UPSTREAM_MAX_FAILS", c.LLMUpstreamMaxFails, 1)
-	v.durationAtLeast("LLM_UPSTREAM_COOLDOWN_SECONDS", c.LLMUpstreamCooldown, 1)
-	v.durationAtLeast("LLM_UPSTREAM_PROBE_SECONDS", c.LLMUpstreamProbe, 0)
-	if c.LLMAffinityBalance < 1 {
-		v.fail("LLM_AFFINITY_BALANCE", "(%g) must be at least 1", c.LLMAffinityBalance)
-	}
-	v.durationAtLeast("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeout, 1)
-	v.durationAtLeast("LLM_IDLE_TIMEOUT_SECONDS", c.LLMIdleTimeout, 1)
 	// A cap shorter than the first-token wait would make that wait a lie.
 	if c.LLMTimeout != 0 && c.LLMTimeout < c.LLMFirstTokenTimeout {
 		v.fail("LLM_TIMEOUT_SECONDS", "(%s) must be 0 (off) or at least LLM_FIRST_TOKEN_TIMEOUT_SECONDS (%s)",
 			inUnit("LLM_TIMEOUT_SECONDS", c.LLMTimeout), inUnit("LLM_FIRST_TOKEN_TIMEOUT_SECONDS", c.LLMFirstTokenTimeout))
 	}
 	v.durationAtLeast("LLM_RETRY_AFTER_MAX_SECONDS", c.LLMRetryAfterMax, 1)
-
-	v.durationAtLeast("SIM_FIRST_TOKEN_MS", c.SimFirstToken, 0)
-	v.durationAtLeast("SIM_TOKEN_MS", c.SimTokenInterval, 0)
-	v.atLeast("SIM_TOKENS", c.SimTokens, 1)
-	v.rate("SIM_FAIL_RATE", c.SimFailRate)
-	v.rate("SIM_FAIL_MIDSTREAM_RATE", c.SimFailMidstreamRate)
 
 	for _, o := range c.CORSAllowedOrigins {
 		if o == CORSAnyOrigin {
@@ -319,7 +265,110 @@ func (c *Config) Validate() error {
 		v.fail("LOG_LEVEL", "(%q) must be debug, info, warn or error", c.LogLevel)
 	}
 
+	v.componentRanges(c)
 	return errors.Join(v.errs...)
+}
+
+// components are the component Configs whose Validate holds the range of
+// a setting, by package and type name; a Config field tagged
+// `bounds:"redispool.Config.PerUser"` is that field of that component.
+var components = map[string]interface{ Validate() error }{
+	"redisclient.Options":       redisclient.Options{},
+	"redispool.Config":          redispool.Config{},
+	"adaptive.Params":           adaptive.Params{},
+	"adaptive.Config":           adaptive.Config{},
+	"redisstream.Config":        redisstream.Config{},
+	"worker.Config":             worker.Config{},
+	"kafka.Config":              kafka.Config{},
+	"admission.OverflowConfig":  admission.OverflowConfig{},
+	"admission.DegradeConfig":   admission.DegradeConfig{},
+	"admission.QuotaConfig":     admission.QuotaConfig{},
+	"admission.RateLimitConfig": admission.RateLimitConfig{},
+	"stream.Config":             stream.Config{},
+	"protocol.Limits":           protocol.Limits{},
+	"streamlog.Config":          streamlog.Config{},
+	"llm.SimConfig":             llm.SimConfig{},
+	"llm.OpenAIConfig":          llm.OpenAIConfig{},
+	"upstream.Config":           upstream.Config{},
+	"upstream.HealthConfig":     upstream.HealthConfig{},
+	"models.Config":             models.Config{},
+}
+
+// boundFields maps each component to its fields that a setting fills,
+// each to the index of the setting's Config field.
+var boundFields = func() map[string]map[string]int {
+	m := make(map[string]map[string]int)
+	t := reflect.TypeFor[Config]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		tag := f.Tag.Get("bounds")
+		if tag == "" {
+			continue
+		}
+		dot := strings.LastIndexByte(tag, '.')
+		comp, field := tag[:max(dot, 0)], tag[dot+1:]
+		cv, ok := components[comp]
+		if !ok {
+			panic("config: " + f.Name + ": bounds tag names no known component: " + tag)
+		}
+		cf, ok := reflect.TypeOf(cv).FieldByName(field)
+		// Every value must reach the component as it is: the same kind,
+		// or an int into an int64.
+		if !ok || f.Type.Kind() != cf.Type.Kind() && (f.Type.Kind() != reflect.Int || cf.Type.Kind() != reflect.Int64) {
+			panic("config: " + f.Name + ": bounds tag names no field of its kind: " + tag)
+		}
+		if m[comp] == nil {
+			m[comp] = make(map[string]int)
+		}
+		m[comp][field] = i
+	}
+	return m
+}()
+
+// componentRanges checks the settings whose range their component holds:
+// it fills each component's Config with them, runs its Validate and
+// reports each *bounds.Error as a FieldError naming the setting, with the
+// value and the bounds written as in env. The component's other rules
+// need what only the wiring gives (a prefix, a client); New checks those.
+func (v *validator) componentRanges(c *Config) {
+	rv := reflect.ValueOf(c).Elem()
+	for _, comp := range slices.Sorted(maps.Keys(boundFields)) {
+		fields := boundFields[comp]
+		cv := reflect.New(reflect.TypeOf(components[comp])).Elem()
+		for field, i := range fields {
+			f := cv.FieldByName(field)
+			f.Set(rv.Field(i).Convert(f.Type()))
+		}
+		err := cv.Interface().(interface{ Validate() error }).Validate()
+		for _, e := range bounds.Errors(err) {
+			i, ok := fields[e.Field]
+			if !ok {
+				continue // a field no setting fills
+			}
+			name := envVars[reflect.TypeFor[Config]().Field(i).Name]
+			args := make([]any, len(e.Bounds))
+			for j, b := range e.Bounds {
+				args[j] = inSetting(name, b, e.Rule == bounds.RuleAtLeast)
+			}
+			v.fail(name, "(%s) %s", inSetting(name, e.Value, false), fmt.Sprintf(e.Rule, args...))
+		}
+	}
+}
+
+// inSetting writes x, the value or a bound of a setting's field, as it
+// would be written in env: a duration in the unit of name (a minimum
+// rounded up to a whole unit, as env counts whole units), a float as %g.
+func inSetting(name string, x any, minimum bool) string {
+	switch x := x.(type) {
+	case time.Duration:
+		if unit, _, _ := durationUnit(name); minimum && x%unit != 0 {
+			x = (x/unit + 1) * unit
+		}
+		return inUnit(name, x)
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64)
+	}
+	return fmt.Sprint(x)
 }
 
 // redisModes checks that at most one Redis mode is chosen, and that each
@@ -408,12 +457,6 @@ func inUnit(name string, d time.Duration) string {
 		return strconv.FormatInt(int64(d/unit), 10)
 	}
 	return strconv.FormatFloat(float64(d)/float64(unit), 'g', -1, 64)
-}
-
-func (v *validator) rate(name string, got float64) {
-	if !(got >= 0 && got <= 1) { // written so NaN fails too
-		v.fail(name, "(%g) must be between 0 and 1", got)
-	}
 }
 
 func (v *validator) listenAddr(name, addr string) {

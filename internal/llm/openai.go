@@ -19,6 +19,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/redact"
 	"github.com/spillway-dev/spillway/internal/telemetry"
@@ -98,8 +99,16 @@ type OpenAIConfig struct {
 	Tracing *telemetry.Provider
 }
 
-// Validate reports the first invalid field of c.
+// Validate reports FirstTokenTimeout and IdleTimeout out of range as
+// *bounds.Errors, checked as given (NewOpenAI fills a zero one with its
+// default first), else the first other invalid field of c.
 func (c OpenAIConfig) Validate() error {
+	if err := errors.Join(
+		bounds.AtLeast("FirstTokenTimeout", c.FirstTokenTimeout, 1),
+		bounds.AtLeast("IdleTimeout", c.IdleTimeout, 1),
+	); err != nil {
+		return fmt.Errorf("llm: openai: %w", err)
+	}
 	u, err := url.Parse(c.BaseURL)
 	switch {
 	case c.BaseURL == "":
@@ -111,10 +120,6 @@ func (c OpenAIConfig) Validate() error {
 		return fmt.Errorf("llm: openai: BaseURL %q: scheme must be http or https", redact.URL(c.BaseURL))
 	case u.Host == "":
 		return fmt.Errorf("llm: openai: BaseURL %q has no host", redact.URL(c.BaseURL))
-	case c.FirstTokenTimeout < 0:
-		return fmt.Errorf("llm: openai: FirstTokenTimeout %s is negative", c.FirstTokenTimeout)
-	case c.IdleTimeout < 0:
-		return fmt.Errorf("llm: openai: IdleTimeout %s is negative", c.IdleTimeout)
 	case c.Timeout < 0:
 		return fmt.Errorf("llm: openai: Timeout %s is negative", c.Timeout)
 	case c.HTTPClient != nil && c.HTTPClient.Timeout != 0:
@@ -143,6 +148,12 @@ var _ Provider = (*OpenAI)(nil)
 // NewOpenAI returns a client configured by cfg, or the error of
 // cfg.Validate.
 func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
+	if cfg.FirstTokenTimeout == 0 {
+		cfg.FirstTokenTimeout = DefaultFirstTokenTimeout
+	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -167,12 +178,6 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 		idle:       cfg.IdleTimeout,
 		timeout:    cfg.Timeout,
 		client:     client,
-	}
-	if o.firstToken == 0 {
-		o.firstToken = DefaultFirstTokenTimeout
-	}
-	if o.idle == 0 {
-		o.idle = DefaultIdleTimeout
 	}
 	return o, nil
 }

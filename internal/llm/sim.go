@@ -13,6 +13,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -82,19 +83,21 @@ func DefaultSimConfig() SimConfig {
 	}
 }
 
-// Validate reports the first invalid field of c.
+// Validate reports bad values, each field out of range as a
+// *bounds.Error.
 func (c SimConfig) Validate() error {
+	errs := []error{
+		bounds.AtLeast("FirstToken", c.FirstToken, 0),
+		bounds.AtLeast("TokenInterval", c.TokenInterval, 0),
+		bounds.AtLeast("Tokens", c.Tokens, 1),
+		bounds.AtMost("Tokens", c.Tokens, maxSimTokens),
+		bounds.Fraction("FailRate", c.FailRate),
+		bounds.Fraction("FailMidstreamRate", c.FailMidstreamRate),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("llm: sim: %w", err)
+	}
 	switch {
-	case c.FirstToken < 0:
-		return fmt.Errorf("llm: sim: FirstToken %s is negative", c.FirstToken)
-	case c.TokenInterval < 0:
-		return fmt.Errorf("llm: sim: TokenInterval %s is negative", c.TokenInterval)
-	case c.Tokens < 1 || c.Tokens > maxSimTokens:
-		return fmt.Errorf("llm: sim: Tokens %d is not between 1 and %d", c.Tokens, maxSimTokens)
-	case !(c.FailRate >= 0 && c.FailRate <= 1): // also refuses NaN
-		return fmt.Errorf("llm: sim: FailRate %v is not between 0 and 1", c.FailRate)
-	case !(c.FailMidstreamRate >= 0 && c.FailMidstreamRate <= 1):
-		return fmt.Errorf("llm: sim: FailMidstreamRate %v is not between 0 and 1", c.FailMidstreamRate)
 	case c.FailFirst < 0:
 		return fmt.Errorf("llm: sim: FailFirst %d is negative", c.FailFirst)
 	case c.FailStatus != 0 && c.FailStatus != 429 && (c.FailStatus < 500 || c.FailStatus > 599):

@@ -13,7 +13,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/protocol"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 func userMsg(s string) []protocol.Message {
@@ -569,4 +571,38 @@ func TestSimMaxConcurrency(t *testing.T) {
 			t.Errorf("call after the others returned: %v", err)
 		}
 	})
+}
+
+// The settings' ranges are *bounds.Errors naming the field, every one
+// reported together.
+func TestSimConfigBounds(t *testing.T) {
+	t.Parallel()
+	c := SimConfig{FirstToken: -1, TokenInterval: -1, Tokens: 0, FailRate: 2, FailMidstreamRate: math.NaN()}
+	err := c.Validate()
+	got := bounds.Errors(err)
+	want := []string{"FirstToken", "TokenInterval", "Tokens", "FailRate", "FailMidstreamRate"}
+	if len(got) != len(want) {
+		t.Fatalf("Validate() = %v, want bounds errors for %v", err, want)
+	}
+	for i, e := range got {
+		if e.Field != want[i] {
+			t.Errorf("error %d names %s, want %s", i, e.Field, want[i])
+		}
+	}
+	if err := (SimConfig{Tokens: maxSimTokens + 1}).Validate(); !testutil.HasBound(err, "Tokens") {
+		t.Errorf("Tokens above the maximum: %v", err)
+	}
+}
+
+// The timeouts out of range are *bounds.Errors naming the field, reported
+// before any other check; NewOpenAI fills a zero one with its default.
+func TestOpenAIConfigBounds(t *testing.T) {
+	t.Parallel()
+	err := OpenAIConfig{FirstTokenTimeout: 0, IdleTimeout: -time.Second}.Validate()
+	if !testutil.HasBound(err, "FirstTokenTimeout") || !testutil.HasBound(err, "IdleTimeout") {
+		t.Errorf("Validate() = %v, want bounds errors for both timeouts", err)
+	}
+	if _, err := NewOpenAI(OpenAIConfig{BaseURL: "http://127.0.0.1:1/v1"}); err != nil {
+		t.Errorf("NewOpenAI with zero timeouts: %v", err)
+	}
 }

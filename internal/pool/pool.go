@@ -17,6 +17,10 @@ var (
 	ErrUserLimit = errors.New("pool: per-user limit reached")
 )
 
+// DefaultPerUser is CONNECTION_POOL_PER_USER's default: the slots one
+// identity may hold at once, on either backend.
+const DefaultPerUser = 5
+
 // Lease is one held slot. Release is idempotent and safe to call from any
 // goroutine; after the first call it does nothing.
 type Lease interface {

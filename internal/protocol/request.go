@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/spillway-dev/spillway/internal/bounds"
 )
 
 // maxMessagesHardLimit bounds messages in a decoded job whatever the api's
@@ -19,6 +21,17 @@ type Limits struct {
 	MaxMessages int // MAX_MESSAGES, default 1000
 	MaxTokens   int // MAX_TOKENS_LIMIT, default 1048576
 	MaxChoices  int // MAX_CHOICES, default 8
+}
+
+// Validate reports each limit below 1 as a *bounds.Error. The decoders
+// take a zero MaxTokens or MaxChoices as its default; a configured
+// Limits has every one set.
+func (l Limits) Validate() error {
+	return errors.Join(
+		bounds.AtLeast("MaxMessages", l.MaxMessages, 1),
+		bounds.AtLeast("MaxTokens", l.MaxTokens, 1),
+		bounds.AtLeast("MaxChoices", l.MaxChoices, 1),
+	)
 }
 
 // DefaultLimits are the limits docs/OPERATIONS.md gives as defaults.

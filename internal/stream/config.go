@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -35,6 +36,19 @@ const (
 	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
 	// holds for a slow client.
 	DefaultFrameBuffer = 64
+)
+
+// Defaults of settings the handler takes as given (a zero Config field
+// does not take them): internal/config starts from them.
+const (
+	// DefaultMaxBodyBytes is MAX_BODY_BYTES' default: 16 MiB, because
+	// images travel inline.
+	DefaultMaxBodyBytes = 16 << 20
+	// DefaultHeartbeat is HEARTBEAT_INTERVAL_SECONDS' default.
+	DefaultHeartbeat = 15 * time.Second
+	// DefaultResumeWindow is STREAM_RESUME_WINDOW_SECONDS' default: long
+	// enough for a client's reconnect after a network blip.
+	DefaultResumeWindow = 10 * time.Second
 )
 
 // Config is the handler's part of the configuration. Zero fields marked
@@ -127,10 +141,29 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports bad values; it does not change c.
+// MaxBodyBytesInFlight bounds Config.BodyBytesInFlight: above it the
+// bound is no bound but a typo.
+const MaxBodyBytesInFlight = 64 << 30
+
+// Validate reports bad values; it does not change c. Heartbeat,
+// BodyReadTimeout, ResumeWindow and BodyBytesInFlight out of range are
+// *bounds.Errors; BodyReadTimeout is checked as given: New fills the zero
+// fields that have a default before it calls Validate.
 func (c Config) Validate() error {
-	c = c.withDefaults()
+	ranges := []error{
+		bounds.AtLeast("Heartbeat", c.Heartbeat, 1),
+		bounds.AtLeast("BodyReadTimeout", c.BodyReadTimeout, 1),
+		bounds.AtLeast("ResumeWindow", c.ResumeWindow, 0),
+	}
+	if c.BodyBytesInFlight > MaxBodyBytesInFlight {
+		ranges = append(ranges, &bounds.Error{Field: "BodyBytesInFlight", Value: c.BodyBytesInFlight,
+			Rule: bounds.RuleAtMost + " (64 GiB)", Bounds: []any{int64(MaxBodyBytesInFlight)}})
+	}
 	var errs []error
+	if err := errors.Join(ranges...); err != nil {
+		errs = append(errs, fmt.Errorf("stream: %w", err))
+	}
+	c = c.withDefaults()
 	if c.MaxBodyBytes < 1 {
 		errs = append(errs, errors.New("stream: MaxBodyBytes must be positive"))
 	}
@@ -140,11 +173,11 @@ func (c Config) Validate() error {
 	if c.Limits.MaxMessages < 1 || c.Limits.MaxTokens < 1 {
 		errs = append(errs, errors.New("stream: limits must be positive"))
 	}
-	if c.ResumeWindow < 0 || c.LogTTL < 0 {
-		errs = append(errs, errors.New("stream: ResumeWindow and LogTTL must not be negative"))
+	if c.LogTTL < 0 {
+		errs = append(errs, errors.New("stream: LogTTL must not be negative"))
 	}
-	if c.Heartbeat <= 0 || c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 || c.BodyReadTimeout < 0 {
-		errs = append(errs, errors.New("stream: Heartbeat must be positive; WriteTimeout, PoolRetryAfter, FrameBuffer and BodyReadTimeout not negative"))
+	if c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
+		errs = append(errs, errors.New("stream: WriteTimeout, PoolRetryAfter and FrameBuffer must not be negative"))
 	}
 	if _, err := newResolver(c); err != nil {
 		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))

@@ -119,10 +119,10 @@ type Handler struct {
 
 // New returns a handler.
 func New(cfg Config, deps Deps) (*Handler, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
 	if deps.Pool == nil || deps.Provider == nil || deps.Log == nil {
 		return nil, errors.New("stream: pool, provider and logger are required")
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -35,6 +36,9 @@ const (
 	// before it is written: short enough that a resume on another process
 	// sees it live, long enough to batch a busy process's chunks.
 	DefaultFlushInterval = 5 * time.Millisecond
+	// DefaultTTL is STREAM_LOG_TTL_SECONDS' default; Config.TTL itself is
+	// required.
+	DefaultTTL = 5 * time.Minute
 	// DefaultMaxBatch flushes early when this many events wait.
 	DefaultMaxBatch = 512
 	// dropLogEvery is the least time between two log lines about dropped
@@ -107,11 +111,12 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports bad values without changing c.
+// Validate reports bad values without changing c; TTL out of range is a
+// *bounds.Error.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	if c.TTL < time.Second {
-		return errors.New("streamlog: TTL must be at least 1s")
+	if err := bounds.AtLeast("TTL", c.TTL, time.Second); err != nil {
+		return fmt.Errorf("streamlog: %w", err)
 	}
 	if c.FlushInterval < 0 || c.MaxBatch < 1 || c.Buffer < 1 {
 		return errors.New("streamlog: FlushInterval must not be negative, MaxBatch and Buffer positive")

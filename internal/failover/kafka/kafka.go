@@ -47,6 +47,7 @@ import (
 
 	kafkago "github.com/segmentio/kafka-go"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/telemetry"
 )
@@ -158,10 +159,16 @@ type Config struct {
 	Tracing *telemetry.Provider
 }
 
-// Validate reports whether cfg is usable. It does not change cfg.
+// Validate reports whether cfg is usable, Partitions and
+// ReplicationFactor out of range as *bounds.Errors. Those two it checks
+// as given: New fills them in, with the other zero fields that have a
+// default, before it calls Validate. It does not change cfg.
 func (cfg Config) Validate() error {
 	c := cfg.withDefaults()
-	var errs []error
+	errs := []error{
+		bounds.AtLeast("Partitions", cfg.Partitions, 1),
+		bounds.AtLeast("ReplicationFactor", cfg.ReplicationFactor, 1),
+	}
 	if len(c.Brokers) == 0 {
 		errs = append(errs, errors.New("Brokers is required"))
 	}
@@ -180,12 +187,6 @@ func (cfg Config) Validate() error {
 	}
 	if c.DeadLetterTopic == c.Topic {
 		errs = append(errs, fmt.Errorf("DeadLetterTopic equals Topic %q", c.Topic))
-	}
-	if c.Partitions < 1 {
-		errs = append(errs, fmt.Errorf("Partitions %d < 1", cfg.Partitions))
-	}
-	if c.ReplicationFactor < 1 {
-		errs = append(errs, fmt.Errorf("ReplicationFactor %d < 1", cfg.ReplicationFactor))
 	}
 	if c.RequiredAcks != -1 && c.RequiredAcks != 1 {
 		errs = append(errs, fmt.Errorf("RequiredAcks %d is neither -1 (all) nor 1 (leader)", cfg.RequiredAcks))
@@ -331,13 +332,13 @@ var (
 // first use, and a process can start while Kafka is still coming up. Call
 // EnsureTopics before the first Enqueue or Consumer.
 func New(cfg Config, log *slog.Logger) (*Queue, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
 		return nil, errors.New("kafka: nil logger")
 	}
-	cfg = cfg.withDefaults()
 	transport := &kafkago.Transport{
 		DialTimeout: cfg.Timeout,
 		ClientID:    "spillway",

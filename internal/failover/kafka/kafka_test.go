@@ -146,7 +146,7 @@ func TestConfig(t *testing.T) {
 	} {
 		before := tc.cfg
 		before.Brokers = slices.Clone(tc.cfg.Brokers)
-		err := tc.cfg.Validate()
+		err := tc.cfg.withDefaults().Validate()
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
 		}

@@ -50,7 +50,7 @@ func TestShardKeys(t *testing.T) {
 		{Config{Consumer: "c", ShardBlock: -time.Millisecond}, false},
 		{Config{Consumer: "c", ShardBlock: time.Microsecond}, false},
 	} {
-		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
+		if err := tc.cfg.withDefaults().Validate(); (err == nil) != tc.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.cfg, err, tc.ok)
 		}
 	}

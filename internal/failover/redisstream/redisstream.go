@@ -44,6 +44,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/protocol"
 	"github.com/spillway-dev/spillway/internal/rediserr"
@@ -99,6 +100,10 @@ func shardTag(i int) string { return "{s" + strconv.Itoa(i) + "}" }
 
 // MaxShards bounds Config.Shards (QUEUE_SHARDS).
 const MaxShards = 64
+
+// DefaultShards is Config.Shards' default (QUEUE_SHARDS): one stream per
+// priority.
+const DefaultShards = 1
 
 // DefaultShardBlock bounds each blocking read of one shard while several
 // shards are empty: a job arriving on another shard waits at most this
@@ -156,33 +161,29 @@ type Config struct {
 // kept per dead-letter stream.
 const DefaultDeadLetterMaxLen = 10000
 
-// Validate reports whether cfg is usable. It does not change cfg.
+// Validate reports whether cfg is usable, each field out of range as a
+// *bounds.Error. It checks the fields as given: New fills the zero fields
+// that have a default before it calls Validate. It does not change cfg.
 func (cfg Config) Validate() error {
-	c := cfg.withDefaults()
-	var errs []error
-	if cfg.DeadLetterMaxLen < 0 || cfg.DeadLetterTTL < 0 || c.DeadLetterTTL%time.Second != 0 {
-		errs = append(errs, fmt.Errorf("DeadLetterMaxLen %d must not be negative, DeadLetterTTL %s whole seconds", cfg.DeadLetterMaxLen, cfg.DeadLetterTTL))
+	errs := []error{
+		bounds.AtLeast("DeadLetterMaxLen", cfg.DeadLetterMaxLen, 1),
+		bounds.AtLeast("DeadLetterTTL", cfg.DeadLetterTTL, time.Second),
+		bounds.AtLeast("Block", cfg.Block, time.Millisecond),
+		bounds.AtLeast("ReclaimIdle", cfg.ReclaimIdle, time.Millisecond),
+		bounds.AtLeast("Shards", cfg.Shards, 1),
+		bounds.AtMost("Shards", cfg.Shards, MaxShards),
+		bounds.AtLeast("ShardBlock", cfg.ShardBlock, time.Millisecond),
+		bounds.AtLeast("PriorityAging", cfg.PriorityAging, time.Millisecond),
+		bounds.AtLeast("ReclaimInterval", cfg.ReclaimInterval, time.Millisecond),
 	}
-	if c.Consumer == "" {
+	if cfg.DeadLetterTTL%time.Second != 0 {
+		errs = append(errs, fmt.Errorf("DeadLetterTTL %s is not whole seconds", cfg.DeadLetterTTL))
+	}
+	if cfg.PriorityAging%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("PriorityAging %s is not whole milliseconds", cfg.PriorityAging))
+	}
+	if cfg.Consumer == "" {
 		errs = append(errs, errors.New("Consumer is required"))
-	}
-	if cfg.Block < 0 || c.Block < time.Millisecond {
-		errs = append(errs, fmt.Errorf("Block %s is below 1ms (0 means the default)", cfg.Block))
-	}
-	if cfg.ReclaimIdle < 0 || c.ReclaimIdle < time.Millisecond {
-		errs = append(errs, fmt.Errorf("ReclaimIdle %s is below 1ms (0 means the default)", cfg.ReclaimIdle))
-	}
-	if cfg.Shards < 0 || c.Shards > MaxShards {
-		errs = append(errs, fmt.Errorf("Shards %d is not between 1 and %d (0 means 1)", cfg.Shards, MaxShards))
-	}
-	if cfg.ShardBlock < 0 || c.ShardBlock < time.Millisecond {
-		errs = append(errs, fmt.Errorf("ShardBlock %s is below 1ms (0 means the default)", cfg.ShardBlock))
-	}
-	if cfg.PriorityAging < 0 || c.PriorityAging < time.Millisecond || c.PriorityAging%time.Millisecond != 0 {
-		errs = append(errs, fmt.Errorf("PriorityAging %s is not whole milliseconds of at least 1ms (0 means the default)", cfg.PriorityAging))
-	}
-	if cfg.ReclaimInterval < 0 || c.ReclaimInterval < time.Millisecond {
-		errs = append(errs, fmt.Errorf("ReclaimInterval %s is below 1ms (0 means the default)", cfg.ReclaimInterval))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redisstream: config: %w", err)
@@ -204,7 +205,7 @@ func (cfg Config) withDefaults() Config {
 		cfg.ReclaimIdle = failover.DefaultReclaimIdle
 	}
 	if cfg.Shards == 0 {
-		cfg.Shards = 1
+		cfg.Shards = DefaultShards
 	}
 	if cfg.ShardBlock == 0 {
 		cfg.ShardBlock = min(DefaultShardBlock, cfg.Block)
@@ -304,13 +305,13 @@ var (
 // New returns a Queue using client. It does no I/O: the consumer groups
 // are created on first use.
 func New(cfg Config, client redis.UniversalClient) (*Queue, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if client == nil {
 		return nil, errors.New("redisstream: nil client")
 	}
-	cfg = cfg.withDefaults()
 	q := &Queue{cfg: cfg, client: client, multi: cfg.Shards > 1}
 	_, cluster := client.(*redis.ClusterClient)
 	for i := range cfg.Shards {

@@ -12,6 +12,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/testkit/failovertest"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
@@ -86,6 +87,32 @@ func TestSuiteMiniredis(t *testing.T) {
 	})
 }
 
+// The settings' ranges are *bounds.Errors naming the field, every one
+// reported; the edges pass.
+func TestConfigBounds(t *testing.T) {
+	t.Parallel()
+	edge := Config{Consumer: "c", Shards: MaxShards, DeadLetterMaxLen: 1, DeadLetterTTL: time.Second, PriorityAging: time.Millisecond}.withDefaults()
+	if err := edge.Validate(); err != nil {
+		t.Errorf("edge values: %v", err)
+	}
+	for _, tc := range []struct {
+		field string
+		cfg   Config
+	}{
+		{"Shards", Config{Shards: MaxShards + 1}},
+		{"Shards", Config{Shards: -1}},
+		{"DeadLetterMaxLen", Config{DeadLetterMaxLen: -1}},
+		{"DeadLetterTTL", Config{DeadLetterTTL: -time.Second}},
+		{"PriorityAging", Config{PriorityAging: -time.Millisecond}},
+	} {
+		tc.cfg.Consumer = "c"
+		err := tc.cfg.withDefaults().Validate()
+		if got := bounds.Errors(err); len(got) != 1 || got[0].Field != tc.field {
+			t.Errorf("Validate(%+v) = %v, want one bounds error for %s", tc.cfg, err, tc.field)
+		}
+	}
+}
+
 func TestConfig(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -103,7 +130,7 @@ func TestConfig(t *testing.T) {
 		{"negative interval", Config{Consumer: "c", ReclaimInterval: -time.Second}, false},
 	} {
 		before := tc.cfg
-		err := tc.cfg.Validate()
+		err := tc.cfg.withDefaults().Validate()
 		if (err == nil) != tc.ok {
 			t.Errorf("%s: Validate() = %v, want ok=%v", tc.name, err, tc.ok)
 		}

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/pool"
@@ -119,26 +120,30 @@ func (c Config) withDefaults() Config {
 // failed fetch and the shortest wait on an open circuit.
 func (c Config) baseDelay() time.Duration { return cmp.Or(c.Retry.BaseDelay, llm.DefaultBaseDelay) }
 
-// Validate reports bad values without changing c.
+// Validate reports bad values without changing c, each field out of
+// range as a *bounds.Error.
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	var errs []error
-	if c.Concurrency < 1 || c.BatchSize < 1 || c.MaxRetries < 0 || c.MaxParked < 0 {
-		errs = append(errs, errors.New("worker: Concurrency and BatchSize must be positive, MaxRetries and MaxParked not negative"))
+	errs := []error{
+		bounds.AtLeast("Concurrency", c.Concurrency, 1),
+		bounds.AtLeast("BatchSize", c.BatchSize, 1),
+		bounds.AtLeast("MaxRetries", c.MaxRetries, 0),
+		bounds.AtLeast("MaxParked", c.MaxParked, 0),
+		bounds.AtLeast("Heartbeat", c.Heartbeat, 1),
+		bounds.AtLeast("BatchTimeout", c.BatchTimeout, 1),
+		bounds.AtLeast("QueueTimeout", c.QueueTimeout, 1),
+		bounds.AtLeast("StopGrace", c.StopGrace, 0),
+		bounds.AtLeast("PriorityAging", c.PriorityAging, 0),
+		bounds.AtLeast("PublishBudget", c.PublishBudget, 0),
+		c.Retry.Validate(),
 	}
-	if c.Heartbeat <= 0 || c.BatchTimeout <= 0 || c.QueueTimeout <= 0 || c.StopGrace < 0 {
-		errs = append(errs, errors.New("worker: durations must be positive"))
+	if c.ReclaimIdle != 0 && c.ReclaimIdle <= c.Heartbeat {
+		errs = append(errs, errors.New("ReclaimIdle (when set) must exceed Heartbeat"))
 	}
-	if err := c.Retry.Validate(); err != nil {
-		errs = append(errs, fmt.Errorf("worker: %w", err))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
-	if c.PriorityAging < 0 {
-		errs = append(errs, errors.New("worker: PriorityAging must not be negative"))
-	}
-	if c.PublishBudget < 0 || (c.ReclaimIdle != 0 && c.ReclaimIdle <= c.Heartbeat) {
-		errs = append(errs, errors.New("worker: PublishBudget must not be negative, ReclaimIdle (when set) must exceed Heartbeat"))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Job outcomes, the label values of spillway_worker_jobs_total.

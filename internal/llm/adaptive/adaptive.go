@@ -24,6 +24,20 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/bounds"
+)
+
+// Defaults of the settings of Params (ADAPTIVE_CONCURRENCY_FLOOR,
+// ADAPTIVE_INTERVAL_MS); Ceiling is the pool's size.
+const (
+	// DefaultFloor is the lowest an adaptive limit goes by default.
+	DefaultFloor = 1
+	// DefaultInterval is the pace of an adaptive limit by default.
+	DefaultInterval = time.Second
+	// MinInterval is the shortest Params.Interval: it keeps a shared
+	// limit's Redis traffic (one script per process per interval) small.
+	MinInterval = 100 * time.Millisecond
 )
 
 // Params bound and pace one limit. Every process reporting on a name
@@ -37,19 +51,23 @@ type Params struct {
 	Ceiling int
 	// Interval is the pace (ADAPTIVE_INTERVAL_MS): at most one decrease
 	// per Interval, and +1 after each Interval with calls and no throttle.
+	// At least MinInterval.
 	Interval time.Duration
 }
 
-// Validate reports bad values.
+// Validate reports bad values, a field out of range as a *bounds.Error.
 func (p Params) Validate() error {
-	var errs []error
-	if p.Floor < 1 || p.Ceiling < p.Floor {
-		errs = append(errs, fmt.Errorf("adaptive: floor %d must be at least 1 and ceiling %d at least the floor", p.Floor, p.Ceiling))
+	errs := []error{
+		bounds.AtLeast("Floor", p.Floor, 1),
+		bounds.AtLeast("Interval", p.Interval, MinInterval),
 	}
-	if p.Interval < time.Millisecond {
-		errs = append(errs, fmt.Errorf("adaptive: interval %s must be at least 1ms", p.Interval))
+	if p.Ceiling < p.Floor {
+		errs = append(errs, fmt.Errorf("ceiling %d must be at least the floor %d", p.Ceiling, p.Floor))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("adaptive: %w", err)
+	}
+	return nil
 }
 
 // Report is what one process tells the store about one limit.

@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
@@ -102,6 +103,26 @@ func TestParamsAndConfigValidate(t *testing.T) {
 	}
 	if _, err := NewLocalStore().Report(t.Context(), "x", Report{}, Params{}); err == nil {
 		t.Error("a report with zero params was accepted")
+	}
+}
+
+// The ranges are *bounds.Errors naming the field; the edges pass.
+func TestParamsBounds(t *testing.T) {
+	t.Parallel()
+	if err := (Params{Floor: 1, Ceiling: 1, Interval: MinInterval}).Validate(); err != nil {
+		t.Errorf("edge params: %v", err)
+	}
+	err := Params{Floor: 0, Ceiling: 1, Interval: MinInterval - time.Millisecond}.Validate()
+	if !testutil.HasBound(err, "Floor") || !testutil.HasBound(err, "Interval") {
+		t.Errorf("Validate() = %v, want bounds errors for Floor and Interval", err)
+	}
+	err = Config{Name: "x", Params: Params{Floor: 1, Ceiling: 1, Interval: time.Second}, FirstTokenTarget: -time.Millisecond}.Validate()
+	if !testutil.HasBound(err, "FirstTokenTarget") {
+		t.Errorf("Validate() = %v, want a bounds error for FirstTokenTarget", err)
+	}
+	// Ceiling below the floor is a rule between two fields, not a range.
+	if err := (Params{Floor: 3, Ceiling: 2, Interval: time.Second}).Validate(); err == nil || len(bounds.Errors(err)) != 0 {
+		t.Errorf("Validate() = %v, want one plain error", err)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/llm"
 )
 
@@ -37,8 +38,8 @@ func (c Config) Validate() error {
 	if err := c.Params.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.FirstTokenTarget < 0 {
-		errs = append(errs, fmt.Errorf("adaptive: first-token target %s must not be negative", c.FirstTokenTarget))
+	if err := bounds.AtLeast("FirstTokenTarget", c.FirstTokenTarget, 0); err != nil {
+		errs = append(errs, fmt.Errorf("adaptive: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/llm"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
@@ -44,10 +45,6 @@ type Circuit interface {
 	OpenFor() time.Duration
 }
 
-// DefaultRetryAfterMax is the default Config.RetryAfterMax
-// (LLM_RETRY_AFTER_MAX_SECONDS).
-const DefaultRetryAfterMax = 30 * time.Second
-
 // Config configures a Balancer. Zero fields take the stated defaults.
 type Config struct {
 	// Routing is LLM_ROUTING: least-loaded (default), weighted, affinity
@@ -56,7 +53,8 @@ type Config struct {
 	// AffinityBalance is LLM_AFFINITY_BALANCE. Default 1.5; at least 1.
 	AffinityBalance float64
 	// RetryAfterMax caps how long a 429's Retry-After sits an upstream out
-	// (LLM_RETRY_AFTER_MAX_SECONDS). Default 30s.
+	// (LLM_RETRY_AFTER_MAX_SECONDS). Default llm.DefaultRetryAfterMax, the
+	// same cap the retry policy puts on a Retry-After.
 	RetryAfterMax time.Duration
 	// ProbeEvery is LLM_UPSTREAM_PROBE_SECONDS: how often one process
 	// probes every upstream with GET {base_url}/models. 0 (default): health
@@ -72,22 +70,23 @@ type Config struct {
 // DefaultNonTextPartTokens is Config.NonTextPartTokens' default.
 const DefaultNonTextPartTokens = 1000
 
-// Validate reports bad values without changing c.
+// Validate reports bad values without changing c, each field out of range
+// as a *bounds.Error. It checks AffinityBalance as given: New fills it in
+// when zero before it calls Validate.
 func (c Config) Validate() error {
-	var errs []error
-	if _, err := NewRouter(c.Routing, 0, c.AffinityBalance); err != nil {
+	errs := []error{
+		bounds.AtLeast("AffinityBalance", c.AffinityBalance, 1),
+		bounds.AtLeast("RetryAfterMax", c.RetryAfterMax, 0),
+		bounds.AtLeast("ProbeEvery", c.ProbeEvery, 0),
+		bounds.AtLeast("NonTextPartTokens", c.NonTextPartTokens, 0),
+	}
+	if _, err := NewRouter(c.Routing, 0, DefaultAffinityBalance); err != nil {
 		errs = append(errs, err)
 	}
-	if c.RetryAfterMax < 0 {
-		errs = append(errs, fmt.Errorf("upstream: RetryAfterMax %s is negative", c.RetryAfterMax))
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("upstream: %w", err)
 	}
-	if c.ProbeEvery < 0 {
-		errs = append(errs, fmt.Errorf("upstream: ProbeEvery %s is negative", c.ProbeEvery))
-	}
-	if c.NonTextPartTokens < 0 {
-		errs = append(errs, fmt.Errorf("upstream: NonTextPartTokens %d is negative", c.NonTextPartTokens))
-	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // Deps are what a Balancer is built from. Caps, Health and Quota must have
@@ -145,6 +144,9 @@ var (
 // not close deps: their owner does. A provider NewProvider returns that
 // implements Circuit is routed around while its circuit is open.
 func New(specs []Spec, cfg Config, deps Deps) (*Balancer, error) {
+	if cfg.AffinityBalance == 0 {
+		cfg.AffinityBalance = DefaultAffinityBalance
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -155,7 +157,7 @@ func New(specs []Spec, cfg Config, deps Deps) (*Balancer, error) {
 		return nil, errors.New("upstream: Deps.NewProvider is required")
 	}
 	if cfg.RetryAfterMax == 0 {
-		cfg.RetryAfterMax = DefaultRetryAfterMax
+		cfg.RetryAfterMax = llm.DefaultRetryAfterMax
 	}
 	router, err := NewRouter(cfg.Routing, len(specs), cfg.AffinityBalance)
 	if err != nil {

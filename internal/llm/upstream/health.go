@@ -2,8 +2,12 @@ package upstream
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/bounds"
 )
 
 // Health defaults (LLM_UPSTREAM_MAX_FAILS, LLM_UPSTREAM_COOLDOWN_SECONDS).
@@ -52,6 +56,23 @@ type HealthConfig struct {
 	// claimed trial stays claimed (LLM_UPSTREAM_COOLDOWN_SECONDS). Whole
 	// milliseconds. Default 30s.
 	Cooldown time.Duration
+}
+
+// Validate reports each field out of range as a *bounds.Error. It checks
+// the fields as given: NewRedisHealth fills the zero ones with their
+// defaults before it calls Validate.
+func (c HealthConfig) Validate() error {
+	errs := []error{
+		bounds.AtLeast("MaxFails", c.MaxFails, 1),
+		bounds.AtLeast("Cooldown", c.Cooldown, time.Millisecond),
+	}
+	if c.Cooldown%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("Cooldown %s is not whole milliseconds", c.Cooldown))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("upstream: health: %w", err)
+	}
+	return nil
 }
 
 func (c HealthConfig) withDefaults() HealthConfig {

@@ -75,8 +75,8 @@ func NewRedisHealth(rdb redis.UniversalClient, specs []Spec, prefix string, cfg 
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	if cfg.MaxFails < 1 || cfg.Cooldown < time.Millisecond || cfg.Cooldown%time.Millisecond != 0 {
-		return nil, fmt.Errorf("upstream: health: MaxFails %d must be at least 1 and Cooldown %s whole milliseconds", cfg.MaxFails, cfg.Cooldown)
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	if prefix == "" {
 		prefix = DefaultPrefix

@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
@@ -59,7 +60,7 @@ func TestKeysShareOneHashTag(t *testing.T) {
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	ok := Config{Size: 1, PerUser: 1}
-	if err := ok.Validate(); err != nil {
+	if err := ok.withDefaults().Validate(); err != nil {
 		t.Fatalf("minimal config: %v", err)
 	}
 	for name, cfg := range map[string]Config{
@@ -79,6 +80,29 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if _, err := New(ok, nil, nil, nil); err == nil {
 		t.Error("New accepted a nil client")
+	}
+}
+
+// Each field out of range is a *bounds.Error naming it, all reported
+// together; the edge values pass.
+func TestConfigValidateBounds(t *testing.T) {
+	t.Parallel()
+	edge := Config{Size: 1, PerUser: 1, LeaseTTL: minLeaseTTL, FallbackSize: 1, IdleHold: 0, DownAfter: minDownAfter}
+	if err := edge.Validate(); err != nil {
+		t.Fatalf("edge values: %v", err)
+	}
+	bad := Config{Size: 0, PerUser: 0, LeaseTTL: minLeaseTTL - time.Millisecond, FallbackSize: 0, IdleHold: -1, DownAfter: minDownAfter - 1}
+	err := bad.Validate()
+	for _, field := range []string{"Size", "PerUser", "LeaseTTL", "FallbackSize", "IdleHold", "DownAfter"} {
+		if !testutil.HasBound(err, field) {
+			t.Errorf("Validate() = %v, want a bounds error for %s", err, field)
+		}
+	}
+	if n := len(bounds.Errors(err)); n != 6 {
+		t.Errorf("Validate() reported %d bounds errors, want 6: %v", n, err)
+	}
+	if _, err := New(Config{Size: 1, PerUser: 1}, redis.NewClient(&redis.Options{}), nil, nil); err != nil {
+		t.Errorf("New with the zero fields that have defaults: %v", err)
 	}
 }
 

@@ -82,6 +82,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/identity"
 	"github.com/spillway-dev/spillway/internal/pool"
 )
@@ -156,35 +157,26 @@ type Config struct {
 	IdleHold time.Duration
 }
 
-// Validate reports whether cfg is usable. It does not change cfg.
+// Validate reports whether cfg is usable, each field out of range as a
+// *bounds.Error. It checks the fields as given: New fills the zero fields
+// that have a default before it calls Validate. It does not change cfg.
 func (cfg Config) Validate() error {
-	c := cfg.withDefaults()
-	var errs []error
-	if strings.ContainsAny(c.Prefix, "{}") {
-		errs = append(errs, fmt.Errorf("Prefix %q contains a brace (the {pool} hash tag is added by the package)", c.Prefix))
+	errs := []error{
+		bounds.AtLeast("Size", cfg.Size, 1),
+		bounds.AtLeast("PerUser", cfg.PerUser, 1),
+		bounds.AtLeast("LeaseTTL", cfg.LeaseTTL, minLeaseTTL),
+		bounds.AtLeast("FallbackSize", cfg.FallbackSize, 1),
+		bounds.AtLeast("IdleHold", cfg.IdleHold, 0),
+		bounds.AtLeast("DownAfter", cfg.DownAfter, minDownAfter),
 	}
-	if c.Size < 1 {
-		errs = append(errs, fmt.Errorf("Size %d is below 1", c.Size))
+	if strings.ContainsAny(cfg.Prefix, "{}") {
+		errs = append(errs, fmt.Errorf("Prefix %q contains a brace (the {pool} hash tag is added by the package)", cfg.Prefix))
 	}
-	if strings.ContainsAny(c.AdaptiveLimit, "{}") {
-		errs = append(errs, fmt.Errorf("AdaptiveLimit %q contains a brace", c.AdaptiveLimit))
+	if strings.ContainsAny(cfg.AdaptiveLimit, "{}") {
+		errs = append(errs, fmt.Errorf("AdaptiveLimit %q contains a brace", cfg.AdaptiveLimit))
 	}
-	if c.PerUser < 1 {
-		errs = append(errs, fmt.Errorf("PerUser %d is below 1", c.PerUser))
-	}
-	if cfg.LeaseTTL < 0 || c.LeaseTTL < minLeaseTTL {
-		errs = append(errs, fmt.Errorf("LeaseTTL %s is below %s (0 means the default)", cfg.LeaseTTL, minLeaseTTL))
-	} else if c.LeaseTTL%time.Millisecond != 0 {
-		errs = append(errs, fmt.Errorf("LeaseTTL %s is not whole milliseconds", c.LeaseTTL))
-	}
-	if cfg.FallbackSize < 0 {
-		errs = append(errs, fmt.Errorf("FallbackSize %d is negative (0 means the default)", cfg.FallbackSize))
-	}
-	if cfg.IdleHold < 0 {
-		errs = append(errs, fmt.Errorf("IdleHold %s is negative (0 turns idle leases off)", cfg.IdleHold))
-	}
-	if cfg.DownAfter < 0 || c.DownAfter < minDownAfter {
-		errs = append(errs, fmt.Errorf("DownAfter %s is below %s (0 means the default)", cfg.DownAfter, minDownAfter))
+	if cfg.LeaseTTL%time.Millisecond != 0 {
+		errs = append(errs, fmt.Errorf("LeaseTTL %s is not whole milliseconds", cfg.LeaseTTL))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("redispool: config: %w", err)
@@ -297,6 +289,7 @@ var (
 // not nil, is called on each switch to the fallback pool (true) and back
 // (false), synchronously and in order; it must not block.
 func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback func(bool)) (*Pool, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -306,7 +299,6 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg = cfg.withDefaults()
 	local, err := pool.NewLocal(cfg.FallbackSize, cfg.PerUser)
 	if err != nil {
 		return nil, fmt.Errorf("redispool: fallback pool: %w", err)

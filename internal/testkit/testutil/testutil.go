@@ -12,6 +12,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/spillway-dev/spillway/internal/bounds"
 )
 
 // Eventually waits until cond returns true, checking every millisecond, and
@@ -92,3 +94,14 @@ func NewLog(tb testing.TB) (*slog.Logger, *LogBuffer) {
 
 // DiscardLogger returns a logger that drops everything.
 func DiscardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// HasBound reports whether err holds a *bounds.Error for field: a
+// component's Validate found that field out of range.
+func HasBound(err error, field string) bool {
+	for _, e := range bounds.Errors(err) {
+		if e.Field == field {
+			return true
+		}
+	}
+	return false
+}

@@ -21,6 +21,7 @@ import (
 
 	"golang.org/x/sync/singleflight"
 
+	"github.com/spillway-dev/spillway/internal/bounds"
 	"github.com/spillway-dev/spillway/internal/llm/upstream"
 	"github.com/spillway-dev/spillway/internal/openaiwire"
 )
@@ -61,11 +62,12 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Validate reports a Config New would refuse.
+// Validate reports a Config New would refuse, TTL out of range as a
+// *bounds.Error.
 func (c Config) Validate() error {
 	var errs []error
-	if c.TTL < 0 {
-		errs = append(errs, fmt.Errorf("models: cache TTL %v must not be negative", c.TTL))
+	if err := bounds.AtLeast("TTL", c.TTL, 0); err != nil {
+		errs = append(errs, fmt.Errorf("models: %w", err))
 	}
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("models: timeout %v must not be negative", c.Timeout))

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/llm/upstream"
+	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
 
 // mockUpstream is a real HTTP upstream whose GET /v1/models answers body
@@ -317,5 +318,16 @@ func TestValidate(t *testing.T) {
 	}
 	if _, err := New(Config{TTL: DefaultTTL}, nil); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A negative TTL is a *bounds.Error naming it; 0 (ask every time) passes.
+func TestConfigTTLBounds(t *testing.T) {
+	t.Parallel()
+	if err := (Config{TTL: 0}).Validate(); err != nil {
+		t.Errorf("TTL 0: %v", err)
+	}
+	if err := (Config{TTL: -time.Second}).Validate(); !testutil.HasBound(err, "TTL") {
+		t.Errorf("TTL -1s: Validate() = %v, want a bounds error for TTL", err)
 	}
 }
