@@ -27,7 +27,10 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	ctx, cancel := context.WithCancel(x.caller(context.WithoutCancel(x.r.Context())))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
 	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, session: x.session,
-		prio: x.prio, release: release, frames: frames, res: res}
+		prio: x.prio, release: release, frames: frames, res: res, bodyHeld: &x.bodyHeld}
+	// The producer has the request from here on: a hand-off to the queue
+	// lets go of its body while the stream goes on (handOff).
+	x.req.Body, x.req.Messages = nil, nil
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
@@ -66,6 +69,9 @@ type directProducer struct {
 	prio      protocol.Priority
 	res       llm.Reservation // capacity the provider holds for the call; nil when none
 	release   func()          // releases the slot; idempotent
+	// bodyHeld is the request body's share of BODY_BYTES_IN_FLIGHT
+	// (exchange.bodyHeld), given back at a hand-off to the queue.
+	bodyHeld  *atomic.Int64
 	frames    chan<- protocol.Result
 	handedOff atomic.Bool
 	// relay is the queue's, once handOff spilled the request, until the
@@ -229,6 +235,13 @@ func (p *directProducer) handOff(ctx context.Context, cause error) {
 		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, SessionID: p.session,
 		Payload: p.req, Priority: p.prio,
 	})
+	// Enqueued or refused, the body is the queue's now, as on the queued
+	// path: the stream that waits for a worker keeps neither its bytes
+	// nor their share of BODY_BYTES_IN_FLIGHT (docs/OPERATIONS.md,
+	// "Request bodies in flight"). The handler's release after the stream
+	// then finds nothing left to give.
+	p.req.Body, p.req.Messages = nil, nil
+	h.giveBody(p.bodyHeld)
 	if err != nil {
 		var prob *protocol.Problem
 		if !errors.As(err, &prob) {
