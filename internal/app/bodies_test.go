@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -172,4 +173,70 @@ func TestBodiesInFlightDirectRelease(t *testing.T) {
 	}
 	cancel()
 	testutil.Eventually(t, 5*time.Second, func() bool { return held() == 0 }, "body given back after the client left mid-answer")
+}
+
+// A direct request handed to the queue after a retryable upstream failure
+// (docs/API.md, "Hand-off to the queue") gives its body back once its job
+// is enqueued, not when its stream ends: with the bound at one body,
+// another body fits while the handed-off stream waits for a worker, and
+// both answers complete once one runs, with nothing held after them.
+func TestBodiesInFlightHandOffRelease(t *testing.T) {
+	t.Parallel()
+	const maxBody = 64 << 10
+	sc := fastSim()
+	sc.FailFirst = 1                      // the direct call fails before its first chunk
+	sc.FailStatus = http.StatusBadGateway // a server error: sub-second delay before the hand-off
+	c := newCluster(t, sc, map[string]string{
+		"MAX_BODY_BYTES": fmt.Sprint(maxBody), "BODY_BYTES_IN_FLIGHT": fmt.Sprint(maxBody),
+		"STREAM_RESUME_WINDOW_SECONDS": "0", "QUEUE_FAILOVER_TIMEOUT_SECONDS": "120",
+	})
+	binary(t, "consumer") // built before the jobs wait, not while they do
+	a, url := c.api(nil)
+	held := a.handler.BodyBytesHeld
+
+	first := postStream(t, t.Context(), url, paddedPrompt(40000), map[string]string{"X-User-ID": "first"})
+	defer first.Body.Close()
+	if first.StatusCode != http.StatusOK || first.Header.Get("X-Stream-Path") != protocol.PathDirect {
+		t.Fatalf("first: HTTP %d path %q, want a direct stream", first.StatusCode, first.Header.Get("X-Stream-Path"))
+	}
+	br := bufio.NewReader(first.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("first: stream ended before its retrying event: %v", err)
+		}
+		if line == "event: retrying\n" {
+			break
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return c.backlog() == 1 }, "the handed-off job enqueued")
+	testutil.Eventually(t, 5*time.Second, func() bool { return held() == 0 },
+		fmt.Sprintf("handed-off job enqueued, its stream waiting: body bytes held %d, want 0", held()))
+
+	// Another body of the same size fits while the first stream waits.
+	second := postStream(t, t.Context(), url, paddedPrompt(40000), map[string]string{"X-User-ID": "second"})
+	defer second.Body.Close()
+	if second.StatusCode != http.StatusOK {
+		t.Fatalf("second body while the handed-off stream waits: %+v, want it taken", readProblem(t, second))
+	}
+
+	// The first is answered from the queue; the second, direct or queued
+	// behind it, completes too.
+	c.consumer(nil)
+	for name, r := range map[string]io.Reader{"first": br, "second": second.Body} {
+		var done, last string
+		lines := bufio.NewScanner(r)
+		for lines.Scan() {
+			if lines.Text() != "" {
+				last = lines.Text()
+			}
+			if lines.Text() == "event: done" && lines.Scan() {
+				done = lines.Text()
+			}
+		}
+		if done == "" || (name == "first" && !strings.Contains(done, `"path":"queued"`)) {
+			t.Fatalf("%s: done %q (last line %q), want a whole answer (the first's from the queue)", name, done, last)
+		}
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return held() == 0 }, fmt.Sprintf("after both answers: body bytes held %d, want 0", held()))
 }

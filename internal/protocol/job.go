@@ -71,7 +71,7 @@ func DecodeJob(b []byte) (Job, error) {
 		case RouteStream, RouteChat:
 			// The api turned a /v1/stream body into a chat request
 			// before it enqueued it: both are read as one.
-			req, err = decodeChat(j.Body, hardLimits, j.Route, false)
+			req, err = decodeChat(j.Body, hardLimits, j.Route, false, true)
 		case RouteResponses:
 			req, err = DecodeResponses(j.Body, hardLimits)
 		case RouteEmbeddings, RouteCompletions:

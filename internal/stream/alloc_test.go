@@ -123,10 +123,17 @@ func TestDirectPathAllocatesNothingPerChunk(t *testing.T) {
 			t.Fatalf("%s: path %q, %d bytes: not a whole direct answer", ep.name, w.h.Get("X-Stream-Path"), w.bytes)
 		}
 		// 1,000 more chunks of about 12 bytes: a handful of 4 KiB blocks
-		// (the client's strings, the log's data) and write-buffer growth.
-		// The OpenAI dialect relays each upstream chunk as it came,
-		// copied into buffers of the producer's ring that are reused.
-		if many-few > 20 {
+		// (the client's strings, the log's data). The OpenAI dialect
+		// relays each upstream chunk as it came, copied into buffers of
+		// the producer's ring that are reused; the chunks gathered into
+		// one write go into a pooled buffer. Under the race detector the
+		// pools drop some of what they are given back: about one more
+		// allocation for every fourth of the 31 writes.
+		limit := 20.0
+		if raceEnabled {
+			limit += 16
+		}
+		if many-few > limit {
 			t.Errorf("%s: %v allocations for 10 chunks, %v for 1,010: the direct path allocates per chunk", ep.name, few, many)
 		}
 	}

@@ -69,7 +69,7 @@ var errBodyBudget = errors.New("stream: request bodies in flight over BODY_BYTES
 type budgetReader struct {
 	r    io.Reader
 	b    *bodyBudget
-	held *int64
+	held *atomic.Int64
 }
 
 func (br *budgetReader) Read(p []byte) (int, error) {
@@ -78,7 +78,7 @@ func (br *budgetReader) Read(p []byte) (int, error) {
 		if !br.b.take(int64(n)) {
 			return 0, errBodyBudget
 		}
-		*br.held += int64(n)
+		br.held.Add(int64(n))
 	}
 	return n, err
 }
@@ -86,12 +86,20 @@ func (br *budgetReader) Read(p []byte) (int, error) {
 // releaseBody gives x's body back: its bytes leave the budget, and the
 // request keeps no reference to them. It is called as soon as the body is
 // no longer needed: on a refusal, once a queued job is enqueued, once a
-// direct answer ended; and by serve, for whatever path missed it.
+// direct answer ended; and by serve, for whatever path missed it. A
+// direct request handed to the queue gives its bytes back at the hand-off
+// (directProducer.handOff), from the direct call's goroutine: the budget
+// share is taken by whichever comes first (bodyHeld's Swap), once.
 func (h *Handler) releaseBody(x *exchange) {
 	if x == nil {
 		return
 	}
-	h.bodies.give(x.bodyHeld)
-	x.bodyHeld = 0
+	h.giveBody(&x.bodyHeld)
 	x.req.Body, x.req.Messages = nil, nil
+}
+
+// giveBody gives back the budget share *held counts, exactly once however
+// many goroutines call it.
+func (h *Handler) giveBody(held *atomic.Int64) {
+	h.bodies.give(held.Swap(0))
 }

@@ -27,7 +27,10 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	ctx, cancel := context.WithCancel(x.caller(context.WithoutCancel(x.r.Context())))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
 	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, session: x.session,
-		prio: x.prio, release: release, frames: frames, res: res}
+		prio: x.prio, release: release, frames: frames, res: res, bodyHeld: &x.bodyHeld, ring: getRing(cap(frames) + 2)}
+	// The producer has the request from here on: a hand-off to the queue
+	// lets go of its body while the stream goes on (handOff).
+	x.req.Body, x.req.Messages = nil, nil
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
@@ -40,6 +43,9 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	// released.
 	cancel()
 	producer.Wait()
+	// Neither the producer nor the session's loop, which ran above, reads
+	// the frames any more.
+	p.ring.put()
 	if p.relay != nil {
 		// The stream ended before its session took the hand-off's relay.
 		p.relay.Close(false)
@@ -52,8 +58,63 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 }
 
 // rawSlot is the room each ring slot of the direct path starts with for
-// a raw chunk.
-const rawSlot = 256
+// a raw chunk; maxRawSlot the most a slot keeps for the next stream.
+const (
+	rawSlot    = 256
+	maxRawSlot = 4 << 10
+)
+
+// directRing is where a direct stream's chunks wait for the write loop:
+// each travels in a one-chunk batch whose backing array is a slot of
+// chunks, reused once the write loop is done with it; it holds at most
+// the frames buffered plus the one being written, and the producer fills
+// at most one more before a send blocks. A raw chunk is the provider's
+// only until emit returns: each slot copies it into a buffer of its own
+// in raws, reused with the slot, cut from one block at the first raw
+// chunk (a chunk is about 150 bytes; a longer one grows its slot's
+// buffer). Streams take a ring from rings and give it back when they
+// end, so its 20 KiB are not allocated per stream
+// (docs/bench-history/2026-11.md, "The OpenAI relay's CPU").
+type directRing struct {
+	chunks []protocol.Chunk
+	raws   [][]byte
+}
+
+var rings sync.Pool
+
+// getRing returns a ring of n slots.
+func getRing(n int) *directRing {
+	if r, ok := rings.Get().(*directRing); ok && len(r.chunks) == n {
+		return r
+	}
+	return &directRing{chunks: make([]protocol.Chunk, n)}
+}
+
+// raw copies c.Raw into slot i's buffer.
+func (r *directRing) raw(i int, c *protocol.Chunk) {
+	if r.raws == nil {
+		r.raws = make([][]byte, len(r.chunks))
+		block := make([]byte, len(r.chunks)*rawSlot)
+		for k := range r.raws {
+			r.raws[k] = block[k*rawSlot : k*rawSlot : (k+1)*rawSlot]
+		}
+	}
+	r.raws[i] = append(r.raws[i][:0], c.Raw...)
+	c.Raw = r.raws[i]
+}
+
+// put gives the ring back, once nothing reads its slots: the chunks'
+// strings are let go, the raw buffers kept (only their new length is
+// ever read), unless one grew large.
+func (r *directRing) put() {
+	clear(r.chunks)
+	for k, b := range r.raws {
+		if cap(b) > maxRawSlot {
+			r.raws[k] = nil
+		}
+	}
+	rings.Put(r)
+}
 
 // directProducer calls the provider and hands each chunk, then a terminal
 // done or error, to the write loop over frames.
@@ -66,7 +127,11 @@ type directProducer struct {
 	prio      protocol.Priority
 	res       llm.Reservation // capacity the provider holds for the call; nil when none
 	release   func()          // releases the slot; idempotent
+	// bodyHeld is the request body's share of BODY_BYTES_IN_FLIGHT
+	// (exchange.bodyHeld), given back at a hand-off to the queue.
+	bodyHeld  *atomic.Int64
 	frames    chan<- protocol.Result
+	ring      *directRing // where chunks wait for the write loop
 	handedOff atomic.Bool
 	// relay is the queue's, once handOff spilled the request, until the
 	// session takes it (handed).
@@ -85,17 +150,7 @@ func (p *directProducer) send(ctx context.Context, res protocol.Result) error {
 func (p *directProducer) run(ctx context.Context) {
 	h := p.h
 	seq := 0
-	// Each chunk travels in a one-chunk batch whose backing array is a
-	// slot of ring, reused once the write loop is done with it: it
-	// holds at most the frames buffered plus the one it writes, and this
-	// goroutine fills at most one more before a send blocks. One
-	// allocation per stream instead of one per chunk.
-	ring := make([]protocol.Chunk, cap(p.frames)+2)
-	// A raw chunk is the provider's only until emit returns: each ring
-	// slot copies it into a buffer of its own, reused with the slot, cut
-	// from one block at the first raw chunk (a chunk is about 150 bytes;
-	// a longer one grows its slot's buffer).
-	var raws [][]byte
+	ring := p.ring.chunks
 	call := h.provider.Stream
 	if p.res != nil {
 		call = p.res.Stream
@@ -106,15 +161,7 @@ func (p *directProducer) run(ctx context.Context) {
 		c.Seq = seq
 		i := seq % len(ring)
 		if c.Raw != nil {
-			if raws == nil {
-				raws = make([][]byte, len(ring))
-				block := make([]byte, len(ring)*rawSlot)
-				for k := range raws {
-					raws[k] = block[k*rawSlot : k*rawSlot : (k+1)*rawSlot]
-				}
-			}
-			raws[i] = append(raws[i][:0], c.Raw...)
-			c.Raw = raws[i]
+			p.ring.raw(i, &c)
 		}
 		ring[i] = c
 		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: ring[i : i+1 : i+1]})
@@ -229,6 +276,13 @@ func (p *directProducer) handOff(ctx context.Context, cause error) {
 		RequestID: p.requestID, UserID: p.user, ThreadID: p.req.ThreadID, SessionID: p.session,
 		Payload: p.req, Priority: p.prio,
 	})
+	// Enqueued or refused, the body is the queue's now, as on the queued
+	// path: the stream that waits for a worker keeps neither its bytes
+	// nor their share of BODY_BYTES_IN_FLIGHT (docs/OPERATIONS.md,
+	// "Request bodies in flight"). The handler's release after the stream
+	// then finds nothing left to give.
+	p.req.Body, p.req.Messages = nil, nil
+	h.giveBody(p.bodyHeld)
 	if err != nil {
 		var prob *protocol.Problem
 		if !errors.As(err, &prob) {

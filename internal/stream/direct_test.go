@@ -3,6 +3,7 @@ package stream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -323,4 +324,67 @@ func TestHandlerDirectHandOffAfterClientLeftClosesRelay(t *testing.T) {
 			t.Fatal("the relay spilled after the stream ended was left open")
 		}
 	})
+}
+
+// A request handed to the queue gives its body's share of
+// BODY_BYTES_IN_FLIGHT back once its job is enqueued, while its stream
+// still waits for a worker; and exactly once: the handler's own release
+// when the stream ends finds nothing left, also when the client left
+// while the job was being spilled (a second give would take the count
+// below zero, and the semaphore would panic).
+func TestHandlerDirectHandOffGivesBodyBack(t *testing.T) {
+	t.Parallel()
+	for _, leaveDuringSpill := range []bool{false, true} {
+		t.Run(fmt.Sprint("client leaves during the spill=", leaveDuringSpill), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				relay := newFakeRelay() // no worker publishes: the stream waits
+				sp := &blockingSpiller{fakeSpiller: &fakeSpiller{relay: relay}, entered: make(chan struct{}), release: make(chan struct{})}
+				prov := &fakeProvider{err: &llm.Error{Retryable: true, Status: http.StatusBadGateway, Err: errors.New("fake: 502")}}
+				h, err := stream.New(stream.Config{MaxBodyBytes: 1024, BodyBytesInFlight: 1024, Limits: protocol.DefaultLimits,
+					Heartbeat: time.Hour, DirectPathEnabled: true},
+					stream.Deps{Pool: &fakePool{free: 1}, Provider: prov, Spiller: sp, Gate: &fakeGate{}, Log: testutil.DiscardLogger()})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, leave := context.WithCancel(t.Context())
+				defer leave()
+				r := httptest.NewRequest(http.MethodPost, "/v1/stream", strings.NewReader(validBody)).WithContext(ctx)
+				r.Header.Set("Content-Type", "application/json")
+				served := make(chan struct{})
+				go func() {
+					defer close(served)
+					h.ServeHTTP(httptest.NewRecorder(), r)
+				}()
+				<-sp.entered
+				if got := h.BodyBytesHeld(); got != int64(len(validBody)) {
+					t.Fatalf("while the job is spilled: body bytes held %d, want the body's %d", got, len(validBody))
+				}
+				if leaveDuringSpill {
+					leave()
+					synctest.Wait()
+				}
+				close(sp.release)
+				synctest.Wait()
+				if !leaveDuringSpill {
+					select {
+					case <-served:
+						t.Fatal("the stream ended, want it waiting for a worker")
+					default:
+					}
+					if got := h.BodyBytesHeld(); got != 0 {
+						t.Fatalf("job enqueued, stream waiting: body bytes held %d, want 0", got)
+					}
+					leave()
+				}
+				<-served
+				h.Wait()
+				if got := h.BodyBytesHeld(); got != 0 {
+					t.Fatalf("after the stream: body bytes held %d, want 0 (given back once)", got)
+				}
+				if len(sp.jobs) != 1 || len(sp.jobs[0].Payload.Messages) != 1 {
+					t.Fatalf("spilled jobs %+v, want the one request with its message", sp.jobs)
+				}
+			})
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -217,7 +218,10 @@ type exchange struct {
 	open      opener            // set once the request was read
 	prio      protocol.Priority // effective priority, after the caller's maximum
 	session   string            // X-Session-ID: the affinity key of several upstreams
-	bodyHeld  int64             // bytes of the body's taken from the budget (releaseBody)
+	// bodyHeld is the bytes of the body's taken from the budget, until
+	// they are given back (giveBody): atomic, as a hand-off to the queue
+	// gives them back from the direct call's goroutine.
+	bodyHeld atomic.Int64
 }
 
 // ServeHTTP parses the request, finds the caller's identity and streams

@@ -376,15 +376,12 @@ func (c *chatChunks) relay(content string, raw []byte) error {
 			return nil
 		}
 	}
-	b, err := c.frame()
-	if err != nil {
+	if _, err := c.frame(); err != nil {
 		return err
 	}
-	if cap(b) < eventBuf {
-		// Room for the chunks gathered into one write, as /v1/stream's.
-		c.sw.chunkRoom()
-		b = c.sw.buf
-	}
+	// Room for the chunks gathered into one write, as /v1/stream's.
+	c.sw.chunkRoom(len(raw) + len(c.id) + 2*len(content) + 256)
+	b := c.sw.buf
 	switch {
 	case raw == nil:
 		b = c.enc.AppendContent(b, content, !c.sentContent)

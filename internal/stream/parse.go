@@ -60,7 +60,7 @@ func (h *Handler) readBody(x *exchange) ([]byte, *protocol.Problem) {
 		if !h.bodies.take(r.ContentLength) {
 			return nil, protocol.BodiesInFlight(bodiesRetryAfter)
 		}
-		x.bodyHeld = r.ContentLength
+		x.bodyHeld.Store(r.ContentLength)
 	}
 	rc := http.NewResponseController(w)
 	// A writer without deadlines (a test recorder) reads without one.

@@ -164,7 +164,7 @@ func (sw *Writer) outConn() error {
 		_ = sw.conn.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
 	}
 	_, err := sw.conn.Write(frame)
-	sw.buf = sw.buf[:sw.base]
+	sw.written(sw.base)
 	sw.flushes++
 	if err != nil {
 		return fmt.Errorf("stream: write: %w", err)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/spillway-dev/spillway/internal/connwatch"
@@ -36,7 +37,11 @@ type Writer struct {
 	errFlusher   interface{ FlushError() error }
 	writeTimeout time.Duration
 	buf          []byte // what is gathered and not yet written
-	holding      bool
+	// big, while a gather outgrows the stream's own buffer (own), is the
+	// pooled buffer buf is then in, given back once written (chunkRoom).
+	big     *[]byte
+	own     []byte
+	holding bool
 	// headerPending: Start ran under Hold, so the status and headers wait
 	// to go out with the first events, in one write.
 	headerPending bool
@@ -156,7 +161,7 @@ func (sw *Writer) Event(e Event) error {
 		return ErrTerminated
 	}
 	if e.Name == "" {
-		sw.chunkRoom()
+		sw.chunkRoom(len(e.Data) + 2*len(e.Content) + 64)
 	}
 	if e.Data == nil && e.Name == "" {
 		sw.buf = appendChunkEvent(sw.buf, e.ID, e.Content)
@@ -170,14 +175,53 @@ func (sw *Writer) Event(e Event) error {
 // for a few dozen chunks gathered into one write.
 const eventBuf = 2 << 10
 
-// chunkRoom sizes the buffer for chunks, at the first: at the first
+// chunkRoom makes room in the buffer for a chunk event of about n bytes.
+// The stream's own buffer is sized for chunks at the first: at the first
 // chunk, not at the first ping or queue position, so a stream that only
-// waits keeps a few bytes.
-func (sw *Writer) chunkRoom() {
+// waits keeps a few bytes. A gather of chunks that outgrows it (a fast
+// upstream's, Hold) moves to a buffer of bigBufs until it is written,
+// instead of growing the stream's step by step, an allocation and a copy
+// each, and keeping it (docs/bench-history/2026-11.md, "The OpenAI
+// relay's CPU").
+func (sw *Writer) chunkRoom(n int) {
 	if cap(sw.buf) < eventBuf {
 		sw.buf = slices.Grow(sw.buf, eventBuf)
 	}
+	if cap(sw.buf)-len(sw.buf) >= n || sw.big != nil || len(sw.buf)+n > bigBuf {
+		return // room enough, or a gather already in a big buffer (append grows it)
+	}
+	bp := bigBufs.Get().(*[]byte)
+	sw.own, sw.big = sw.buf, bp
+	sw.buf = append((*bp)[:0], sw.buf...)
 }
+
+// written empties the buffer once its bytes were written (keep bytes of
+// room at its start), and gives a big buffer back: neither the
+// ResponseWriter nor the connection keeps what it was given.
+func (sw *Writer) written(keep int) {
+	if sw.big == nil {
+		sw.buf = sw.buf[:keep]
+		return
+	}
+	if cap(sw.buf) <= maxBigBuf {
+		*sw.big = sw.buf[:0]
+		bigBufs.Put(sw.big)
+	}
+	sw.buf, sw.own, sw.big = sw.own[:keep], nil, nil
+}
+
+// bigBufs are the buffers of gathers that outgrow a stream's own
+// (chunkRoom): room for a few dozen chunks; one that grew past maxBigBuf
+// is not kept.
+var bigBufs = sync.Pool{New: func() any {
+	b := make([]byte, 0, bigBuf)
+	return &b
+}}
+
+const (
+	bigBuf    = 16 << 10
+	maxBigBuf = 64 << 10
+)
 
 // appendChunkEvent appends a chunk event with its data encoded from
 // content, as Event.encoded would encode it.
@@ -256,7 +300,7 @@ func (sw *Writer) out() error {
 		_ = sw.rc.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
 	}
 	_, err := sw.w.Write(sw.buf)
-	sw.buf = sw.buf[:0]
+	sw.written(0)
 	if err != nil {
 		return fmt.Errorf("stream: write: %w", err)
 	}

@@ -354,3 +354,43 @@ func TestWriterSeesFlushErrorBehindGin(t *testing.T) {
 		t.Fatalf("innerErrFlusher of a writer with FlushError = %T, want nil", ef)
 	}
 }
+
+// A gather that outgrows the stream's own buffer (a fast upstream's
+// chunks) goes out in one write, its bytes in order, from a pooled buffer
+// that is given back once written: the next gather is in the stream's own
+// buffer again, which never grew, and a later big gather carries no byte
+// of an earlier one.
+func TestWriterGatherOutgrowsItsBuffer(t *testing.T) {
+	t.Parallel()
+	one := &writeCounter{h: http.Header{}}
+	sw := NewWriter(one, 0)
+	held := &writeCounter{h: http.Header{}}
+	hw := NewWriter(held, 0)
+	id := int64(0)
+	for round, n := range []int{60, 3, 40, 60} {
+		hw.Hold()
+		for i := range n {
+			id++
+			e := Event{ID: id, Content: strings.Repeat(string(rune('a'+round)), 150) + fmt.Sprint(i)}
+			if err := sw.Event(e); err != nil {
+				t.Fatal(err)
+			}
+			if err := hw.Event(e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if big := hw.big != nil; big != (n*170 > eventBuf) {
+			t.Fatalf("round %d: %d chunks gathered in a big buffer: %v", round, n, big)
+		}
+		if err := hw.Flush(); err != nil {
+			t.Fatal(err)
+		}
+		if hw.big != nil || cap(hw.buf) > eventBuf || len(hw.buf) != 0 {
+			t.Fatalf("round %d: after the write, big buffer %v, own buffer %d of %d bytes", round, hw.big != nil, len(hw.buf), cap(hw.buf))
+		}
+		got, want := held.writes[len(held.writes)-1], strings.Join(one.writes[len(one.writes)-n:], "")
+		if got != want {
+			t.Fatalf("round %d: gathered write of %d bytes differs from the events one by one (%d bytes)", round, len(got), len(want))
+		}
+	}
+}
