@@ -194,8 +194,9 @@ func TestDegradationLevelsEndToEnd(t *testing.T) {
 }
 
 // A backlog at 80 % of QUEUE_OVERFLOW_THRESHOLD is real pressure: it
-// raises level 3 at once (well within the failure rate's 10 s), on both
-// apis, which then refuse normal requests but one in DEGRADE_PROBE_EVERY.
+// raises level 3 at once (in the step that reads it, well within the
+// failure rate's 10 s), on both apis, which then refuse normal requests
+// but one in DEGRADE_PROBE_EVERY.
 func TestDegradationBacklogActsAtOnce(t *testing.T) {
 	t.Parallel()
 	const threshold = 10
@@ -218,17 +219,35 @@ func TestDegradationBacklogActsAtOnce(t *testing.T) {
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool { return c.backlog() == threshold*8/10 }, "eight jobs queued")
 	queued := time.Now()
-	testutil.Eventually(t, 10*time.Second, func() bool {
-		return scrape(t, url+"/metrics", "spillway_degradation_level") == 3 &&
-			scrape(t, url2+"/metrics", "spillway_degradation_level") == 3
-	}, "level 3 on both apis")
+	// At once: the step that reads the backlog at 80 % sets level 3,
+	// whatever the machine's load makes of the time a depth refresh and
+	// a step take. A scrape may straddle that step's gauges, so it takes
+	// two readings in a row (a step lasts a second, a reading
+	// milliseconds) to show the backlog without the level.
+	readings, lagging := 0, map[string]int{}
+	testutil.Eventually(t, 20*time.Second, func() bool {
+		at3 := true
+		for _, u := range []string{url, url2} {
+			s, err := readDegrade(u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			readings++
+			switch {
+			case s.backlog < 0.8 || s.level == 3:
+				lagging[u] = 0
+			case lagging[u] > 0:
+				t.Fatalf("%s read the backlog at %v twice and stayed at level %v; want level 3 in the same step", u, s.backlog, s.level)
+			default:
+				lagging[u]++
+			}
+			at3 = at3 && s.level == 3 && s.backlog >= 0.8 && s.requests == 0
+		}
+		return at3
+	}, "level 3 on both apis, the backlog input at 80 %")
 	took := time.Since(queued)
-	if took >= admission.DegradeRaiseAfter/2 {
-		t.Errorf("level 3 %s after the backlog reached 80 %%; want at once (a depth refresh and a step)", took)
-	}
-	// The input gauge says why.
-	if s, err := readDegrade(url); err != nil || s.backlog < 0.8 || s.requests != 0 {
-		t.Errorf("inputs at level 3: %+v, %v; want backlog_fraction at least 0.8 and no ended request", s, err)
+	if took >= admission.DegradeRaiseAfter {
+		t.Errorf("level 3 %s after the backlog reached 80 %%; want it sooner than the failure rate could ever raise a level (%s)", took, admission.DegradeRaiseAfter)
 	}
 	for i := range admission.DefaultDegradeProbeEvery {
 		resp := postStream(t, ctx, url, prompt(fmt.Sprint("normal at 3 ", i)), nil)
@@ -243,7 +262,7 @@ func TestDegradationBacklogActsAtOnce(t *testing.T) {
 	if got := scrape(t, url+"/metrics", `spillway_queue_rejections_total{priority="normal",reason="degraded"}`); got != admission.DefaultDegradeProbeEvery-1 {
 		t.Errorf("degraded refusals of normal: %v, want %d (one in %d probes)", got, admission.DefaultDegradeProbeEvery-1, admission.DefaultDegradeProbeEvery)
 	}
-	t.Logf("level 3 %s after the backlog reached 80 %%", took.Round(time.Millisecond))
+	t.Logf("level 3 %s after the backlog reached 80 %% (%d readings of the inputs)", took.Round(time.Millisecond), readings)
 }
 
 // commandUpstream is a simllm upstream that misbehaves on command: the
@@ -344,7 +363,8 @@ func TestDegradationIgnoresOneStalledAnswer(t *testing.T) {
 		return err == nil && s.requests == 1 && s.errorRate == 1
 	}, "the stalled answer counted as one failed request")
 	// One of one stands for the raise delay and two steps more: too few
-	// requests to count.
+	// requests to count (and the latest seconds hold it 5 to 10 s, not
+	// past the raise delay either).
 	watch := time.NewTicker(100 * time.Millisecond)
 	defer watch.Stop()
 	for end := time.Now().Add(admission.DegradeRaiseAfter + 2*time.Second); time.Now().Before(end); <-watch.C {
@@ -691,7 +711,7 @@ func TestDegradationFollowsASustainedFailure(t *testing.T) {
 	failFrom := time.Now()
 	testutil.Eventually(t, failFor, func() bool {
 		s := series()
-		return len(s) > 0 && s[len(s)-1].a.level == 2 && s[len(s)-1].b.level == 2
+		return len(s) > 0 && s[len(s)-1].a.level >= 2 && s[len(s)-1].b.level >= 2
 	}, "level 2 on both apis")
 	if wait := failFor - time.Since(failFrom); wait > 0 {
 		<-time.After(wait) // the failure's length, not a wait for a condition
