@@ -82,7 +82,7 @@ type Config struct {
 	QueueFailoverBaseDelay time.Duration `env:"QUEUE_FAILOVER_BASE_DELAY_MS"`
 	// QueueFailoverMaxDelay caps the backoff delay.
 	QueueFailoverMaxDelay time.Duration `env:"QUEUE_FAILOVER_MAX_DELAY_MS"`
-	// QueueFailoverChunkBatchSize is chunks per published batch.
+	// QueueFailoverChunkBatchSize is the chunks that make a published batch full.
 	QueueFailoverChunkBatchSize int `env:"QUEUE_FAILOVER_CHUNK_BATCH_SIZE" bounds:"worker.Config.BatchSize"`
 	// QueueFailoverChunkBatchTimeout flushes a partial batch after this long.
 	QueueFailoverChunkBatchTimeout time.Duration `env:"QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS" bounds:"worker.Config.BatchTimeout"`

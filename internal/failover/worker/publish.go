@@ -213,32 +213,55 @@ func (p *publisher) fail(ctx context.Context) {
 	p.cancel(errPublishFailed)
 }
 
-// batcher groups chunks into BATCH messages of at most size chunks, sent
-// when full or timeout after the batch's first chunk, whichever first. The
-// answer's very first chunk is sent alone, at once. It keeps the whole
-// answer so far, so a batch that could not be published is made good by a
-// reset and the answer again from its first chunk.
+// maxGather is the most chunks one BATCH message gathers while the one
+// before it is being published (batcher), unless the batch size is
+// larger.
+const maxGather = 64
+
+// batcher groups chunks into BATCH messages: a batch goes out once it
+// holds size chunks, or timeout after its first chunk, whichever first;
+// the answer's very first chunk is sent alone, at once. A full batch is
+// published off the provider's goroutine, and while it is out the next
+// one gathers every chunk that arrives, up to max(size, maxGather): an
+// upstream faster than a publish round trip fills fewer, larger messages
+// instead of waiting on one publish per size chunks (docs/QUEUE.md,
+// "Batching"). A chunk never waits longer than it did when every batch
+// was sent on the provider's goroutine: then it could not even have been
+// read while a publish was out. It keeps the whole answer so far, so a
+// batch that could not be published is made good by a reset and the
+// answer again from its first chunk.
 type batcher struct {
 	pub     *publisher
 	size    int
+	limit   int // the most chunks one message carries
 	timeout time.Duration
 
-	mu       chanMutex
-	buf      []protocol.Chunk
-	answer   []protocol.Chunk // every chunk so far, for a restart
+	mu chanMutex
+	// answer is every chunk so far, for a restart; answer[taken:] waits
+	// to be published. A batch handed to a publish is a slice of it,
+	// which appends never write over.
+	answer   []protocol.Chunk
+	taken    int
 	seq      int
-	sent     int
 	restarts int
 	timer    *time.Timer
+	// due: what waits goes out whatever its size (its timeout passed,
+	// or it holds the first output).
+	due bool
+	// out, while a goroutine publishes batches, closes when it stops.
+	out chan struct{}
+	// room, when set, closes when that goroutine takes a batch: add
+	// waits for it while a whole message's worth of chunks waits.
+	room chan struct{}
 	// output is set at the first chunk with model output
 	// (protocol.Chunk.Output): the chunks before it (a role preamble)
-	// wait in buf, so a failure before any output stays invisible to the
+	// wait, so a failure before any output stays invisible to the
 	// client and the call can be retried.
 	output bool
 }
 
 func newBatcher(pub *publisher, size int, timeout time.Duration) *batcher {
-	return &batcher{pub: pub, size: size, timeout: timeout, buf: make([]protocol.Chunk, 0, size), mu: make(chanMutex, 1)}
+	return &batcher{pub: pub, size: size, limit: max(size, maxGather), timeout: timeout, mu: make(chanMutex, 1)}
 }
 
 func (b *batcher) add(ctx context.Context, c protocol.Chunk) error {
@@ -250,53 +273,140 @@ func (b *batcher) add(ctx context.Context, c protocol.Chunk) error {
 	b.seq++
 	c.Seq = b.seq
 	c.Raw = bytes.Clone(c.Raw) // the provider's only until emit returns
-	b.buf = append(b.buf, c)
 	b.answer = append(b.answer, c)
 	if !b.output {
 		if !c.Output() {
 			return nil // held until the first output, or the end
 		}
-		// The first output goes out at once: time to first chunk is
-		// what a waiting user feels; batching pays off on the chunks
-		// after it.
+		// The first output goes out at once, on this goroutine: time to
+		// first chunk is what a waiting user feels; batching pays off on
+		// the chunks after it.
 		b.output = true
-		b.flushLocked(ctx)
+		b.due = true
+		b.out = make(chan struct{})
+		b.publishLocked(ctx, false)
 		return nil
 	}
-	if len(b.buf) >= b.size {
-		b.flushLocked(ctx)
-	} else if len(b.buf) == 1 {
-		b.timer = time.AfterFunc(b.timeout, func() { b.flush(ctx) })
+	waiting := len(b.answer) - b.taken
+	switch {
+	case waiting >= b.size:
+		b.kickLocked(ctx)
+	case waiting == 1 && b.timer == nil:
+		b.timer = time.AfterFunc(b.timeout, func() { b.timedOut(ctx) })
+	}
+	// An upstream far faster than the publishes waits for one: a
+	// message carries at most limit chunks.
+	for b.out != nil && len(b.answer)-b.taken >= b.limit {
+		if b.room == nil {
+			b.room = make(chan struct{})
+		}
+		room := b.room
+		b.mu.Unlock()
+		select {
+		case <-room:
+		case <-ctx.Done():
+		}
+		b.mu.Lock()
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
+// kickLocked has what waits published: by the goroutine publishing now,
+// once its batch is out, or by a new one.
+func (b *batcher) kickLocked(ctx context.Context) {
+	if b.out != nil {
+		return
+	}
+	b.out = make(chan struct{})
+	go func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.publishLocked(ctx, false)
+	}()
+}
+
+// timedOut publishes a partial batch whose timeout passed, on the
+// timer's goroutine, or leaves it to the goroutine publishing now.
+func (b *batcher) timedOut(ctx context.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.timer = nil
+	if len(b.answer) == b.taken {
+		return
+	}
+	b.due = true
+	if b.out == nil {
+		b.out = make(chan struct{})
+		b.publishLocked(ctx, false)
+	}
+}
+
+// publishLocked publishes batches while a full one waits (or, with due
+// or all, anything waits), then ends the run that b.out marks. It is
+// called with b.mu held and b.out set, and unlocks b.mu while it
+// publishes. all publishes everything: the answer is complete.
+func (b *batcher) publishLocked(ctx context.Context, all bool) {
+	defer func() {
+		close(b.out)
+		b.out = nil
+	}()
+	for {
+		n := len(b.answer) - b.taken
+		if n == 0 || n < b.size && !b.due && !all {
+			return
+		}
+		if ctx.Err() != nil {
+			// The job was cancelled (client gone, claim lost, worker
+			// stopping): nobody may receive more of this attempt.
+			b.answer = b.answer[:b.taken]
+			return
+		}
+		n = min(n, b.limit)
+		batch := b.answer[b.taken : b.taken+n : b.taken+n]
+		b.taken += n
+		b.due = false
+		if b.timer != nil {
+			b.timer.Stop()
+			b.timer = nil
+		}
+		if len(b.answer) > b.taken {
+			b.timer = time.AfterFunc(b.timeout, func() { b.timedOut(ctx) })
+		}
+		if b.room != nil {
+			close(b.room)
+			b.room = nil
+		}
+		b.mu.Unlock()
+		err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: batch})
+		b.mu.Lock()
+		if err != nil && !errors.Is(err, errFenced) {
+			b.restartLocked(ctx)
+		}
+	}
+}
+
+// waitLocked waits until no goroutine publishes batches. It is called
+// with b.mu held, which it unlocks while it waits.
+func (b *batcher) waitLocked() {
+	for b.out != nil {
+		out := b.out
+		b.mu.Unlock()
+		<-out
+		b.mu.Lock()
+	}
+}
+
+// flush publishes every chunk still waiting, after the batch that is
+// out: the answer is complete.
 func (b *batcher) flush(ctx context.Context) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.flushLocked(ctx)
-}
-
-func (b *batcher) flushLocked(ctx context.Context) {
-	if b.timer != nil {
-		b.timer.Stop()
-		b.timer = nil
-	}
-	if len(b.buf) == 0 {
-		return
-	}
-	if ctx.Err() != nil {
-		// The job was cancelled (client gone, claim lost, worker
-		// stopping): nobody may receive more of this attempt.
-		b.buf = b.buf[:0]
-		return
-	}
-	err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: b.buf})
-	b.sent += len(b.buf)
-	b.buf = make([]protocol.Chunk, 0, b.size)
-	if err != nil && !errors.Is(err, errFenced) {
-		b.restartLocked(ctx)
-	}
+	b.waitLocked()
+	b.out = make(chan struct{})
+	b.publishLocked(ctx, true)
 }
 
 // restartLocked makes good a batch that could not be published: a reset
@@ -306,7 +416,7 @@ func (b *batcher) flushLocked(ctx context.Context) {
 func (b *batcher) restartLocked(ctx context.Context) {
 	for b.restarts < maxRestarts && ctx.Err() == nil {
 		b.restarts++
-		b.pub.log.Warn("batch lost; restarting the answer from its first chunk", "restart", b.restarts, "chunks", len(b.answer))
+		b.pub.log.Warn("batch lost; restarting the answer from its first chunk", "restart", b.restarts, "chunks", b.taken)
 		if err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindReset}); err != nil {
 			if errors.Is(err, errFenced) {
 				return
@@ -322,11 +432,11 @@ func (b *batcher) restartLocked(ctx context.Context) {
 	}
 }
 
-// replayLocked publishes the answer so far in batches; false when one
-// failed.
+// replayLocked publishes the answer so far (every chunk handed to a
+// publish) in batches; false when one failed.
 func (b *batcher) replayLocked(ctx context.Context) bool {
-	for i := 0; i < len(b.answer); i += b.size {
-		batch := b.answer[i:min(i+b.size, len(b.answer))]
+	for i := 0; i < b.taken; i += b.size {
+		batch := b.answer[i:min(i+b.size, b.taken)]
 		if err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: batch}); err != nil {
 			return false
 		}
@@ -334,7 +444,8 @@ func (b *batcher) replayLocked(ctx context.Context) bool {
 	return true
 }
 
-// discard drops unsent chunks and returns how many were published.
+// discard drops the chunks still waiting, waits for the batch that is
+// out, and returns how many chunks were handed to a publish.
 func (b *batcher) discard() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -342,6 +453,7 @@ func (b *batcher) discard() int {
 		b.timer.Stop()
 		b.timer = nil
 	}
-	b.buf = b.buf[:0]
-	return b.sent
+	b.answer = b.answer[:b.taken]
+	b.waitLocked()
+	return b.taken
 }

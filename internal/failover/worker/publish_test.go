@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -287,4 +288,91 @@ func TestFenceAfter(t *testing.T) {
 			t.Errorf("fenceAfter(%s, %s) = %s, want %s, between the heartbeat and the reclaim time", c.reclaim, c.hb, got, c.want)
 		}
 	}
+}
+
+// slowResults is a ResultPublisher whose batches take rtt to publish, as
+// on a busy Redis: the fake clock of the test's bubble moves meanwhile.
+type slowResults struct {
+	failover.ResultPublisher
+	rtt time.Duration
+}
+
+func (s *slowResults) ResultsFor(id string) failover.ResultSink {
+	return slowSink{rtt: s.rtt, next: s.ResultPublisher.ResultsFor(id)}
+}
+
+type slowSink struct {
+	rtt  time.Duration
+	next failover.ResultSink
+}
+
+func (s slowSink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	if strings.HasPrefix(string(msg), "BATCH:") {
+		time.Sleep(s.rtt) // the round trip, on the bubble's fake clock
+	}
+	return s.next.Publish(ctx, msg)
+}
+
+// TestWorkerGathersChunksWhileABatchIsOut: chunks that arrive while a
+// batch is being published join the next one, so an upstream faster than
+// the publishes fills fewer, larger messages; the answer arrives whole and
+// in order, and the first chunk still goes alone.
+func TestWorkerGathersChunksWhileABatchIsOut(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		// A chunk every millisecond, a publish 10 ms: ten chunks arrive
+		// while one batch is out.
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: time.Millisecond, Tokens: 60, Seed: 9})
+		cfg := workerConfig()
+		cfg.BatchSize = 5
+		cfg.BatchTimeout = 10 * time.Second // only size and the end flush
+		job := newJob("gather-1")
+		l := e.listen(job.RequestID)
+		e.startWith(cfg, e.q.Consumer("w1"), sim, &slowResults{ResultPublisher: e.res, rtt: 10 * time.Millisecond})
+		e.enqueue(job)
+
+		rs := l.untilEnd(10 * time.Second)
+		bs := batches(rs)
+		checkChunks(t, bs, llm.SimChunks(job.Payload.Messages, 9, 60))
+		sizes := batchSizes(bs)
+		if sizes[0] != 1 {
+			t.Errorf("batch sizes %v: the first chunk did not go alone", sizes)
+		}
+		// Sent one batch per 5 chunks, on the provider's goroutine, the
+		// answer would take 1 + 12 messages.
+		if len(bs) > 8 || slices.Max(sizes) <= cfg.BatchSize {
+			t.Errorf("batch sizes %v: want fewer messages than one per %d chunks, some larger than %d", sizes, cfg.BatchSize, cfg.BatchSize)
+		}
+		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != 60 {
+			t.Fatalf("last message %+v, want DONE counting 60 chunks", end)
+		}
+	})
+}
+
+// TestWorkerGathersAtMost64Chunks: an upstream far faster than a publish
+// waits for one rather than gathering a message of any size: no batch
+// holds more than 64 chunks (the batch size being smaller), and the answer
+// still arrives whole.
+func TestWorkerGathersAtMost64Chunks(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: time.Millisecond, Tokens: 300, Seed: 2})
+		cfg := workerConfig()
+		cfg.BatchSize = 5
+		cfg.BatchTimeout = 10 * time.Second
+		job := newJob("gather-cap-1")
+		l := e.listen(job.RequestID)
+		e.startWith(cfg, e.q.Consumer("w1"), sim, &slowResults{ResultPublisher: e.res, rtt: 200 * time.Millisecond})
+		e.enqueue(job)
+
+		rs := l.untilEnd(time.Minute)
+		bs := batches(rs)
+		checkChunks(t, bs, llm.SimChunks(job.Payload.Messages, 2, 300))
+		sizes := batchSizes(bs)
+		if slices.Max(sizes) != 64 {
+			t.Errorf("batch sizes %v: want the largest at the cap of 64", sizes)
+		}
+	})
 }

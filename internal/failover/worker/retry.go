@@ -61,6 +61,7 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			return OutcomeDone, ""
 		}
 		if ctx.Err() != nil {
+			b.discard() // a batch still being published ends before the job does
 			return OutcomeCancelled, ""
 		}
 		// Chunks still in the batch never reached the client: dropping them

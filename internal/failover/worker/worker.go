@@ -62,8 +62,10 @@ type Config struct {
 	// Heartbeat is WORKER_HEARTBEAT_SECONDS: how often a running job tells
 	// its client and the queue that it is alive.
 	Heartbeat time.Duration
-	// BatchSize and BatchTimeout bound a published batch of chunks
-	// (QUEUE_FAILOVER_CHUNK_BATCH_SIZE, _BATCH_TIMEOUT_MS).
+	// BatchSize and BatchTimeout say when a batch of chunks is published
+	// (QUEUE_FAILOVER_CHUNK_BATCH_SIZE, _BATCH_TIMEOUT_MS): once it holds
+	// BatchSize chunks, or BatchTimeout after its first. Chunks that arrive
+	// while a batch is out join the next, up to max(BatchSize, 64).
 	BatchSize    int
 	BatchTimeout time.Duration
 	// MaxRetries is provider retries before dead-letter
