@@ -123,54 +123,114 @@ end
 local in_use = redis.call('ZCARD', KEYS[1])
 local free = size - in_use
 
--- Each user's live leases, counted once a call and kept as it grants.
+-- Each user's live leases, by user key, counted once a call and kept as
+-- it grants.
 local live = {}
-local function live_of(u)
-  local c = live[u]
+local after_now = '(' .. now_ms
+local function live_of(ukey)
+  local c = live[ukey]
   if c == nil then
-    c = redis.call('ZCOUNT', user_prefix .. u, '(' .. now_ms, '+inf')
-    live[u] = c
+    c = redis.call('ZCOUNT', ukey, after_now, '+inf')
+    live[ukey] = c
   end
   return c
 end
 
--- The line: the registered waiters in Redis order (read at most once a
--- call, then kept here), their turn keys and how many are eligible
--- (rebuilt after a change to the line or to a live count).
-local members, keys, pos, eligible = nil, nil, nil, 0
+-- The line: the registered waiters in Redis order, read at most once a
+-- call (again after waiters register), then kept here: each one's user,
+-- score and turn key, and how many are eligible. A waiter leaving the
+-- line is marked gone rather than removed, and only the keys that move
+-- are updated, so a call that grants many slots reads the line once.
+local members = nil   -- position → member
+local scores, pos     -- member → score, position
+local users, keys     -- position → user key, turn key (nil until needed)
+local by_user, gone   -- user key → its positions, oldest first; position → true
+local eligible, in_line = 0, 0
 local function read_line()
-  if members == nil then
-    members = redis.call('ZRANGE', KEYS[2], 0, -1)
-    keys = nil
+  if members ~= nil then
+    return
   end
-  if keys == nil then
-    keys, pos, eligible = {}, {}, 0
-    local seen = {}
-    for i, m in ipairs(members) do
-      local u = string.sub(m, 18)
+  local flat = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  members, scores, pos, users, keys, by_user, gone = {}, {}, {}, {}, nil, {}, {}
+  in_line = #flat / 2
+  for i = 1, in_line do
+    local m = flat[2 * i - 1]
+    local u = user_prefix .. string.sub(m, 18)
+    local mine = by_user[u]
+    if mine == nil then
+      mine = {}
+      by_user[u] = mine
+    end
+    mine[#mine + 1] = i
+    members[i], scores[m], pos[m], users[i] = m, flat[2 * i], i, u
+  end
+end
+-- The turn keys, computed when first needed (a call that finds no slot
+-- free never counts the waiting users' leases).
+local function read_keys()
+  read_line()
+  if keys ~= nil then
+    return
+  end
+  keys, eligible = {}, 0
+  local seen = {}
+  for i, u in ipairs(users) do
+    if not gone[i] then
       local s = seen[u] or 0
       local k = live_of(u) + s
       keys[i] = k
-      pos[m] = i
+      seen[u] = s + 1
       if k < per_user then
         eligible = eligible + 1
       end
-      seen[u] = s + 1
+    else
+      keys[i] = per_user -- never counted
     end
   end
 end
-local function leave_line(m)
+-- bump moves by d the turn keys of u's waiters at positions lo to hi.
+local function bump(u, lo, hi, d)
+  if keys == nil then
+    return -- computed from the live counts when needed
+  end
+  for _, j in ipairs(by_user[u] or {}) do
+    if j >= lo and j <= hi and not gone[j] then
+      local k = keys[j]
+      if k < per_user then
+        eligible = eligible - 1
+      end
+      k = k + d
+      keys[j] = k
+      if k < per_user then
+        eligible = eligible + 1
+      end
+    end
+  end
+end
+-- leave_line takes member m out of the line: granted (its user's live
+-- count grows by one, so its user's older waiters move back one) or
+-- withdrawn (its user's younger waiters move up one).
+local function leave_line(m, granted)
   read_line()
   local i = pos[m]
-  if i ~= nil then
-    table.remove(members, i)
-    keys = nil
+  if i == nil or gone[i] then
+    return
+  end
+  gone[i] = true
+  in_line = in_line - 1
+  if keys ~= nil and keys[i] < per_user then
+    eligible = eligible - 1
+  end
+  if granted then
+    bump(users[i], 1, i - 1, 1)
+  else
+    bump(users[i], i + 1, #members, -1)
   end
 end
 local waiting = nil -- the line's length before it is read
 local function line_len()
   if members ~= nil then
-    return #members
+    return in_line
   end
   if waiting == nil then
     waiting = redis.call('ZCARD', KEYS[2])
@@ -180,15 +240,18 @@ end
 
 -- Whether fewer than `free` eligible waiters come before member m.
 local function my_turn(m)
-  read_line()
+  read_keys()
   local mp = pos[m]
-  if mp == nil then
+  if mp == nil or gone[mp] then
     return false
   end
   local mk = keys[mp]
   local ahead = 0
   for i, k in ipairs(keys) do
-    if i ~= mp and k < per_user and (k < mk or (k == mk and i < mp)) then
+    if i > mp and mk == 0 then
+      break -- no key is below 0: nobody behind comes first
+    end
+    if i ~= mp and not gone[i] and k < per_user and (k < mk or (k == mk and i < mp)) then
       ahead = ahead + 1
       if ahead >= free then
         return false
@@ -199,29 +262,32 @@ local function my_turn(m)
 end
 
 local touched = {}
-local function grant(u, ukey, id)
+local function grant(ukey, id)
   if not touched[ukey] then
     touched[ukey] = true
     redis.call('ZREMRANGEBYSCORE', ukey, '-inf', now_ms)
   end
   redis.call('ZADD', KEYS[1], exp, id)
   redis.call('ZADD', ukey, exp, id)
-  live[u] = live_of(u) + 1
-  if members ~= nil then
-    keys = nil -- the user's turn keys moved
-  end
+  live[ukey] = live_of(ukey) + 1
   free = free - 1
   in_use = in_use + 1
 end
 
 local reply = {0, 0, 0, released}
 
--- Waiters: all registered (or refreshed) first, then judged in order.
+-- Waiters: those not in line registered first, then all judged in order.
+-- The expiry of those in line is left to renewal (renew.lua).
 if w > 0 then
-  local fresh = {}
+  local fresh, registered = {}, false
+  if line_len() > 0 then
+    read_line()
+  else
+    scores = {}
+  end
   for j = 1, w do
     local m = ARGV[wargs + 4 * j - 2]
-    local score = redis.call('ZSCORE', KEYS[2], m)
+    local score = scores[m]
     if score then
       score = tonumber(score)
     else
@@ -231,32 +297,40 @@ if w > 0 then
         score = now_us
       end
       redis.call('ZADD', KEYS[2], score, m)
-      members = nil
+      redis.call('ZADD', KEYS[3], exp, m)
+      registered = true
     end
-    redis.call('ZADD', KEYS[3], exp, m)
     reply[3 + 2 * j + 1] = score
   end
-  redis.call('PEXPIRE', KEYS[2], keep)
-  redis.call('PEXPIRE', KEYS[3], keep)
+  if registered then
+    redis.call('PEXPIRE', KEYS[2], keep)
+    redis.call('PEXPIRE', KEYS[3], keep)
+    members, waiting = nil, nil -- read again with the new ones
+  end
   local stays = false
   for j = 1, w do
     local id = ARGV[wargs + 4 * j - 3]
     local m = ARGV[wargs + 4 * j - 2]
-    local u = string.sub(m, 18)
+    local deferring = ARGV[wargs + 4 * j] == '1'
+    local ukey = KEYS[wkeys + j]
     local code = 1
-    if live_of(u) >= per_user then
+    -- With no free slot only a deferring waiter needs to know whether its
+    -- user is at the limit: the others stay in line either way.
+    if free <= 0 and not deferring then
+      code = 1
+    elseif live_of(ukey) >= per_user then
       code = 2
-      if ARGV[wargs + 4 * j] == '1' then
+      if deferring then
         redis.call('ZREM', KEYS[2], m)
         redis.call('ZREM', KEYS[3], m)
-        leave_line(m)
+        leave_line(m, false)
       end
     elseif free > 0 and my_turn(m) then
       code = 0
       redis.call('ZREM', KEYS[2], m)
       redis.call('ZREM', KEYS[3], m)
-      leave_line(m)
-      grant(u, KEYS[wkeys + j], id)
+      leave_line(m, true)
+      grant(ukey, id)
     end
     if code ~= 0 and fresh[j] then
       stays = true
@@ -274,25 +348,27 @@ end
 local told, full = {}, false
 for i = 1, n do
   local ukey = KEYS[dkeys + i]
-  local u = string.sub(ukey, #user_prefix + 1)
   local code = 0
   if free <= 0 then
     code = 1
     full = true
-  elseif live_of(u) >= per_user then
+  elseif live_of(ukey) >= per_user then
     code = 2
-    if not told[u] then
-      told[u] = true
-      notify('user:' .. u)
+    if not told[ukey] then
+      told[ukey] = true
+      notify('user:' .. string.sub(ukey, #user_prefix + 1))
     end
   elseif line_len() >= free then
-    read_line()
+    read_keys()
     if eligible >= free then
       code = 3
     end
   end
   if code == 0 then
-    grant(u, ukey, ARGV[dargs + i])
+    grant(ukey, ARGV[dargs + i])
+    if members ~= nil then
+      bump(ukey, 1, #members, 1) -- its waiters' turn keys grow with its live count
+    end
   end
   reply[4 + 2 * w + i] = code
 end
