@@ -15,7 +15,8 @@
 --                the order of their ARGV below
 -- ARGV[1]        global size (CONNECTION_POOL_SIZE)
 -- ARGV[2]        per-user limit (CONNECTION_POOL_PER_USER)
--- ARGV[3]        lease TTL in ms; waiters live as long unless refreshed
+-- ARGV[3]        lease TTL in ms; a waiter registered here lives as long
+--                unless refreshed (renew.lua; a try does not refresh it)
 -- ARGV[4]        user key prefix: a user's ZSET is ARGV[4]..user. The sets
 --                of other waiting users are read by that name without
 --                being declared: they share the {pool} hash tag, so they
@@ -51,13 +52,16 @@
 -- per-user limit.
 --   - A waiter is granted when its user has a free per-user slot and fewer
 --     than `free` eligible waiters come before it (lower key, or the same
---     key and older). Else code 2 (its user at the limit) or 1, and it
---     stays registered (registered now if it was not), unless it defers.
+--     key and older). Else code 1, or 2 when its user is at the limit
+--     (told while a slot is free, and always to a waiter that defers:
+--     the others stay in line either way), and it stays registered
+--     (registered now if it was not), unless it defers and got 2.
 --   - A direct request is granted when a slot is free (else code 1), its
 --     user is below the limit (else 2), and the eligible waiters are
 --     fewer than the free slots (else 3: they belong to waiters).
--- The requests are judged one after the other, each on the state the
--- previous ones left, as separate calls in that order would be.
+-- The waiters not in line are registered first; then the requests are
+-- judged one after the other, each on the state the previous ones left,
+-- as separate calls in that order would be.
 --
 -- Returns {in_use, size, waiters, released, then per waiter code and
 -- enqueued, then per direct request code}: in_use counts live leases
