@@ -158,12 +158,12 @@ func TestAdaptiveLimitOffIgnoresKey(t *testing.T) {
 		t.Fatalf("throttle: %d, %v", n, err)
 	}
 	for i := range 4 {
-		rep, err := off.runAcquire(t.Context(), "u", newID(), "", 0, swapLease{})
+		rep, err := off.runAcquire(t.Context(), "u", newID(), "", 0)
 		if err != nil || rep.code != codeGranted || rep.size != 4 {
 			t.Fatalf("acquire %d with adaptive off: %+v, %v; want granted of 4", i, rep, err)
 		}
 	}
-	rep, err := on.runAcquire(t.Context(), "v", newID(), "", 0, swapLease{})
+	rep, err := on.runAcquire(t.Context(), "v", newID(), "", 0)
 	if err != nil || rep.code != codeExhausted || rep.size != 2 {
 		t.Fatalf("adaptive pool with 4 held of a limit of 2: %+v, %v; want exhausted at 2", rep, err)
 	}

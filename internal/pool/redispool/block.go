@@ -21,8 +21,10 @@ import (
 // block.lua call. What arrives while a call is out waits for the next one,
 // so under load the pool's primary sees a call per block, not per stream,
 // and a lone request still goes at once. Each request in a block is judged
-// by acquire.lua's rules for a direct request, in arrival order, so both
-// limits and the waiters' precedence hold exactly as before.
+// by block.lua's rules for a direct request, in arrival order, so both
+// limits and the waiters' precedence hold exactly. The dispatcher's
+// waiters go in block.lua calls of their own (wait.go): block.lua is the
+// one script that grants slots.
 //
 // A block that Redis is slow to answer is waited for, not refused: after
 // callTimeout the health watch starts (health.go), and the block waits
@@ -249,6 +251,75 @@ func (p *Pool) deliver(r *blockReq, res blockRes) bool {
 	return true
 }
 
+// waitTry is one waiter tried in a block.lua call (the dispatcher's
+// pass, wait.go).
+type waitTry struct {
+	user, id, member string // id: the lease id it is granted under
+	since            int64  // its place in line, µs since the epoch
+	deferring        bool
+}
+
+// blockCall returns block.lua's keys and arguments for leases given back,
+// waiters tried and direct requests, in that order.
+func (p *Pool) blockCall(rels []blockRel, ws []waitTry, reqs []*blockReq) ([]string, []any) {
+	// Without an adaptive limit the fourth key is never read; the leases
+	// key stands in so that every key stays in the {pool} slot.
+	limitKey, adaptive := p.limitKey, "1"
+	if limitKey == "" {
+		limitKey, adaptive = p.leasesKey, "0"
+	}
+	keys := make([]string, 0, 4+len(rels)+len(ws)+len(reqs))
+	keys = append(keys, p.leasesKey, p.waitersKey, p.waiterExpKey, limitKey)
+	args := make([]any, 0, 9+len(rels)+4*len(ws)+len(reqs))
+	args = append(args, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, adaptive, p.reclaim, p.channel, len(rels), len(ws))
+	for _, rel := range rels {
+		keys = append(keys, UserKey(p.cfg.Prefix, rel.user))
+		args = append(args, rel.id)
+	}
+	for _, w := range ws {
+		deferring := "0"
+		if w.deferring {
+			deferring = "1"
+		}
+		keys = append(keys, UserKey(p.cfg.Prefix, w.user))
+		args = append(args, w.id, w.member, w.since, deferring)
+	}
+	for _, r := range reqs {
+		keys = append(keys, UserKey(p.cfg.Prefix, r.user))
+		args = append(args, r.id)
+	}
+	return keys, args
+}
+
+// blockReply is block.lua's answer.
+type blockReply struct {
+	inUse, size, waiting, released int64
+	waiters                        []waitReply // per waiter tried, in order
+	codes                          []int64     // per direct request, in order
+}
+
+type waitReply struct {
+	code     int64
+	enqueued int64 // its place in line (µs), its score in WaitersKey
+}
+
+// parseBlock reads the reply of a block.lua call with w waiters and n
+// direct requests.
+func parseBlock(v any, w, n int) (blockReply, error) {
+	a, err := ints(v, 4+2*w+n)
+	if err != nil {
+		return blockReply{}, err
+	}
+	rep := blockReply{inUse: a[0], size: a[1], waiting: a[2], released: a[3], codes: a[4+2*w:]}
+	if w > 0 {
+		rep.waiters = make([]waitReply, w)
+		for j := range rep.waiters {
+			rep.waiters[j] = waitReply{code: a[4+2*j], enqueued: a[5+2*j]}
+		}
+	}
+	return rep, nil
+}
+
 // runBlock makes one block.lua call for reqs and rels and answers them.
 func (p *Pool) runBlock(reqs []*blockReq, rels []blockRel) {
 	defer closeRels(rels)
@@ -256,35 +327,20 @@ func (p *Pool) runBlock(reqs []*blockReq, rels []blockRel) {
 		p.unavailableBlock(reqs, rels, nil)
 		return
 	}
-	limitKey, adaptive := p.limitKey, "1"
-	if limitKey == "" {
-		limitKey, adaptive = p.leasesKey, "0"
-	}
-	keys := make([]string, 0, 4+len(rels)+len(reqs))
-	keys = append(keys, p.leasesKey, p.waitersKey, p.waiterExpKey, limitKey)
-	args := make([]any, 0, 8+len(rels)+len(reqs))
-	args = append(args, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, adaptive, p.reclaim, p.channel, len(rels))
-	for _, rel := range rels {
-		keys = append(keys, UserKey(p.cfg.Prefix, rel.user))
-		args = append(args, rel.id)
-	}
-	for _, r := range reqs {
-		keys = append(keys, UserKey(p.cfg.Prefix, r.user))
-		args = append(args, r.id)
-	}
+	keys, args := p.blockCall(rels, nil, reqs)
 	what := fmt.Sprintf("block of %d requests and %d releases", len(reqs), len(rels))
 	gen := p.reclaimGen.Load()
 	start := time.Now()
 	v, err := p.callBlock(keys, args, what, func(v any) { p.lateBlock(reqs, v) })
 	if err == nil {
-		var n []int64
-		if n, err = ints(v, 4+len(reqs)); err == nil {
-			p.setStats(int(n[0]))
+		var rep blockReply
+		if rep, err = parseBlock(v, 0, len(reqs)); err == nil {
+			p.setStats(int(rep.inUse))
 			if len(reqs) > 0 {
-				p.setLimit(int(n[1]))
+				p.setLimit(int(rep.size))
 			}
-			p.noteWaiters(gen, n[2])
-			p.answerBlock(reqs, n[4:], start)
+			p.noteWaiters(gen, rep.waiting)
+			p.answerBlock(reqs, rep.codes, start)
 			return
 		}
 		err = fmt.Errorf("redispool: %s: %w", what, err)
@@ -372,13 +428,13 @@ func (p *Pool) answerBlock(reqs []*blockReq, codes []int64, start time.Time) {
 // lateBlock handles the reply of a block that was given up (Redis judged
 // gone, or Close): the leases it granted have no holder.
 func (p *Pool) lateBlock(reqs []*blockReq, v any) {
-	n, err := ints(v, 4+len(reqs))
+	rep, err := parseBlock(v, 0, len(reqs))
 	if err != nil {
 		return
 	}
 	var ids, users []string
 	for i, r := range reqs {
-		if n[4+i] == codeGranted {
+		if rep.codes[i] == codeGranted {
 			ids, users = append(ids, r.id), append(users, r.user)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/spillway-dev/spillway/internal/llm/adaptive"
 	"github.com/spillway-dev/spillway/internal/pool"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
@@ -224,4 +226,147 @@ func TestBlockBoundedByDownAfter(t *testing.T) {
 	}
 	testutil.Eventually(t, 10*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 },
 		"the late block's lease given back")
+}
+
+// Waiters tried in blocks (wait.go, block.lua) hold every limit exactly:
+// Size 8 lowered to 4 by the adaptive limit, PerUser 2, two processes,
+// 24 waiters of 4 identities (u0 has 9, the others 5, so at the end u0's
+// alone wait with slots free) spread over both, in line behind a full
+// pool. Once all are registered the 4 holders let go: the first 4 grants
+// go to 4 different identities (each holds none, so each one's oldest
+// waiter comes first) and stay held while the others wait; then every
+// waiter is served. At no grant do the holders count more than 4 slots,
+// or 2 for one identity, and Redis, sampled throughout, agrees.
+func TestWaiterBlocksLimitsExact(t *testing.T) {
+	t.Parallel()
+	forTargets(t, testWaiterBlocksLimitsExact)
+}
+
+func testWaiterBlocksLimitsExact(t *testing.T, tg target) {
+	admin := tg.client(t)
+	const size, limit, perUser, users, waiters = 8, 4, 2, 4, 24
+	cfg := Config{Prefix: redistest.Prefix(t), Size: size, PerUser: perUser, LeaseTTL: 10 * time.Second, AdaptiveLimit: "global"}
+	cc := &callCounter{}
+	counted := target{tg.name, func(tb testing.TB) redis.UniversalClient {
+		c := tg.client(tb)
+		c.AddHook(cc)
+		return c
+	}}
+	pools := []*Pool{newTestPoolOn(t, counted, cfg, nil, nil), newTestPoolOn(t, counted, cfg, nil, nil)}
+	ctx := context.Background()
+	params := adaptive.Params{Floor: 1, Ceiling: size, Interval: time.Hour}
+	if n, err := pools[0].Report(ctx, "global", adaptive.Report{Throttle: true}, params); err != nil || n != limit {
+		t.Fatalf("throttle: limit %d, %v; want %d", n, err, limit)
+	}
+	var holders []pool.Lease
+	for i := range limit {
+		l, err := pools[i%2].TryAcquire(ctx, fmt.Sprintf("h%d", i))
+		if err != nil {
+			t.Fatalf("holder %d: %v", i, err)
+		}
+		holders = append(holders, l)
+	}
+
+	var mu sync.Mutex
+	held := map[string]int{} // by identity, counted by the holders
+	total := 0
+	var order []string // identities in order of grant
+	release := make(chan struct{})
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	for u := range users {
+		each := 5
+		if u == 0 {
+			each = waiters - 5*(users-1)
+		}
+		for k := range each {
+			user, p := fmt.Sprintf("u%d", u), pools[(u+k)%2]
+			wg.Go(func() {
+				l, err := p.AcquireSince(wctx, user, time.Now())
+				if err != nil {
+					t.Errorf("%s: %v", user, err)
+					return
+				}
+				mu.Lock()
+				held[user]++
+				total++
+				order = append(order, user)
+				if total > limit || held[user] > perUser {
+					t.Errorf("at a grant to %s: %d slots held (limit %d), %d by %s (PerUser %d)", user, total, limit, held[user], user, perUser)
+				}
+				first := len(order) <= limit
+				mu.Unlock()
+				if first {
+					<-release
+				} else {
+					<-time.After(2 * time.Millisecond) // the stream holding its slot
+				}
+				mu.Lock()
+				held[user]--
+				total--
+				mu.Unlock()
+				l.Release()
+			})
+		}
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		return zcard(t, admin, WaitersKey(cfg.Prefix)) == waiters
+	}, "every waiter in line")
+	blocks := cc.blocks.Load()
+	for _, l := range holders {
+		l.Release()
+	}
+	testutil.Eventually(t, 10*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == limit
+	}, "the first wave granted")
+	mu.Lock()
+	first := slices.Clone(order)
+	mu.Unlock()
+	slices.Sort(first)
+	if len(slices.Compact(slices.Clone(first))) != limit {
+		t.Errorf("first wave %v: want %d different identities (round-robin)", first, limit)
+	}
+	if n := zcard(t, admin, LeasesKey(cfg.Prefix)); n != limit {
+		t.Errorf("%d leases in Redis with the first wave held, want %d", n, limit)
+	}
+	if n := zcard(t, admin, WaitersKey(cfg.Prefix)); n != waiters-limit {
+		t.Errorf("%d waiters in line with the first wave held, want %d", n, waiters-limit)
+	}
+
+	done := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			all, _ := liveLeases(t, admin, cfg.Prefix, "")
+			if all > limit {
+				t.Errorf("%d live leases in Redis, limit %d", all, limit)
+				return
+			}
+			for u := range users {
+				if _, mine := liveLeases(t, admin, cfg.Prefix, fmt.Sprintf("u%d", u)); mine > perUser {
+					t.Errorf("u%d holds %d live leases in Redis, PerUser %d", u, mine, perUser)
+					return
+				}
+			}
+		}
+	})
+	close(release)
+	wg.Wait()
+	close(done)
+	sampler.Wait()
+	t.Logf("%d grants; %d block.lua calls from the first release on", len(order), cc.blocks.Load()-blocks)
+	if len(order) != waiters {
+		t.Fatalf("%d of %d waiters served", len(order), waiters)
+	}
+	if n := zcard(t, admin, LeasesKey(cfg.Prefix)); n != 0 {
+		t.Errorf("%d leases left after every Release returned", n)
+	}
 }

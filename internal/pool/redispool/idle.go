@@ -26,7 +26,7 @@ import (
 //     releases what has expired in one script call);
 //   - at once (one Pub/Sub message, then one script call) when anyone
 //     else needs it: a waiter joins the line, a direct request anywhere
-//     finds no free slot or its user at the limit (acquire.lua publishes
+//     finds no free slot or its user at the limit (block.lua publishes
 //     on ReclaimChannel), or an adaptive limit falls (adapt.lua);
 //   - while waiters are in line (seen on ReclaimChannel, or counted in the
 //     reply of an acquire or release) nothing is kept idle or handed out
@@ -41,7 +41,7 @@ import (
 //     is found by the next acquire that goes to Redis.
 //
 // A direct request of a user with no idle lease here, while another
-// user's lease is idle, gives that one back in its own acquire.lua call
+// user's lease is idle, gives that one back in its own block.lua call
 // (takeSwap): with many users, each seldom, a pair then costs one Redis
 // call instead of two.
 //
@@ -82,7 +82,7 @@ func (p *Pool) takeIdle(user string) pool.Lease {
 }
 
 // swapLease is an idle lease of another user that a direct request's
-// acquire.lua call gives back in the same call: a process serving many
+// slot block gives back in the same call: a process serving many
 // users, each seldom, then makes one Redis call per direct request
 // instead of two (its own release goes idle, and the next request takes
 // it back to Redis).
@@ -90,7 +90,7 @@ type swapLease struct{ id, user string }
 
 // takeSwap takes the oldest idle lease of one user other than user out of
 // the cache, or returns the zero swapLease. The caller gives it back to
-// Redis (runAcquire).
+// Redis in its slot block (acquireBlock).
 func (p *Pool) takeSwap(user string) swapLease {
 	p.mu.Lock()
 	defer p.mu.Unlock()

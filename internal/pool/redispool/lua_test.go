@@ -160,7 +160,7 @@ func TestLuaWaitersEligibility(t *testing.T) {
 	ctx := context.Background()
 	code := func(user, member string) int64 {
 		t.Helper()
-		rep, err := p.runAcquire(ctx, user, newID(), member, 0, swapLease{})
+		rep, err := p.runAcquire(ctx, user, newID(), member, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,13 +238,13 @@ func TestLuaRenewReportsLost(t *testing.T) {
 	ids := map[string]string{}
 	for _, u := range []string{"a", "b"} {
 		id := newID()
-		if rep, err := p.runAcquire(ctx, u, id, "", 0, swapLease{}); err != nil || rep.code != codeGranted {
+		if rep, err := p.runAcquire(ctx, u, id, "", 0); err != nil || rep.code != codeGranted {
 			t.Fatal(rep, err)
 		}
 		ids[id] = u
 	}
 	w := newID() + ":c"
-	if rep, err := p.runAcquire(ctx, "c", newID(), w, 0, swapLease{}); err != nil || rep.code != codeGranted {
+	if rep, err := p.runAcquire(ctx, "c", newID(), w, 0); err != nil || rep.code != codeGranted {
 		t.Fatal(rep, err) // granted at once, so not registered any more
 	}
 	m.SetTime(start.Add(5 * time.Second))

@@ -29,17 +29,20 @@
 // anybody. Workers wait with AcquireOrDefer, which goes further: such a
 // waiter is turned away with pool.ErrUserLimit and withdrawn, so the
 // worker can give its slot to another identity's job (docs/QUEUE.md,
-// "Fairness"). Within a process, waiters are tried oldest first by one
-// dispatcher goroutine, which runs on every release anywhere in the
-// cluster (release.lua publishes on NotifyChannel), and at the latest every
-// second for what Pub/Sub cannot report (leases that expired, messages
-// lost while reconnecting). Acquire with no local waiter first tries like a
+// "Fairness"). Within a process, one dispatcher goroutine tries its
+// waiters, oldest first, all in one block.lua call a pass (wait.go), on
+// every release anywhere in the cluster (block.lua and release.lua
+// publish on NotifyChannel), and at the latest every second for what
+// Pub/Sub cannot report (leases that expired, messages lost while
+// reconnecting). Acquire with no local waiter first tries like a
 // direct request, which succeeds only when no waiter is deprived.
 //
 // Slot blocks (block.go). Direct requests that need Redis, and releases,
 // join the process's next block: one block.lua call carries every request
 // and release that arrived while the previous call was out, so the pool's
-// primary sees a call per block, not per stream.
+// primary sees a call per block, not per stream. block.lua is the one
+// script that grants slots, to waiters and direct requests alike: each
+// rule above is written there once.
 //
 // Idle leases (idle.go). With Config.IdleHold a direct lease released by
 // its holder stays a lease of this process for IdleHold, and the same
@@ -269,7 +272,7 @@ type Pool struct {
 
 	statsMu sync.Mutex
 	inUse   int
-	limit   int // the size acquire.lua last applied (the adaptive limit)
+	limit   int // the size block.lua last applied (the adaptive limit)
 	statsAt time.Time
 
 	transMu  sync.Mutex // serializes transitions and their callback
@@ -599,7 +602,7 @@ func (p *Pool) setStats(inUse int) {
 	p.statsMu.Unlock()
 }
 
-// setLimit caches the size acquire.lua applied, or the adaptive limit a
+// setLimit caches the size block.lua applied, or the adaptive limit a
 // report returned.
 func (p *Pool) setLimit(limit int) {
 	p.statsMu.Lock()

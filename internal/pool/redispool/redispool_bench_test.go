@@ -138,14 +138,15 @@ func reportLatency(b *testing.B, lat []time.Duration) {
 // streams per second through the pool"): each op is one stream, a slot
 // taken and given back, by 128 goroutines at once sharing one Pool, each
 // its own identity and without idle leases, so every stream needs Redis.
-//   - per-stream: the path before slot blocks, acquire.lua and release.lua
-//     called once each per stream;
+//   - per-stream: the path before slot blocks, one script call to acquire
+//     (block.lua with one request) and one to release (release.lua) per
+//     stream;
 //   - direct: TryAcquire and Release, in slot blocks (block.go);
 //   - queued: AcquireSince and Release, as a worker takes its slot while
 //     slots are free (its first try goes in a block too);
-//   - queued-full: the same with 32 slots for the 128 goroutines, so most
-//     wait in line and are served by the dispatcher, one acquire.lua call
-//     a waiter (wait.go).
+//   - queued-full: the same with 32 slots for the 128 goroutines, so 96
+//     identities wait in line and are served by the dispatcher, one
+//     block.lua call a pass for its whole line (wait.go).
 //
 // Against one redis-server and against a Redis Cluster of 3 primaries
 // (the pool's keys share the {pool} hash tag: one slot, one primary).
@@ -230,12 +231,12 @@ func streamOp(b *testing.B, p *Pool, mode string) func(ctx context.Context, user
 	case "per-stream":
 		return func(ctx context.Context, user string) error {
 			id := p.newLeaseID()
-			rep, err := p.runAcquire(ctx, user, id, "", 0, swapLease{})
+			rep, err := p.runAcquire(ctx, user, id, "", 0)
 			if err != nil {
 				return err
 			}
 			if rep.code != codeGranted {
-				return fmt.Errorf("acquire.lua refused with code %d", rep.code)
+				return fmt.Errorf("block.lua refused with code %d", rep.code)
 			}
 			_, err = p.runRelease(ctx, []string{id}, []string{user})
 			return err

@@ -14,10 +14,6 @@ import (
 )
 
 var (
-	//go:embed acquire.lua
-	acquireSource string
-	acquireScript = redis.NewScript(acquireSource)
-
 	//go:embed release.lua
 	releaseSource string
 	releaseScript = redis.NewScript(releaseSource)
@@ -35,7 +31,7 @@ var (
 	adaptScript = redis.NewScript(adaptSource)
 )
 
-// Result codes of acquire.lua.
+// Result codes of block.lua.
 const (
 	codeGranted   = 0
 	codeExhausted = 1 // no free slot, or (for a waiter) older waiters take them
@@ -108,73 +104,56 @@ func (p *Pool) trackCall() (done func()) {
 	return p.calls.Done
 }
 
-// acquireReply is acquire.lua's answer.
-type acquireReply struct {
-	code     int64
-	inUse    int64
-	enqueued int64 // the waiter's registration time (µs), 0 for direct
-	size     int64 // the global size applied: Size, or the adaptive limit
-}
-
-// runAcquire runs acquire.lua for lease id; member is "" for a direct
-// request, else the waiter's member, whose place in line is since (µs
-// since the epoch; 0 means now). swap, when not zero, is an idle lease
-// given back in the same call (idle.go); it is gone afterwards whatever
-// the answer, or filed for the next renewal round to release.
-func (p *Pool) runAcquire(ctx context.Context, user, id, member string, since int64, swap swapLease) (acquireReply, error) {
-	// Without an adaptive limit the fifth key is never read; the leases
-	// key stands in so that every key stays in the {pool} slot.
-	limitKey, adaptive := p.limitKey, "1"
-	if limitKey == "" {
-		limitKey, adaptive = p.leasesKey, "0"
-	}
-	keys := []string{p.leasesKey, UserKey(p.cfg.Prefix, user), p.waitersKey, p.waiterExpKey, limitKey}
-	if swap.id != "" {
-		keys = append(keys, UserKey(p.cfg.Prefix, swap.user))
-	}
+// runWaiters tries waiters ws in one block.lua call (the dispatcher's
+// pass): each is registered if it was not, then granted or left in line
+// by the fairness rule, in order.
+func (p *Pool) runWaiters(ctx context.Context, ws []waitTry) (blockReply, error) {
+	keys, args := p.blockCall(nil, ws, nil)
+	what := fmt.Sprintf("try %d waiters", len(ws))
 	gen := p.reclaimGen.Load()
 	// The script ran after the caller was told it failed (Redis was slow or
-	// paused): a lease it granted has no holder, and a waiter entry it
-	// (re)registered belongs to a waiter that has moved on — a waiter that
-	// waits again registers under a new member. Undo both.
+	// paused): a lease it granted has no holder. The waiter entries it
+	// (re)registered belong to waiters that moved on under new members
+	// (wait.go); forget below files them for renewal to withdraw.
 	late := func(v any) {
-		if n, err := ints(v, 5); err == nil && n[0] == codeGranted {
+		rep, err := parseBlock(v, len(ws), 0)
+		if err != nil {
+			return
+		}
+		var ids, users []string
+		for j, w := range ws {
+			if rep.waiters[j].code == codeGranted {
+				ids, users = append(ids, w.id), append(users, w.user)
+			}
+		}
+		if len(ids) > 0 {
 			ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 			defer cancel()
-			_, _ = p.runRelease(ctx, []string{id}, []string{user})
-		}
-		if member != "" {
-			p.leave(member)
+			_, _ = p.runRelease(ctx, ids, users)
 		}
 	}
-	v, err := p.run(ctx, callTimeout, acquireScript, "acquire for "+user, late, keys,
-		id, p.cfg.Size, p.cfg.PerUser, p.ttlMS, p.userPrefix, member, since, adaptive, p.reclaim, swap.id, p.channel)
+	v, err := p.run(ctx, callTimeout, blockScript, what, late, keys, args...)
 	if err != nil {
-		if swap.id != "" {
-			// The script may not have run: release it like any other.
-			p.releaseLater(swap.id, swap.user)
-			p.mu.Lock()
-			p.startRenewalLocked()
-			p.mu.Unlock()
-		}
 		if _, slow := errors.AsType[*slowError](err); slow {
 			// The script may have run, or run later, and its late reply is
 			// never read when the client stops reading at the deadline
 			// (ContextTimeoutEnabled): the next renewal round withdraws
 			// what it may have granted or registered, so no lease is held
 			// by nobody for longer than LeaseTTL/3.
-			p.forget(id, user, member)
+			for _, w := range ws {
+				p.forget(w.id, w.user, w.member)
+			}
 		}
-		return acquireReply{}, err
+		return blockReply{}, err
 	}
-	n, err := ints(v, 5)
+	rep, err := parseBlock(v, len(ws), 0)
 	if err != nil {
-		return acquireReply{}, fmt.Errorf("redispool: acquire for %s: %w", user, err)
+		return blockReply{}, fmt.Errorf("redispool: %s: %w", what, err)
 	}
-	p.setStats(int(n[1]))
-	p.setLimit(int(n[3]))
-	p.noteWaiters(gen, n[4])
-	return acquireReply{code: n[0], inUse: n[1], enqueued: n[2], size: n[3]}, nil
+	p.setStats(int(rep.inUse))
+	p.setLimit(int(rep.size))
+	p.noteWaiters(gen, rep.waiting)
+	return rep, nil
 }
 
 // runRelease runs release.lua for lease ids[i] of users[i], in one call;

@@ -287,10 +287,12 @@ func (p *Pool) subscribe() (*redis.PubSub, <-chan any) {
 	return ps, ps.ChannelWithSubscriptions()
 }
 
-// pass tries each of this process's waiters, oldest first. A refusal for
-// lack of slots does not end it: in round-robin order (acquire.lua) a
-// younger waiter of a user holding fewer slots may come first. Waiters not
-// yet registered are tried too, which registers them.
+// pass tries this process's waiters, oldest first, in block.lua calls of
+// up to maxBlock waiters each: one call for the whole line, not one per
+// waiter. A refusal for lack of slots does not end it: in round-robin
+// order (block.lua) a younger waiter of a user holding fewer slots may
+// come first. Waiters not yet registered are tried too, which registers
+// them.
 func (p *Pool) pass() {
 	if fb, _ := p.mode(); fb {
 		return
@@ -314,79 +316,118 @@ func (p *Pool) pass() {
 	})
 	p.mu.Unlock()
 
-	for _, w := range ws {
+	for len(ws) > 0 {
 		select {
 		case <-p.closing:
 			return
 		default:
 		}
-		p.mu.Lock()
+		n := min(len(ws), maxBlock)
+		if !p.tryWaiters(ws[:n]) {
+			return
+		}
+		ws = ws[n:]
+	}
+}
+
+// tryWaiters makes one block.lua call for the waiters of ws still waiting
+// and hands out what it granted. It reports false when the pass should
+// stop: Redis gone or slow.
+func (p *Pool) tryWaiters(ws []*waiter) bool {
+	p.mu.Lock()
+	tried := make([]*waiter, 0, len(ws))
+	tries := make([]waitTry, 0, len(ws))
+	for _, w := range ws {
 		if w.gone {
-			p.mu.Unlock()
 			continue
 		}
 		w.inflight = true
-		p.mu.Unlock()
+		tried = append(tried, w)
+		tries = append(tries, waitTry{user: w.user, id: p.newLeaseID(), member: w.member, since: w.since, deferring: w.deferring})
+	}
+	p.mu.Unlock()
+	if len(tried) == 0 {
+		return true
+	}
 
-		id := p.newLeaseID()
-		rep, err := p.runAcquire(context.Background(), w.user, id, w.member, w.since, swapLease{})
+	rep, err := p.runWaiters(context.Background(), tries)
 
-		var res *result
-		var ue *unavailableError
-		var se *slowError
-		turnedAway := false
-		p.mu.Lock()
+	var ue *unavailableError
+	var se *slowError
+	p.mu.Lock()
+	for _, w := range tried {
 		w.inflight = false
-		gone := w.gone
-		switch {
-		case errors.As(err, &ue):
-			// The script may have run: withdrawing must try to remove it.
+	}
+	switch {
+	case errors.As(err, &ue):
+		// The script may have run: withdrawing must try to remove them.
+		for _, w := range tried {
 			w.registered = true
-			p.mu.Unlock()
-			p.setFallback(true, err) // the waiters move to the fallback pool
-			return
-		case errors.As(err, &se):
-			// Busy, not gone. The script may still run: its late reply
-			// withdraws what it registered (runAcquire), so the waiter
-			// goes on under a new member, in the same place (since); an
-			// entry registered by an earlier pass is withdrawn by renewal.
+		}
+		p.mu.Unlock()
+		p.setFallback(true, err) // the waiters move to the fallback pool
+		return false
+	case errors.As(err, &se):
+		// Busy, not gone. The script may still run: what it registered
+		// is withdrawn by renewal (runWaiters), so each waiter goes on
+		// under a new member, in the same place (since); an entry
+		// registered by an earlier pass is withdrawn by renewal too.
+		for _, w := range tried {
 			if w.registered {
 				p.orphans = append(p.orphans, w.member)
-				p.startRenewalLocked()
 			}
-			if !gone {
+			if !w.gone {
 				w.member = newID() + ":" + w.user
 			}
 			w.registered, w.enqueued = false, 0
-			p.mu.Unlock()
-			p.suspect(err)
-			return // the next pass (release or re-check) tries again
+		}
+		p.startRenewalLocked()
+		p.mu.Unlock()
+		p.suspect(err)
+		return false // the next pass (release or re-check) tries again
+	}
+
+	// What to do for waiters that gave up while the call was out.
+	var toRelease []pool.Lease
+	var toLeave []string
+	for j, w := range tried {
+		var res *result
+		withdrawn := false // no entry left in Redis
+		switch {
 		case err != nil:
 			res = &result{err: err}
-		case rep.code == codeGranted:
+		case rep.waiters[j].code == codeGranted:
 			w.registered = false
-			res = &result{lease: p.grantLocked(id, w.user)}
-		case rep.code == codeUserLimit && w.deferring:
-			// Turned away: the entry the script registered goes too, so a
-			// job that cannot start holds nothing back.
+			withdrawn = true
+			res = &result{lease: p.grantLocked(tries[j].id, w.user)}
+		case rep.waiters[j].code == codeUserLimit && w.deferring:
+			// Turned away and withdrawn by the script, so a job that
+			// cannot start holds nothing back.
 			w.registered = false
+			withdrawn = true
 			res = &result{err: fmt.Errorf("redispool: acquire for %s: %w", w.user, pool.ErrUserLimit)}
-			turnedAway = true
 		default:
-			w.registered, w.enqueued = true, rep.enqueued
+			w.registered, w.enqueued = true, rep.waiters[j].enqueued
 			p.startRenewalLocked() // keeps the registration alive
 		}
-		if res != nil && !gone {
-			p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
-			w.ready <- *res
-		}
-		p.mu.Unlock()
-
 		switch {
-		case gone && res != nil && res.lease != nil:
-			res.lease.Release()
-		case gone && err == nil, turnedAway:
-			p.leave(w.member)
+		case !w.gone:
+			if res != nil {
+				p.waiters = slices.DeleteFunc(p.waiters, func(x *waiter) bool { return x == w })
+				w.ready <- *res
+			}
+		case res != nil && res.lease != nil:
+			toRelease = append(toRelease, res.lease)
+		case err == nil && !withdrawn:
+			toLeave = append(toLeave, w.member)
 		}
 	}
+	p.mu.Unlock()
+	for _, l := range toRelease {
+		l.Release()
+	}
+	for _, m := range toLeave {
+		p.leave(m)
+	}
+	return true
 }
