@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -322,14 +323,15 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 		defer cancel()
 	}
 	// One timer per call, not a goroutine per chunk: it runs from sending
-	// the request to the first chunk, then only while waiting on the body
-	// (watchdog.Read). Firing cancels the request's context, which makes
-	// the transport close the connection and the read return.
-	var cancel context.CancelCauseFunc
-	c.callCtx, cancel = context.WithCancelCause(c.callCtx)
-	defer cancel(nil)
-	c.timer = time.AfterFunc(o.firstToken, func() { cancel(errStalled) })
-	defer c.timer.Stop()
+	// the request to the first chunk, then measures each wait on the body
+	// (watchdog.Read), lazily (fire). Firing cancels the request's
+	// context, which makes the transport close the connection and the
+	// read return.
+	c.callCtx, c.cancel = context.WithCancelCause(c.callCtx)
+	defer c.cancel(nil)
+	c.epoch = time.Now()
+	c.timer = time.AfterFunc(o.firstToken, c.fire)
+	defer c.stopTimer()
 
 	if req.WholeAnswer() {
 		return c.whole(o.base+"/"+req.Route, body)
@@ -378,7 +380,7 @@ const (
 )
 
 func (c *openAICall) drain(body io.Reader) {
-	c.timer.Reset(drainWait) // fires errStalled: the transport closes the connection
+	c.arm(phaseDrain, drainWait) // fires errStalled: the transport closes the connection
 	_, _ = io.CopyN(io.Discard, body, drainBytes)
 	c.timer.Stop()
 }
@@ -390,7 +392,15 @@ type openAICall struct {
 	callCtx context.Context // ctx bounded by the call's timeouts
 	emit    func(protocol.Chunk) error
 	span    trace.Span  // the provider-call span, for its first_chunk event
-	timer   *time.Timer // fires errStalled on callCtx
+	timer   *time.Timer // runs fire, which cancels callCtx with errStalled
+	cancel  context.CancelCauseFunc
+	// mu orders fire against the phase changes (arm) and the call's end
+	// (stopTimer), which move the timer; phase and ended are under it.
+	mu      sync.Mutex
+	phase   timerPhase
+	ended   bool
+	epoch   time.Time    // the call's start, the origin of reading
+	reading atomic.Int64 // when the read under way began (since epoch, +1); 0 between reads
 	// started is set at the first chunk; from then on the timer measures
 	// silence (IdleTimeout) instead of the wait for the first chunk.
 	started bool
@@ -609,20 +619,78 @@ func (c *openAICall) chunk(d, content []byte, extra bool) error {
 	return nil
 }
 
-// start ends the first-token phase. The timer stays stopped until the
-// next read of the body arms it with IdleTimeout, so the time emit takes
-// does not count as upstream silence.
+// timerPhase is what the call's timer measures.
+type timerPhase uint8
+
+const (
+	// phaseFirst: the wait for the first chunk; firing stalls the call.
+	phaseFirst timerPhase = iota
+	// phaseIdle: each read of the body, which stalls the call once it has
+	// waited IdleTimeout (fire).
+	phaseIdle
+	// phaseDrain: the drain of the response's end; firing drops the
+	// connection.
+	phaseDrain
+)
+
+// start ends the first-token phase: from now on the timer measures each
+// read of the body (watchdog), so the time emit takes does not count as
+// upstream silence.
 func (c *openAICall) start() {
 	if !c.started {
 		c.started = true
-		c.timer.Stop()
+		c.arm(phaseIdle, c.o.idle)
 		telemetry.FirstChunk(c.span)
 	}
 }
 
-// watchdog arms the call's timer with IdleTimeout for each read of the
-// body after the first chunk: any bytes, SSE comments included, end the
-// silence.
+// arm enters phase with the timer firing after d.
+func (c *openAICall) arm(phase timerPhase, d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.phase = phase
+	c.timer.Reset(d)
+}
+
+// stopTimer stops the timer for good when the call ends: fire re-arms it
+// no more.
+func (c *openAICall) stopTimer() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = true
+	c.timer.Stop()
+}
+
+// since is the time since the call's start, plus one: never 0.
+func (c *openAICall) since() int64 { return int64(time.Since(c.epoch)) + 1 }
+
+// fire runs when the timer does. In the idle phase the timer is not moved
+// at every read (two timer updates per chunk of a paced answer): a read
+// that has waited IdleTimeout stalls the call, one that began later has
+// the timer fire again when it will have, and between reads (emit
+// running) it fires again after IdleTimeout. Else it stalls the call.
+func (c *openAICall) fire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return
+	}
+	if c.phase == phaseIdle {
+		began := c.reading.Load()
+		if began == 0 {
+			c.timer.Reset(c.o.idle)
+			return
+		}
+		if waited := time.Duration(c.since() - began); waited < c.o.idle {
+			c.timer.Reset(c.o.idle - waited)
+			return
+		}
+	}
+	c.cancel(errStalled)
+}
+
+// watchdog marks each read of the body after the first chunk for the
+// call's timer (fire): any bytes, SSE comments included, end the silence.
 type watchdog struct {
 	body io.Reader
 	call *openAICall
@@ -631,11 +699,11 @@ type watchdog struct {
 func (w *watchdog) Read(p []byte) (int, error) {
 	c := w.call
 	if c.started {
-		c.timer.Reset(c.o.idle)
+		c.reading.Store(c.since())
 	}
 	n, err := w.body.Read(p)
 	if c.started {
-		c.timer.Stop()
+		c.reading.Store(0)
 	}
 	return n, err
 }

@@ -79,6 +79,7 @@ func (sw *Writer) takeOver(r *http.Request) (gone <-chan struct{}, ok bool) {
 	// another request once the handler returned (Handler.park).
 	sw.hdr = sw.w.Header()
 	sw.conn, sw.watch = conn, connwatch.Start(conn)
+	sw.deadline = time.Time{} // whatever Hijack left, the next write sets its own
 	sw.base = chunkRoom
 	sw.buf = make([]byte, chunkRoom, chunkRoom+256)
 	sw.errFlusher = nil
@@ -106,9 +107,7 @@ func (sw *Writer) respond(status int, body []byte) error {
 	h := sw.header()
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	frame := append(appendHead(nil, status, h), body...)
-	if sw.writeTimeout > 0 {
-		_ = sw.conn.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
-	}
+	sw.armDeadline(sw.conn.SetWriteDeadline)
 	if _, err := sw.conn.Write(frame); err != nil {
 		return fmt.Errorf("stream: write: %w", err)
 	}
@@ -160,9 +159,7 @@ func (sw *Writer) outConn() error {
 	if len(frame) == 0 {
 		return nil
 	}
-	if sw.writeTimeout > 0 {
-		_ = sw.conn.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
-	}
+	sw.armDeadline(sw.conn.SetWriteDeadline)
 	_, err := sw.conn.Write(frame)
 	sw.written(sw.base)
 	sw.flushes++

@@ -73,8 +73,11 @@ type session struct {
 	closed     func()
 	clientGone <-chan struct{} // the request's Done or gone; nil once seen
 	heartbeat  *time.Timer
-	ticker     *time.Ticker     // queued positions; nil without
-	positions  <-chan time.Time // ticker's channel until a worker speaks
+	// woken is when the loop last handled a wake that may have written:
+	// the heartbeat is due Heartbeat after it (wakeHeartbeat).
+	woken     time.Time
+	ticker    *time.Ticker     // queued positions; nil without
+	positions <-chan time.Time // ticker's channel until a worker speaks
 	// ctx is the request's, holding its server span; problemType is the
 	// type of the problem the stream ended with, for the span's outcome.
 	ctx         context.Context
@@ -323,6 +326,13 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 		}
 	case wakeHeartbeat:
 		s.mayTakeOver()
+		// The timer is not reset at every write (a timer update per
+		// chunk): it fires Heartbeat after it was last set, and pings only
+		// when nothing was written since, else waits out the rest.
+		if quiet := time.Since(s.woken); quiet < h.cfg.Heartbeat {
+			s.heartbeat.Reset(h.cfg.Heartbeat - quiet)
+			return "", false, false
+		}
 		if s.attached {
 			err = s.sink.ping()
 		}
@@ -362,8 +372,12 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 			return OutcomeCancelled, false, true
 		}
 	}
-	// Heartbeat on a timer reset after each write.
-	s.heartbeat.Reset(h.cfg.Heartbeat)
+	// Heartbeat on a timer that runs from the last write: a ping after
+	// a ping, else checked when the timer fires (wakeHeartbeat).
+	s.woken = time.Now()
+	if k == wakeHeartbeat {
+		s.heartbeat.Reset(h.cfg.Heartbeat)
+	}
 	return "", false, false
 }
 

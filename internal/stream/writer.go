@@ -36,7 +36,10 @@ type Writer struct {
 	// a wrapper in front of it would drop them (see flush).
 	errFlusher   interface{ FlushError() error }
 	writeTimeout time.Duration
-	buf          []byte // what is gathered and not yet written
+	// deadline is the write deadline last set on the connection
+	// (armDeadline); zero when none was.
+	deadline time.Time
+	buf      []byte // what is gathered and not yet written
 	// big, while a gather outgrows the stream's own buffer (own), is the
 	// pooled buffer buf is then in, given back once written (chunkRoom).
 	big     *[]byte
@@ -294,17 +297,41 @@ func (sw *Writer) out() error {
 		return nil
 	}
 	sw.headerPending = false
-	if sw.writeTimeout > 0 {
-		// Not every ResponseWriter supports deadlines (httptest's does
-		// not); the stream still works, only without the slow-client cut.
-		_ = sw.rc.SetWriteDeadline(time.Now().Add(sw.writeTimeout))
-	}
+	// Not every ResponseWriter supports deadlines (httptest's does not);
+	// the stream still works, only without the slow-client cut.
+	sw.armDeadline(sw.rc.SetWriteDeadline)
 	_, err := sw.w.Write(sw.buf)
 	sw.written(0)
 	if err != nil {
 		return fmt.Errorf("stream: write: %w", err)
 	}
 	return sw.flush()
+}
+
+// deadlineSlack is how far beyond writeTimeout armDeadline sets the
+// deadline, as a fraction of writeTimeout (1/deadlineSlack).
+const deadlineSlack = 4
+
+// armDeadline makes sure the write about to start has at least
+// writeTimeout before the connection's deadline, through set. Moving a
+// deadline is a runtime timer update, once per write and so per chunk of
+// a paced answer; armDeadline moves it only when less than writeTimeout
+// is left, to writeTimeout plus a quarter from now: at most once per
+// quarter writeTimeout however many writes, and a client that takes
+// nothing is cut between writeTimeout and 1.25 writeTimeout after the
+// write began (docs/OPERATIONS.md, "Fixed in the code today").
+func (sw *Writer) armDeadline(set func(time.Time) error) {
+	if sw.writeTimeout <= 0 {
+		return
+	}
+	now := time.Now()
+	if sw.deadline.Sub(now) >= sw.writeTimeout {
+		return
+	}
+	d := now.Add(sw.writeTimeout + sw.writeTimeout/deadlineSlack)
+	if set(d) == nil {
+		sw.deadline = d
+	}
 }
 
 func (sw *Writer) flush() error {

@@ -394,3 +394,75 @@ func TestWriterGatherOutgrowsItsBuffer(t *testing.T) {
 		}
 	}
 }
+
+// deadlineRecorder is a ResponseWriter that records the write deadlines
+// set on it and, for each write, how long was left before the deadline.
+type deadlineRecorder struct {
+	*httptest.ResponseRecorder
+	deadline time.Time
+	sets     int
+	left     []time.Duration // at each write
+}
+
+func (d *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	d.deadline = t
+	d.sets++
+	return nil
+}
+
+func (d *deadlineRecorder) Write(b []byte) (int, error) {
+	d.left = append(d.left, time.Until(d.deadline))
+	return d.ResponseRecorder.Write(b)
+}
+
+// Every write starts with at least the write timeout before the
+// connection's deadline, which is moved only when less than that is left:
+// not once per event.
+func TestWriteDeadlineMovedOnlyWhenShort(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 10 * time.Second
+		rec := &deadlineRecorder{ResponseRecorder: httptest.NewRecorder()}
+		sw := NewWriter(rec, timeout)
+		if err := sw.Start("req-1", "direct"); err != nil {
+			t.Fatalf("start: %v", err)
+		}
+		id := int64(0)
+		events := func(n int) {
+			t.Helper()
+			for range n {
+				id++
+				if err := sw.Event(Event{ID: id, Content: "x"}); err != nil {
+					t.Fatalf("event %d: %v", id, err)
+				}
+			}
+		}
+		events(50)
+		if rec.sets != 1 {
+			t.Fatalf("%d deadlines set for 50 events at one moment, want 1", rec.sets)
+		}
+		advance(timeout / 8) // 11.25 s left: not moved
+		events(10)
+		if rec.sets != 1 {
+			t.Fatalf("%d deadlines set with 11.25 s left, want 1", rec.sets)
+		}
+		advance(timeout / 4) // 8.75 s left: moved
+		events(10)
+		if rec.sets != 2 {
+			t.Fatalf("%d deadlines set with 8.75 s left, want 2", rec.sets)
+		}
+		advance(time.Minute) // long past: moved
+		events(1)
+		if rec.sets != 3 {
+			t.Fatalf("%d deadlines set a minute later, want 3", rec.sets)
+		}
+		for i, left := range rec.left {
+			if left < timeout || left > timeout+timeout/4 {
+				t.Fatalf("write %d began %s before its deadline, want %s to %s", i, left, timeout, timeout+timeout/4)
+			}
+		}
+		if len(rec.left) != int(id) {
+			t.Fatalf("%d writes for %d events", len(rec.left), id)
+		}
+	})
+}
