@@ -32,8 +32,8 @@
 #
 # The settled figure (kib_per_stream_settled, from PLATEAU_SETTLE s into
 # the plateau) comes after the api's memory returner gave the settled
-# burst's free pages back (at most two of its 5 s intervals after the
-# count stopped rising, internal/app/memreturn.go); samples.tsv's
+# burst's free pages back (a second or two after the count stopped
+# rising, internal/app/memreturn.go); samples.tsv's
 # heap_released_bytes shows when it did.
 #
 # Needs WAIT_N + a margin of open files in both the api and the load tool:
