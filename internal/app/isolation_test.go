@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -277,6 +278,43 @@ func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
 	}
 	if status, _ := rawGet(t, held[2], "/healthz"); status != http.StatusOK {
 		t.Fatalf("the most recently idle connection: HTTP %d, want it still served", status)
+	}
+}
+
+// HTTP_IDLE_TIMEOUT_SECONDS closes a keep-alive connection that idles
+// that long (issue 29: it was the server's fixed 120 s), and not one that
+// idles less.
+func TestHTTPIdleTimeoutClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	_, upstream := startSimllm(t, fastSim())
+	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"HTTP_IDLE_TIMEOUT_SECONDS": "2"})))
+	addr := strings.TrimPrefix(url, "http://")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if status, _ := rawGet(t, c, "/healthz"); status != http.StatusOK {
+		t.Fatalf("first request: HTTP %d", status)
+	}
+	idle := time.Now()
+	// Well within the timeout the connection still serves: a 1 s idle
+	// second request, which starts the idle time again.
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := c.Read(make([]byte, 1)); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection closed or answered after %v idle of a 2 s timeout: %d bytes, %v", time.Since(idle), n, err)
+	}
+	if status, _ := rawGet(t, c, "/healthz"); status != http.StatusOK {
+		t.Fatalf("request after 1 s idle: HTTP %d", status)
+	}
+	idle = time.Now()
+	// Then it is closed once idle for the timeout (the rest is room for a
+	// loaded machine; the old fixed timeout was 120 s).
+	if msg, err := waitClosed(c, 15*time.Second); err != nil {
+		t.Fatalf("idle connection not closed within 15 s of a 2 s idle timeout (%q): %v", msg, err)
+	}
+	if d := time.Since(idle); d < 2*time.Second-100*time.Millisecond {
+		t.Fatalf("idle connection closed after %v, before the 2 s idle timeout", d)
 	}
 }
 
