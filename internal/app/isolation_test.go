@@ -248,7 +248,7 @@ func TestMaxConnections(t *testing.T) {
 func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
 	t.Parallel()
 	_, upstream := startSimllm(t, fastSim())
-	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3"})))
+	a, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3"})))
 	addr := strings.TrimPrefix(url, "http://")
 	var held []net.Conn
 	for i := range 3 {
@@ -261,6 +261,10 @@ func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
 			t.Fatalf("connection %d: HTTP %d", i, status)
 		}
 		held = append(held, c)
+		// The server marks a connection idle just after it sent the
+		// answer, which the client may read first: the next connection
+		// waits for it, so the idle order is the order of the requests.
+		testutil.Eventually(t, 5*time.Second, func() bool { return a.idleConns() == i+1 }, fmt.Sprintf("connection %d idle", i))
 	}
 	for round := range 2 {
 		c, err := net.Dial("tcp", addr)
