@@ -492,7 +492,10 @@ func TestHostileClientsAndBoundedDrain(t *testing.T) {
 	t.Parallel()
 	sc := fastSim()
 	sc.TokenInterval = 10 * time.Millisecond
-	sc.Tokens = 1_000_000 // endless
+	// 300 s at 10 ms: endless here. The simulator builds a whole answer
+	// before its first chunk; 1,000,000 chunks took it 2 to 5 s under the
+	// race detector, which every normal request below waited for.
+	sc.Tokens = 30_000
 	c := newCluster(t, sc, nil)
 	const bodyTimeout = 2 * time.Second
 	p := startAPIProc(t, c.with(map[string]string{
@@ -601,7 +604,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	t.Parallel()
 	sc := fastSim()
 	sc.TokenInterval = 10 * time.Millisecond
-	sc.Tokens = 1_000_000
+	sc.Tokens = 30_000 // 300 s at 10 ms: endless here (see TestHostileClientsAndBoundedDrain)
 	c := newCluster(t, sc, nil)
 	p := startAPIProc(t, c.with(map[string]string{"SHUTDOWN_GRACE_SECONDS": "60"}))
 	endless := postStream(t, t.Context(), "http://"+p.addr, prompt("endless"), nil)
