@@ -11,6 +11,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -56,6 +57,9 @@ type API struct {
 	own []func()
 	// canceller announces stops and cancellations (results.Subscriber).
 	canceller failover.Canceller
+	// conns is Serve's connection limiter, once Serve runs (tests read
+	// which connections it counts idle).
+	conns atomic.Pointer[limitListener]
 }
 
 // NewAPI builds the api for cfg. Close releases what it built.
@@ -339,6 +343,7 @@ func (a *API) readyz(c *gin.Context) {
 // flushed (docs/TRACING.md).
 func (a *API) Serve(ctx context.Context, ln net.Listener) error {
 	limited := newLimitListener(ln, a.cfg.MaxConnections)
+	a.conns.Store(limited)
 	srv := &http.Server{Handler: a.engine, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: a.cfg.HTTPIdleTimeout,
 		MaxHeaderBytes: serverMaxHeaderBytes, ConnState: limited.connState}
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -247,7 +248,7 @@ func TestMaxConnections(t *testing.T) {
 func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
 	t.Parallel()
 	_, upstream := startSimllm(t, fastSim())
-	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3"})))
+	a, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"MAX_CONNECTIONS": "3"})))
 	addr := strings.TrimPrefix(url, "http://")
 	var held []net.Conn
 	for i := range 3 {
@@ -260,6 +261,10 @@ func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
 			t.Fatalf("connection %d: HTTP %d", i, status)
 		}
 		held = append(held, c)
+		// The server marks a connection idle just after it sent the
+		// answer, which the client may read first: the next connection
+		// waits for it, so the idle order is the order of the requests.
+		testutil.Eventually(t, 5*time.Second, func() bool { return a.idleConns() == i+1 }, fmt.Sprintf("connection %d idle", i))
 	}
 	for round := range 2 {
 		c, err := net.Dial("tcp", addr)
@@ -277,6 +282,45 @@ func TestMaxConnectionsClosesIdleFirst(t *testing.T) {
 	}
 	if status, _ := rawGet(t, held[2], "/healthz"); status != http.StatusOK {
 		t.Fatalf("the most recently idle connection: HTTP %d, want it still served", status)
+	}
+}
+
+// HTTP_IDLE_TIMEOUT_SECONDS closes a keep-alive connection that idles
+// that long (issue 29: it was the server's fixed 120 s), and not one that
+// idles less.
+func TestHTTPIdleTimeoutClosesIdleConnections(t *testing.T) {
+	t.Parallel()
+	_, upstream := startSimllm(t, fastSim())
+	_, url, _ := startAPI(t, testConfig(t, directEnv(upstream, map[string]string{"HTTP_IDLE_TIMEOUT_SECONDS": "2"})))
+	addr := strings.TrimPrefix(url, "http://")
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if status, _ := rawGet(t, c, "/healthz"); status != http.StatusOK {
+		t.Fatalf("first request: HTTP %d", status)
+	}
+	idle := time.Now()
+	// Well within the timeout the connection still serves: a 1 s idle
+	// second request, which starts the idle time again.
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	if n, err := c.Read(make([]byte, 1)); n > 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("connection closed or answered after %v idle of a 2 s timeout: %d bytes, %v", time.Since(idle), n, err)
+	}
+	if status, _ := rawGet(t, c, "/healthz"); status != http.StatusOK {
+		t.Fatalf("request after 1 s idle: HTTP %d", status)
+	}
+	idle = time.Now()
+	// Then it is closed once idle for the timeout (the rest is room for a
+	// loaded machine; the old fixed timeout was 120 s).
+	if msg, err := waitClosed(c, 15*time.Second); err != nil {
+		t.Fatalf("idle connection not closed within 15 s of a 2 s idle timeout (%q): %v", msg, err)
+	}
+	// The server's idle time began when it wrote the answer, a little
+	// before this client read it: a close after less than 1 s is early.
+	if d := time.Since(idle); d < time.Second {
+		t.Fatalf("idle connection closed after %v, well before the 2 s idle timeout", d)
 	}
 }
 
@@ -448,7 +492,10 @@ func TestHostileClientsAndBoundedDrain(t *testing.T) {
 	t.Parallel()
 	sc := fastSim()
 	sc.TokenInterval = 10 * time.Millisecond
-	sc.Tokens = 1_000_000 // endless
+	// 300 s at 10 ms: endless here. The simulator builds a whole answer
+	// before its first chunk; 1,000,000 chunks took it 2 to 5 s under the
+	// race detector, which every normal request below waited for.
+	sc.Tokens = 30_000
 	c := newCluster(t, sc, nil)
 	const bodyTimeout = 2 * time.Second
 	p := startAPIProc(t, c.with(map[string]string{
@@ -557,7 +604,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	t.Parallel()
 	sc := fastSim()
 	sc.TokenInterval = 10 * time.Millisecond
-	sc.Tokens = 1_000_000
+	sc.Tokens = 30_000 // 300 s at 10 ms: endless here (see TestHostileClientsAndBoundedDrain)
 	c := newCluster(t, sc, nil)
 	p := startAPIProc(t, c.with(map[string]string{"SHUTDOWN_GRACE_SECONDS": "60"}))
 	endless := postStream(t, t.Context(), "http://"+p.addr, prompt("endless"), nil)
