@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
 	"testing"
 	"time"
@@ -239,4 +240,61 @@ func TestBodiesInFlightHandOffRelease(t *testing.T) {
 		}
 	}
 	testutil.Eventually(t, 5*time.Second, func() bool { return held() == 0 }, fmt.Sprintf("after both answers: body bytes held %d, want 0", held()))
+}
+
+// A request refused for BODY_BYTES_IN_FLIGHT with a body far larger than
+// the 256 KiB net/http drains by itself (a 1 MiB image) gets its 503 on a
+// connection kept alive: the refused body is read to its end into no
+// memory, so the client neither sees a reset while it still sends nor
+// needs a new connection for its retry. And a body announced over
+// MAX_BODY_BYTES is refused 413 before a byte is read.
+func TestBodiesInFlightRefusalKeepsConnection(t *testing.T) {
+	t.Parallel()
+	const maxBody = 2 << 20
+	_, url, _ := startAPI(t, testConfig(t, map[string]string{
+		"MAX_BODY_BYTES": fmt.Sprint(maxBody), "BODY_BYTES_IN_FLIGHT": fmt.Sprint(maxBody),
+	}))
+	// A body being read holds all but 64 KiB of the bound.
+	openBody(t, url, maxBody-64<<10)
+
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}}
+	t.Cleanup(client.CloseIdleConnections)
+	image := `{"messages":[{"role":"user","content":"` + strings.Repeat("A", 1<<20) + `"}]}`
+	post := func(body string) (*http.Response, bool) {
+		t.Helper()
+		reused := false
+		ctx := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) { reused = info.Reused },
+		})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/stream", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("POST of %d bytes: %v (a refusal must reach the client)", len(body), err)
+		}
+		return resp, reused
+	}
+	for i := range 3 {
+		resp, reused := post(image)
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" {
+			resp.Body.Close()
+			t.Fatalf("refusal %d: HTTP %d Retry-After %q, want 503 with Retry-After 1", i, resp.StatusCode, resp.Header.Get("Retry-After"))
+		}
+		if p := readProblem(t, resp); p.Type != protocol.ProblemTypeBase+protocol.ProblemBodiesInFlight {
+			t.Fatalf("refusal %d: problem %+v, want bodies-in-flight", i, p)
+		}
+		if i > 0 && !reused {
+			t.Fatalf("refusal %d came on a new connection: the refused body closed the last one", i)
+		}
+	}
+
+	resp, _ := post(`{"messages":[{"role":"user","content":"` + strings.Repeat("A", maxBody) + `"}]}`)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		resp.Body.Close()
+		t.Fatalf("a body over MAX_BODY_BYTES: HTTP %d, want 413", resp.StatusCode)
+	}
+	readProblem(t, resp)
 }

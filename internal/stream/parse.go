@@ -56,13 +56,20 @@ func (h *Handler) readBody(x *exchange) ([]byte, *protocol.Problem) {
 	// A body of announced length takes its bytes before it is read, so a
 	// refusal costs no read; one of unknown length (chunked) takes them as
 	// they come.
+	rc := http.NewResponseController(w)
+	if r.ContentLength > h.cfg.MaxBodyBytes {
+		// Refused before a byte is read, and nothing to keep the
+		// connection for: it closes after the answer.
+		w.Header().Set("Connection", "close")
+		return nil, protocol.BodyTooLarge(h.cfg.MaxBodyBytes)
+	}
+	if r.ContentLength > 0 && !h.bodies.take(r.ContentLength) {
+		h.discardBody(w, r, rc)
+		return nil, protocol.BodiesInFlight(bodiesRetryAfter)
+	}
 	if r.ContentLength > 0 {
-		if !h.bodies.take(r.ContentLength) {
-			return nil, protocol.BodiesInFlight(bodiesRetryAfter)
-		}
 		x.bodyHeld.Store(r.ContentLength)
 	}
-	rc := http.NewResponseController(w)
 	// A writer without deadlines (a test recorder) reads without one.
 	deadlineSet := rc.SetReadDeadline(time.Now().Add(h.cfg.BodyReadTimeout)) == nil
 	src := io.Reader(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
@@ -97,4 +104,23 @@ func (h *Handler) readBody(x *exchange) ([]byte, *protocol.Problem) {
 		_ = rc.SetReadDeadline(time.Time{})
 	}
 	return body, nil
+}
+
+// discardBody reads a refused body of announced length to its end, into
+// no memory, under the body read deadline, before the refusal is written.
+// Unread, net/http drains at most 256 KiB of it and then closes the
+// connection with the rest unread, which the kernel answers with a reset:
+// a client still sending a large body (an image) may then see "connection
+// reset" instead of the 503 and its Retry-After. Read to its end, the
+// refusal is answered on a connection kept alive for the retry. A body
+// that does not come in time closes the connection after the answer.
+func (h *Handler) discardBody(w http.ResponseWriter, r *http.Request, rc *http.ResponseController) {
+	deadlineSet := rc.SetReadDeadline(time.Now().Add(h.cfg.BodyReadTimeout)) == nil
+	if _, err := io.Copy(io.Discard, http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes)); err != nil {
+		w.Header().Set("Connection", "close")
+		return
+	}
+	if deadlineSet {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
 }
