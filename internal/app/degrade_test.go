@@ -767,12 +767,11 @@ func TestDegradationFollowsASustainedFailure(t *testing.T) {
 
 	thresholds := [...]float64{0.05, 0.20}
 	type api struct {
-		name           string
-		of             func(sample) degradeState
-		raised         [2]moment
-		below, left    moment
-		crossed        [2]moment
-		seen, seenLeft bool
+		name        string
+		of          func(sample) degradeState
+		raised      [2]moment
+		below, left moment
+		crossed     [2]moment
 	}
 	apis := []*api{{name: "a", of: func(x sample) degradeState { return x.a }}, {name: "b", of: func(x sample) degradeState { return x.b }}}
 	for _, p := range apis {

@@ -308,7 +308,7 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 			return Result{}, &Error{Err: fmt.Errorf("openai: encode request: %w", err)}
 		}
 	}
-	c := &openAICall{o: o, ctx: ctx, callCtx: ctx, emit: emit, span: span, plainRaw: !protocol.Native(req.Route),
+	c := &openAICall{o: o, phase: phaseFirst, ctx: ctx, callCtx: ctx, emit: emit, span: span, plainRaw: !protocol.Native(req.Route),
 		responses: req.Route == protocol.RouteResponses, completions: req.Route == protocol.RouteCompletions}
 	endpoint := o.endpoint
 	switch {
