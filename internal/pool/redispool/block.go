@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/spillway-dev/spillway/internal/pool"
-	"github.com/spillway-dev/spillway/internal/rediserr"
 )
 
 // Slot blocks (docs/OPERATIONS.md, "Slot blocks"). Direct requests that
@@ -454,63 +453,34 @@ func (p *Pool) lateBlock(reqs []*blockReq, v any) {
 func (p *Pool) callBlock(keys []string, args []any, what string, late func(any)) (any, error) {
 	bound := callTimeout + p.cfg.DownAfter + probeTimeout
 	cctx, cancel := context.WithTimeout(context.Background(), bound)
-	type reply struct {
-		v   any
-		err error
-	}
-	const pending, delivered, abandoned = 0, 1, 2
-	var state atomic.Int32
-	ch := make(chan reply, 1)
-	done := p.trackCall()
-	go func() {
-		defer done()
-		defer cancel()
-		v, err := blockScript.Run(cctx, p.rdb, keys, args...).Result()
-		if state.CompareAndSwap(pending, delivered) {
-			ch <- reply{v, err}
-		} else if err == nil && late != nil {
-			late(v)
-		}
-	}()
+	ch, abandon := p.startCall(cctx, cancel, blockScript, late, keys, args)
 	_, changed := p.mode()
 	slow := time.NewTimer(callTimeout)
 	defer slow.Stop()
 	for {
-		var r reply
+		var r scriptReply
+		var ok bool
 		select {
 		case r = <-ch:
 		case <-slow.C:
 			p.suspect(&slowError{fmt.Errorf("redispool: %s: no answer in %s", what, callTimeout)})
 			continue
 		case <-cctx.Done():
-			if !state.CompareAndSwap(pending, abandoned) {
-				r = <-ch
-				break
+			if r, ok = abandon(); !ok {
+				r.err = cctx.Err()
 			}
-			r.err = cctx.Err()
 		case <-changed:
-			if !state.CompareAndSwap(pending, abandoned) {
-				r = <-ch
-				break
+			if r, ok = abandon(); !ok {
+				return nil, errModeChanged
 			}
-			return nil, errModeChanged
 		case <-p.closing:
-			if !state.CompareAndSwap(pending, abandoned) {
-				r = <-ch
-				break
+			if r, ok = abandon(); !ok {
+				return nil, fmt.Errorf("redispool: %s: %w", what, ErrClosed)
 			}
-			return nil, fmt.Errorf("redispool: %s: %w", what, ErrClosed)
 		}
 		if r.err == nil {
 			return r.v, nil
 		}
-		err := fmt.Errorf("redispool: %s: %w", what, r.err)
-		switch rediserr.Classify(r.err) {
-		case rediserr.Gone:
-			return nil, &unavailableError{err}
-		case rediserr.Busy:
-			return nil, &slowError{err}
-		}
-		return nil, err
+		return nil, classified(fmt.Errorf("redispool: %s: %w", what, r.err), r.err)
 	}
 }

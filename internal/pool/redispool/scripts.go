@@ -48,32 +48,14 @@ const (
 // not answer in time (health.go).
 func (p *Pool) run(ctx context.Context, timeout time.Duration, s *redis.Script, what string, late func(any), keys []string, args ...any) (any, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
-	type reply struct {
-		v   any
-		err error
-	}
-	const pending, delivered, abandoned = 0, 1, 2
-	var state atomic.Int32
-	ch := make(chan reply, 1)
-	done := p.trackCall()
-	go func() {
-		defer done()
-		defer cancel()
-		v, err := s.Run(cctx, p.rdb, keys, args...).Result()
-		if state.CompareAndSwap(pending, delivered) {
-			ch <- reply{v, err}
-		} else if err == nil && late != nil {
-			late(v)
-		}
-	}()
-	var r reply
+	ch, abandon := p.startCall(cctx, cancel, s, late, keys, args)
+	var r scriptReply
 	select {
 	case r = <-ch:
 	case <-cctx.Done():
-		if state.CompareAndSwap(pending, abandoned) {
+		var ok bool
+		if r, ok = abandon(); !ok {
 			r.err = cctx.Err()
-		} else {
-			r = <-ch // delivered just now
 		}
 	}
 	if r.err != nil {
@@ -81,15 +63,55 @@ func (p *Pool) run(ctx context.Context, timeout time.Duration, s *redis.Script, 
 		if ctx.Err() != nil {
 			return nil, err // the caller gave up: says nothing about Redis
 		}
-		switch rediserr.Classify(r.err) {
-		case rediserr.Gone:
-			return nil, &unavailableError{err}
-		case rediserr.Busy:
-			return nil, &slowError{err}
-		}
-		return nil, err
+		return nil, classified(err, r.err)
 	}
 	return r.v, nil
+}
+
+// scriptReply is what a script call answered.
+type scriptReply struct {
+	v   any
+	err error
+}
+
+// startCall runs s in a goroutine the Pool waits for in Close, bounded by
+// cctx, which cancel ends once the call returned. Its reply comes on ch
+// unless the caller abandons it first: abandon reports false when it did
+// (late, if not nil, then gets the reply should it succeed after all),
+// and true with the reply when that had been delivered just now.
+func (p *Pool) startCall(cctx context.Context, cancel context.CancelFunc, s *redis.Script, late func(any), keys []string, args []any) (ch <-chan scriptReply, abandon func() (scriptReply, bool)) {
+	const pending, delivered, abandoned = 0, 1, 2
+	var state atomic.Int32
+	c := make(chan scriptReply, 1)
+	done := p.trackCall()
+	go func() {
+		defer done()
+		defer cancel()
+		v, err := s.Run(cctx, p.rdb, keys, args...).Result()
+		if state.CompareAndSwap(pending, delivered) {
+			c <- scriptReply{v, err}
+		} else if err == nil && late != nil {
+			late(v)
+		}
+	}()
+	return c, func() (scriptReply, bool) {
+		if state.CompareAndSwap(pending, abandoned) {
+			return scriptReply{}, false
+		}
+		return <-c, true
+	}
+}
+
+// classified is err, the wrapped form of a failed call's cause, as an
+// *unavailableError when Redis is gone and a *slowError when it is busy.
+func classified(err, cause error) error {
+	switch rediserr.Classify(cause) {
+	case rediserr.Gone:
+		return &unavailableError{err}
+	case rediserr.Busy:
+		return &slowError{err}
+	}
+	return err
 }
 
 // trackCall counts a script call for Close to wait on; calls that start
