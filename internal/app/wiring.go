@@ -311,7 +311,7 @@ func ServedModels(cfg *config.Config) []string {
 
 // StreamLogConfig is the stream log's part of cfg.
 func StreamLogConfig(cfg *config.Config) streamlog.Config {
-	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL}
+	return streamlog.Config{Prefix: cfg.QueuePrefix, TTL: cfg.StreamLogTTL, FlushInterval: cfg.StreamLogFlush}
 }
 
 // streamLogLiveness is how long an api's streams stay resumable after it

@@ -175,6 +175,9 @@ type Config struct {
 	// StreamLogTTL is how long a stream's event log (for resume)
 	// lives after its last event.
 	StreamLogTTL time.Duration `env:"STREAM_LOG_TTL_SECONDS" bounds:"streamlog.Config.TTL"`
+	// StreamLogFlush is the longest a stream's event waits before it is
+	// written to its log: what a resumed reader may lag by.
+	StreamLogFlush time.Duration `env:"STREAM_LOG_FLUSH_MS" bounds:"streamlog.Config.FlushInterval"`
 	// StreamResumeWindow is how long a stream whose client left
 	// keeps generating for a resume; 0 cancels at once.
 	StreamResumeWindow time.Duration `env:"STREAM_RESUME_WINDOW_SECONDS" bounds:"stream.Config.ResumeWindow"`

@@ -90,6 +90,7 @@ func Defaults() Config {
 		NonTextPartTokens:  upstream.DefaultNonTextPartTokens,
 		ShutdownGrace:      worker.DefaultStopGrace,
 		StreamLogTTL:       streamlog.DefaultTTL,
+		StreamLogFlush:     streamlog.DefaultFlushInterval,
 		StreamResumeWindow: stream.DefaultResumeWindow,
 		BodyReadTimeout:    stream.DefaultBodyReadTimeout,
 		MaxConnections:     20000,

@@ -169,6 +169,9 @@ func (c *Config) Validate() error {
 		v.fail("BODY_BYTES_IN_FLIGHT", "(%d) must be at least MAX_BODY_BYTES (%d): one body must fit", c.BodyBytesInFlight, c.MaxBodyBytes)
 	}
 	v.durationAtLeast("SHUTDOWN_GRACE_SECONDS", c.ShutdownGrace, 0)
+	if c.StreamLogFlush == 0 { // streamlog takes 0 for its default
+		v.fail("STREAM_LOG_FLUSH_MS", "(0) must be at least 1")
+	}
 	if c.StreamLogTTL >= time.Second && c.StreamLogTTL <= c.StreamResumeWindow {
 		v.fail("STREAM_LOG_TTL_SECONDS", "(%s) must exceed STREAM_RESUME_WINDOW_SECONDS (%s): a resume needs the log",
 			inUnit("STREAM_LOG_TTL_SECONDS", c.StreamLogTTL), inUnit("STREAM_RESUME_WINDOW_SECONDS", c.StreamResumeWindow))

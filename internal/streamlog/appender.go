@@ -33,14 +33,25 @@ const fieldProducer = "p"
 // Defaults of zero Config fields.
 const (
 	// DefaultFlushInterval is the longest an event waits in the appender
-	// before it is written: short enough that a resume on another process
-	// sees it live, long enough to batch a busy process's chunks.
-	DefaultFlushInterval = 5 * time.Millisecond
+	// before it is written (STREAM_LOG_FLUSH_MS): what a resumed reader
+	// may lag the stream it tails by, half the queued path's own batching
+	// of chunks (QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS, 100 ms); long
+	// enough that a paced stream's entry carries several chunks, not one
+	// XADD and one pipeline a chunk: at 50 streams with a chunk every
+	// 20 ms this cost Redis 11-14 µs a chunk at 5 ms and 3.7-4.7 at 50 ms
+	// (docs/bench-history/2026-11.md, "Stream log, paced").
+	DefaultFlushInterval = 50 * time.Millisecond
+	// MaxFlushInterval bounds FlushInterval: a resume must still look
+	// live.
+	MaxFlushInterval = time.Second
 	// DefaultTTL is STREAM_LOG_TTL_SECONDS' default; Config.TTL itself is
 	// required.
 	DefaultTTL = 5 * time.Minute
-	// DefaultMaxBatch flushes early when this many events wait.
-	DefaultMaxBatch = 512
+	// DefaultMaxBatch flushes early when this many events wait: a
+	// FlushInterval's worth of chunks at 1,000 paced streams (50,000
+	// events/s), so that a busy process's entries carry several chunks
+	// too.
+	DefaultMaxBatch = 4096
 	// dropLogEvery is the least time between two log lines about dropped
 	// entries; each says how many were dropped since the last.
 	dropLogEvery = time.Minute
@@ -55,7 +66,7 @@ const (
 	flushTimeout = 5 * time.Second
 	// keepBatch is the largest batch slice kept for reuse after a write;
 	// one grown by a backlog beyond it goes to the collector.
-	keepBatch = 4 * DefaultMaxBatch
+	keepBatch = 2 * DefaultMaxBatch
 	// compactBelow is the most bytes of entries a finished log may hold
 	// to be compacted: well within one 4 KB listpack node, so the rewrite
 	// costs Redis little, and a larger log's unused tail is a small part
@@ -82,6 +93,7 @@ type Config struct {
 	// (STREAM_LOG_TTL_SECONDS). Required.
 	TTL time.Duration
 	// FlushInterval, MaxBatch and Buffer tune batching; see the defaults.
+	// FlushInterval is STREAM_LOG_FLUSH_MS, at most MaxFlushInterval.
 	FlushInterval time.Duration
 	MaxBatch      int
 	Buffer        int
@@ -111,15 +123,18 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports bad values without changing c; TTL out of range is a
-// *bounds.Error.
+// Validate reports bad values without changing c; TTL or FlushInterval
+// out of range is a *bounds.Error (a zero FlushInterval takes its
+// default).
 func (c Config) Validate() error {
 	c = c.withDefaults()
-	if err := bounds.AtLeast("TTL", c.TTL, time.Second); err != nil {
+	if err := errors.Join(bounds.AtLeast("TTL", c.TTL, time.Second),
+		bounds.AtLeast("FlushInterval", c.FlushInterval, time.Millisecond),
+		bounds.AtMost("FlushInterval", c.FlushInterval, MaxFlushInterval)); err != nil {
 		return fmt.Errorf("streamlog: %w", err)
 	}
-	if c.FlushInterval < 0 || c.MaxBatch < 1 || c.Buffer < 1 {
-		return errors.New("streamlog: FlushInterval must not be negative, MaxBatch and Buffer positive")
+	if c.MaxBatch < 1 || c.Buffer < 1 {
+		return errors.New("streamlog: MaxBatch and Buffer must be positive")
 	}
 	if c.Liveness != 0 && (c.Liveness < 3*time.Millisecond || c.Producer == "") {
 		return fmt.Errorf("streamlog: Liveness %s must be 0, or at least 3ms with a Producer", c.Liveness)

@@ -42,10 +42,18 @@ func (l load) run(ctx context.Context, a *streamlog.Appender) int64 {
 	}
 	var next, events atomic.Int64
 	var wg sync.WaitGroup
-	for range l.Conc {
+	for w := range l.Conc {
 		wg.Go(func() {
 			var tick *time.Ticker
 			if l.Pace > 0 {
+				// Each stream's chunks at their own phase, as answers that
+				// started at different times have: not all streams' chunks
+				// in the same instant, which one flush would carry at once.
+				select {
+				case <-time.After(l.Pace * time.Duration(w) / time.Duration(l.Conc)):
+				case <-ctx.Done():
+					return
+				}
 				tick = time.NewTicker(l.Pace)
 				defer tick.Stop()
 			}

@@ -281,3 +281,62 @@ func TestStopWritesWhatWasAppended(t *testing.T) {
 		}
 	}
 }
+
+// A paced stream (a chunk every FlushInterval/10) has its chunks carried
+// several to an entry: at most one entry per FlushInterval it ran, not
+// one per chunk, and every event is read back in order. The bound comes
+// from the time the chunks took, so a slow machine loosens it rather than
+// failing it.
+func TestPacedStreamEntriesCarrySeveralChunks(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	const interval, chunks = 50 * time.Millisecond, 60
+	a := startAppender(t, streamlog.Config{Prefix: prefix, TTL: time.Minute, FlushInterval: interval}, srv)
+	r, err := streamlog.NewReader(prefix, srv.Client(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(interval / 10)
+	defer tick.Stop()
+	start := time.Now()
+	a.Open("paced", "alice")
+	for i := 1; i <= chunks; i++ {
+		<-tick.C
+		a.Append("paced", streamlog.Event{ID: int64(i), Data: []byte(`{"content":" token"}`)})
+	}
+	a.Append("paced", streamlog.Event{ID: chunks + 1, Name: "done", Data: []byte(`{}`)})
+	took := time.Since(start)
+	var ids []int64
+	var cur streamlog.Cursor
+	deadline := time.Now().Add(5 * time.Second)
+	for len(ids) < chunks+1 && time.Now().Before(deadline) {
+		evs, next, err := r.Read(t.Context(), "paced", cur, 100*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range evs {
+			ids = append(ids, ev.ID)
+		}
+		cur = next
+	}
+	for i, id := range ids {
+		if id != int64(i+1) {
+			t.Fatalf("event %d has id %d: %v", i, id, ids)
+		}
+	}
+	if len(ids) != chunks+1 {
+		t.Fatalf("read %d events, want %d", len(ids), chunks+1)
+	}
+	// One write per FlushInterval at most, and one more for the events
+	// gathered while the last was under way; the owner entry is one too.
+	entries := srv.Client(t).XLen(t.Context(), streamlog.Key(prefix, "paced")).Val()
+	most := 2 + int64(took/interval) + 1
+	if entries > most || entries >= chunks/2 {
+		t.Errorf("%d entries for %d chunks over %v: want at most %d (one per %v flush), fewer than one per two chunks",
+			entries, chunks, took.Round(time.Millisecond), min(most, chunks/2-1), interval)
+	}
+}
