@@ -454,7 +454,7 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 			pipe.PExpire(ctx, key, ttl)
 		}
 		if compact {
-			compactScript.Eval(ctx, pipe, []string{key}, ttl.Milliseconds())
+			compactScript.Eval(ctx, pipe, []string{key, compactKey(a.cfg.Prefix, id)}, ttl.Milliseconds())
 		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {

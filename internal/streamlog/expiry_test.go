@@ -132,6 +132,11 @@ func TestShortLogCompactedWhenItEnds(t *testing.T) {
 	if d := rdb.PTTL(t.Context(), streamlog.Key(prefix, "ended")).Val(); d <= 50*time.Second || d > time.Minute {
 		t.Fatalf("compacted log's TTL %v, want about a minute", d)
 	}
+	// The copy it was made through is gone: only the log and the running
+	// one are left under the prefix.
+	if keys := rdb.Keys(t.Context(), prefix+"*").Val(); len(keys) != 2 {
+		t.Fatalf("keys after compacting: %v, want the two logs", keys)
+	}
 }
 
 // On a server that cannot dump a stream (miniredis, which the embedded

@@ -17,6 +17,13 @@ func ReaderKey(prefix, requestID string) string {
 	return prefix + "log:{" + requestID + "}:reader"
 }
 
+// compactKey is where compact.lua copies a finished log before it renames
+// the copy back: <prefix>log:{<request_id>}:compact, on the log's slot. It
+// exists only while that script runs.
+func compactKey(prefix, requestID string) string {
+	return prefix + "log:{" + requestID + "}:compact"
+}
+
 // ProducerKey is the liveness marker of the process that writes logs as
 // producer (Config.Producer): set with a TTL of Config.Liveness and
 // refreshed well within it while the process runs, so a resume of a log

@@ -85,22 +85,28 @@ func BenchmarkAppendCall(b *testing.B) {
 // chunks and a done event each, written to a real redis-server. unpaced:
 // each stream's events back to back, 100,000 events/s over all of them
 // (above what one api relays at 200 concurrent); paced: a chunk every
-// 20 ms per stream. b.N is streams. Reported per event handed over: the
-// Redis CPU (INFO used_cpu_sys + used_cpu_user), the memory the logs hold
-// (used_memory), the Redis commands; and the entries dropped.
+// 20 ms per stream, each at its own phase; paced-c50 is the parity
+// scenario's paced c = 50, at the default FlushInterval and at the 5 ms
+// it was (docs/bench-history/2026-11.md, "Stream log, paced"). b.N is
+// streams. Reported per event handed over: the Redis CPU (INFO
+// used_cpu_sys + used_cpu_user), the memory the logs hold (used_memory),
+// the Redis commands, the pipelined writes; and the entries dropped.
 func BenchmarkLogLoad(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		load load
+		name  string
+		load  load
+		flush time.Duration
 	}{
-		{"unpaced", load{Conc: 200, Chunks: 50, Rate: 100_000}},
-		{"paced", load{Conc: 200, Chunks: 50, Pace: 20 * time.Millisecond}},
+		{"unpaced", load{Conc: 200, Chunks: 50, Rate: 100_000}, 0},
+		{"paced", load{Conc: 200, Chunks: 50, Pace: 20 * time.Millisecond}, 0},
+		{"paced-c50", load{Conc: 50, Chunks: 50, Pace: 20 * time.Millisecond}, 0},
+		{"paced-c50-flush5ms", load{Conc: 50, Chunks: 50, Pace: 20 * time.Millisecond}, 5 * time.Millisecond},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			srv := redistest.Start(b)
 			rdb := srv.Client(b)
 			prefix := redistest.Prefix(b)
-			a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb, slog.New(slog.DiscardHandler))
+			a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute, FlushInterval: c.flush}, rdb, slog.New(slog.DiscardHandler))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -108,7 +114,7 @@ func BenchmarkLogLoad(b *testing.B) {
 			l := c.load
 			l.Streams = b.N
 			l.ID = func(i int) string { return "load-" + strconv.Itoa(i) }
-			before := readRedisStats(b, rdb)
+			before, writes := readRedisStats(b, rdb), a.Batches()
 			b.ResetTimer()
 			events := l.run(context.Background(), a)
 			stop()
@@ -118,6 +124,7 @@ func BenchmarkLogLoad(b *testing.B) {
 			b.ReportMetric(float64(after.cpu-before.cpu)/float64(time.Microsecond)/n, "redis-µs/event")
 			b.ReportMetric(float64(after.memory-before.memory)/n, "redis-B/event")
 			b.ReportMetric(float64(after.commands-before.commands)/n, "cmds/event")
+			b.ReportMetric(float64(a.Batches()-writes)/n, "writes/event")
 			b.ReportMetric(float64(a.Dropped()), "dropped")
 		})
 	}
