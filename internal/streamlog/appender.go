@@ -38,7 +38,7 @@ const (
 	// of chunks (QUEUE_FAILOVER_CHUNK_BATCH_TIMEOUT_MS, 100 ms); long
 	// enough that a paced stream's entry carries several chunks, not one
 	// XADD and one pipeline a chunk: at 50 streams with a chunk every
-	// 20 ms this cost Redis 11-14 µs a chunk at 5 ms and 3.7-4.7 at 50 ms
+	// 20 ms this cost Redis 11-14 µs a chunk at 5 ms and 3.6-4.7 at 50 ms
 	// (docs/bench-history/2026-11.md, "Stream log, paced").
 	DefaultFlushInterval = 50 * time.Millisecond
 	// MaxFlushInterval bounds FlushInterval: a resume must still look
