@@ -156,3 +156,33 @@ type Reservation interface {
 	Stream(ctx context.Context, req protocol.ChatRequest, emit func(protocol.Chunk) error) (Result, error)
 	Release()
 }
+
+// ReadWatcher is told when a provider is about to wait for more of a
+// streamed answer, so that its caller can send what it gathered from the
+// chunks emitted so far at that moment: in one write for all the chunks
+// one read brought, and never held while the upstream is silent. Stream
+// finds it in its context (WithReadWatcher). Both methods are called on
+// the goroutine that calls emit.
+type ReadWatcher interface {
+	// Reading is called with true when the provider starts reading an
+	// answer and will call BeforeRead before every read of it that may
+	// wait, and with false when it stops reading it (an attempt that
+	// ended). A provider that never calls it never calls BeforeRead.
+	Reading(on bool)
+	// BeforeRead is called before each read of the answer that may wait
+	// for the upstream.
+	BeforeRead()
+}
+
+type readWatcherKey struct{}
+
+// WithReadWatcher returns ctx carrying w for the provider's Stream.
+func WithReadWatcher(ctx context.Context, w ReadWatcher) context.Context {
+	return context.WithValue(ctx, readWatcherKey{}, w)
+}
+
+// readWatcherOf returns the ReadWatcher ctx carries, or nil.
+func readWatcherOf(ctx context.Context) ReadWatcher {
+	w, _ := ctx.Value(readWatcherKey{}).(ReadWatcher)
+	return w
+}

@@ -360,7 +360,14 @@ func (o *OpenAI) stream(ctx context.Context, model string, req protocol.ChatRequ
 		return Result{}, &Error{Status: resp.StatusCode,
 			Err: fmt.Errorf("openai: response content type %q is not text/event-stream", resp.Header.Get("Content-Type"))}
 	}
-	res, err := c.read(&watchdog{body: resp.Body, call: c})
+	wd := &watchdog{body: resp.Body, call: c, watcher: readWatcherOf(ctx)}
+	if wd.watcher != nil {
+		wd.watcher.Reading(true)
+	}
+	res, err := c.read(wd)
+	if wd.watcher != nil {
+		wd.watcher.Reading(false)
+	}
 	if err == nil {
 		c.drain(resp.Body)
 	}
@@ -691,13 +698,19 @@ func (c *openAICall) fire() {
 
 // watchdog marks each read of the body after the first chunk for the
 // call's timer (fire): any bytes, SSE comments included, end the silence.
+// Before each read it tells the caller's ReadWatcher, if any, which then
+// sends what it gathered of the chunks emitted so far.
 type watchdog struct {
-	body io.Reader
-	call *openAICall
+	body    io.Reader
+	call    *openAICall
+	watcher ReadWatcher
 }
 
 func (w *watchdog) Read(p []byte) (int, error) {
 	c := w.call
+	if w.watcher != nil {
+		w.watcher.BeforeRead()
+	}
 	if c.started {
 		c.reading.Store(c.since())
 	}

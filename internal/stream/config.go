@@ -92,6 +92,8 @@ type Config struct {
 	// Models is; a request naming none goes to any upstream.
 	ServedModels []string
 	// FrameBuffer is how many frames a producer may be ahead of the client.
+	// The direct path's producer writes its chunks itself: only its done,
+	// error or retrying goes through frames.
 	// Default 64.
 	FrameBuffer int
 	// ResumeWindow is how long a stream whose client left keeps

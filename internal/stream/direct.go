@@ -26,26 +26,27 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	// within a resume window; the session cancels it when the stream ends.
 	ctx, cancel := context.WithCancel(x.caller(context.WithoutCancel(x.r.Context())))
 	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
+	began := time.Now()
+	// The producer writes its chunks to the session itself (inline), once
+	// the loop lets go of it: after the response began (session.serve).
+	s := h.sessionOf(x, protocol.PathDirect)
+	s.inline, s.poke = true, make(chan struct{}, 1)
+	s.mu.Lock()
 	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, session: x.session,
-		prio: x.prio, release: release, frames: frames, res: res, bodyHeld: &x.bodyHeld, ring: getRing(cap(frames) + 2)}
+		prio: x.prio, release: release, frames: frames, res: res, bodyHeld: &x.bodyHeld, s: s}
+	s.src = source{frames: frames, next: p}
 	// The producer has the request from here on: a hand-off to the queue
 	// lets go of its body while the stream goes on (handOff).
 	x.req.Body, x.req.Messages = nil, nil
 	var producer sync.WaitGroup
 	producer.Go(func() { p.run(ctx) })
 
-	began := time.Now()
-	s := h.sessionOf(x, protocol.PathDirect)
-	s.src = source{frames: frames, next: p}
 	outcome, _ := s.serve(x.r.Context())
 	held := time.Since(began)
 	// The provider call (or the hand-off) ends before the lease is
 	// released.
 	cancel()
 	producer.Wait()
-	// Neither the producer nor the session's loop, which ran above, reads
-	// the frames any more.
-	p.ring.put()
 	if p.relay != nil {
 		// The stream ended before its session took the hand-off's relay.
 		p.relay.Close(false)
@@ -57,67 +58,14 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	}
 }
 
-// rawSlot is the room each ring slot of the direct path starts with for
-// a raw chunk; maxRawSlot the most a slot keeps for the next stream.
-const (
-	rawSlot    = 256
-	maxRawSlot = 4 << 10
-)
-
-// directRing is where a direct stream's chunks wait for the write loop:
-// each travels in a one-chunk batch whose backing array is a slot of
-// chunks, reused once the write loop is done with it; it holds at most
-// the frames buffered plus the one being written, and the producer fills
-// at most one more before a send blocks. A raw chunk is the provider's
-// only until emit returns: each slot copies it into a buffer of its own
-// in raws, reused with the slot, cut from one block at the first raw
-// chunk (a chunk is about 150 bytes; a longer one grows its slot's
-// buffer). Streams take a ring from rings and give it back when they
-// end, so its 20 KiB are not allocated per stream
-// (docs/bench-history/2026-11.md, "The OpenAI relay's CPU").
-type directRing struct {
-	chunks []protocol.Chunk
-	raws   [][]byte
-}
-
-var rings sync.Pool
-
-// getRing returns a ring of n slots.
-func getRing(n int) *directRing {
-	if r, ok := rings.Get().(*directRing); ok && len(r.chunks) == n {
-		return r
-	}
-	return &directRing{chunks: make([]protocol.Chunk, n)}
-}
-
-// raw copies c.Raw into slot i's buffer.
-func (r *directRing) raw(i int, c *protocol.Chunk) {
-	if r.raws == nil {
-		r.raws = make([][]byte, len(r.chunks))
-		block := make([]byte, len(r.chunks)*rawSlot)
-		for k := range r.raws {
-			r.raws[k] = block[k*rawSlot : k*rawSlot : (k+1)*rawSlot]
-		}
-	}
-	r.raws[i] = append(r.raws[i][:0], c.Raw...)
-	c.Raw = r.raws[i]
-}
-
-// put gives the ring back, once nothing reads its slots: the chunks'
-// strings are let go, the raw buffers kept (only their new length is
-// ever read), unless one grew large.
-func (r *directRing) put() {
-	clear(r.chunks)
-	for k, b := range r.raws {
-		if cap(b) > maxRawSlot {
-			r.raws[k] = nil
-		}
-	}
-	rings.Put(r)
-}
-
-// directProducer calls the provider and hands each chunk, then a terminal
-// done or error, to the write loop over frames.
+// directProducer calls the provider and writes each chunk to the session
+// (session.chunkInline) on the provider's goroutine: a paced chunk wakes
+// that goroutine alone, not the session's too. Chunks that one read of
+// the upstream brought are gathered and go out in one write before the
+// next read (it is the call's llm.ReadWatcher), or each at once from a
+// provider that does not say when it reads. What is not a chunk (a
+// terminal done or error, a hand-off's retrying) goes to the session's
+// loop over frames, after every chunk written.
 type directProducer struct {
 	h         *Handler
 	req       protocol.ChatRequest
@@ -129,9 +77,14 @@ type directProducer struct {
 	release   func()          // releases the slot; idempotent
 	// bodyHeld is the request body's share of BODY_BYTES_IN_FLIGHT
 	// (exchange.bodyHeld), given back at a hand-off to the queue.
-	bodyHeld  *atomic.Int64
-	frames    chan<- protocol.Result
-	ring      *directRing // where chunks wait for the write loop
+	bodyHeld *atomic.Int64
+	frames   chan<- protocol.Result
+	s        *session // what the chunks are written to
+	// watched: the provider says before each read that may wait
+	// (llm.ReadWatcher), so chunks are gathered until then.
+	watched bool
+	// gathered: a chunk was written since the last sendGathered.
+	gathered  bool
 	handedOff atomic.Bool
 	// relay is the queue's, once handOff spilled the request, until the
 	// session takes it (handed).
@@ -150,7 +103,6 @@ func (p *directProducer) send(ctx context.Context, res protocol.Result) error {
 func (p *directProducer) run(ctx context.Context) {
 	h := p.h
 	seq := 0
-	ring := p.ring.chunks
 	call := h.provider.Stream
 	if p.res != nil {
 		call = p.res.Stream
@@ -159,12 +111,8 @@ func (p *directProducer) run(ctx context.Context) {
 	one := func(c protocol.Chunk) error {
 		seq++
 		c.Seq = seq
-		i := seq % len(ring)
-		if c.Raw != nil {
-			p.ring.raw(i, &c)
-		}
-		ring[i] = c
-		return p.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: ring[i : i+1 : i+1]})
+		p.gathered = p.gathered || p.watched
+		return p.s.chunkInline(c, p.watched)
 	}
 	// Chunks without output (a role preamble) wait for the first that
 	// has some: a failure before it stays invisible to the client, so
@@ -179,7 +127,7 @@ func (p *directProducer) run(ctx context.Context) {
 		held = nil
 		return nil
 	}
-	result, err := call(ctx, p.req, func(c protocol.Chunk) error {
+	result, err := call(llm.WithReadWatcher(ctx, p), p.req, func(c protocol.Chunk) error {
 		if !c.NeededBy(route) {
 			return nil
 		}
@@ -196,6 +144,11 @@ func (p *directProducer) run(ctx context.Context) {
 	})
 	if err == nil {
 		err = sendHeld()
+	}
+	// What the last read brought goes out before the terminal frame.
+	p.s.sendGathered()
+	if errors.Is(err, errSessionOver) {
+		return // the stream ended: nobody reads frames
 	}
 	if err == nil {
 		h.requestEnded(nil)
@@ -230,6 +183,18 @@ func (p *directProducer) run(ctx context.Context) {
 		prob.RetryAfterSeconds = protocol.RetryAfterSeconds(d)
 	}
 	_ = p.send(ctx, protocol.Result{Kind: protocol.KindError, Problem: prob})
+}
+
+// Reading notes whether the provider says when it reads (llm.ReadWatcher).
+func (p *directProducer) Reading(on bool) { p.watched = on }
+
+// BeforeRead sends the chunks gathered since the last read
+// (llm.ReadWatcher).
+func (p *directProducer) BeforeRead() {
+	if p.gathered {
+		p.gathered = false
+		p.s.sendGathered()
+	}
 }
 
 // requestEnded tells Deps.Ended how a request the direct path answered

@@ -4,8 +4,10 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -82,6 +84,20 @@ type session struct {
 	// type of the problem the stream ended with, for the span's outcome.
 	ctx         context.Context
 	problemType string
+
+	// inline: the direct path's producer writes its chunks itself, on
+	// its own goroutine, under mu (chunkInline), rather than waking this
+	// loop for each (docs/ARCHITECTURE.md, "Direct path"). The loop
+	// holds mu whenever it is not waiting in its select, so what either
+	// writes is ordered; poke wakes it when the producer changed what it
+	// waits for (a resume window) or ended the stream (ending). over: the
+	// loop ended, nothing is written any more.
+	inline   bool
+	mu       sync.Mutex
+	poke     chan struct{}
+	over     bool
+	ending   string // the outcome the producer's failed write ended the stream with
+	gathered bool   // the producer's chunks wait in the sink for sendGathered
 }
 
 // sessionOf returns the session of x's stream on path, writing x's
@@ -105,6 +121,14 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 // (s.parked, see Handler.park): serve then returns at once, and the loop
 // goes on in a goroutine of its own.
 func (s *session) serve(ctx context.Context) (string, bool) {
+	if s.inline {
+		// Held since the producer started (Handler.direct), by the loop
+		// outside its select: the last thing the stream does.
+		defer func() {
+			s.over = true
+			s.mu.Unlock()
+		}()
+	}
 	defer func() {
 		if !s.parked {
 			s.release()
@@ -133,6 +157,9 @@ func (s *session) loop() (string, bool) {
 		if s.window != nil {
 			window = s.window.C
 		}
+		if s.inline {
+			s.mu.Unlock()
+		}
 		select {
 		case res, ok = <-s.src.frames:
 			k = wakeFrame
@@ -150,6 +177,11 @@ func (s *session) loop() (string, bool) {
 			k = wakeStop
 		case <-s.h.draining:
 			k = wakeDrain
+		case <-s.poke:
+			k = wakePoke
+		}
+		if s.inline {
+			s.mu.Lock()
 		}
 		if outcome, finished, end := s.woke(k, &res, ok); end {
 			// A stream that ended on the wake it parked on (its first
@@ -186,6 +218,7 @@ const (
 	wakeWindow
 	wakeStop
 	wakeDrain
+	wakePoke
 )
 
 // begin registers the stream (metrics, the stop channel, the log), then
@@ -292,8 +325,15 @@ func (s *session) open(ctx context.Context) bool {
 //go:noinline
 func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, finished, end bool) {
 	h := s.h
+	if s.ending != "" {
+		// The producer's write to the client failed with nothing to go on
+		// for (chunkInline).
+		return s.ending, false, true
+	}
 	var err error
 	switch k {
+	case wakePoke:
+		return "", false, false // the loop waits on what the producer changed
 	case wakeFrame:
 		if !ok {
 			if s.src.next != nil {
@@ -360,16 +400,9 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 	case wakeDrain:
 		return s.end(protocol.ShuttingDown(shuttingDownRetryAfter)), false, true
 	}
-	if errors.Is(err, errAnswerEnded) {
-		return OutcomeError, false, true
-	}
 	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			h.log.Warn("client too slow, stream cut", "request_id", s.requestID, "path", s.path)
-		}
-		if !s.lose() {
-			return OutcomeCancelled, false, true
+		if outcome, end := s.failed(err); end {
+			return outcome, false, true
 		}
 	}
 	// Heartbeat on a timer that runs from the last write: a ping after
@@ -379,6 +412,91 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 		s.heartbeat.Reset(h.cfg.Heartbeat)
 	}
 	return "", false, false
+}
+
+// failed handles a failed write to the client: end reports that the
+// stream ends, with outcome, else it goes on detached.
+func (s *session) failed(err error) (outcome string, end bool) {
+	if errors.Is(err, errAnswerEnded) {
+		return OutcomeError, true
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		s.h.log.Warn("client too slow, stream cut", "request_id", s.requestID, "path", s.path)
+	}
+	if !s.lose() {
+		return OutcomeCancelled, true
+	}
+	return "", false
+}
+
+// errSessionOver is what chunkInline returns once the stream ended: the
+// provider call stops, as it does when its context is cancelled.
+var errSessionOver = fmt.Errorf("stream: the stream ended: %w", context.Canceled)
+
+// chunkInline writes the direct path's chunk c on the producer's
+// goroutine (inline), as the loop's write would: numbered, logged, and
+// to the client while it is there. With gather the sink holds it until
+// sendGathered, which the provider calls before it waits for the next
+// read of the upstream (llm.ReadWatcher): the chunks one read brought go
+// out in one write; without, it goes out at once. A failed write detaches
+// the stream (the loop is poked to wait on the resume window) or ends it
+// (ending, and errSessionOver).
+func (s *session) chunkInline(c protocol.Chunk, gather bool) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.over || s.ending != "" || s.terminated {
+		return errSessionOver
+	}
+	if s.firstChunk {
+		s.firstChunk = false
+		s.firstChunkWritten()
+	}
+	if s.attached && gather {
+		s.sink.gather()
+		s.gathered = true
+	}
+	err := s.sink.chunk(s, c)
+	if err == nil && !gather {
+		s.woken = time.Now()
+	}
+	return s.lostInline(err)
+}
+
+// sendGathered sends what chunkInline gathered, if anything.
+func (s *session) sendGathered() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.gathered || s.over {
+		return
+	}
+	s.gathered = false
+	if !s.attached {
+		return // nothing is sent to a client that left
+	}
+	s.woken = time.Now()
+	_ = s.lostInline(s.sink.send())
+}
+
+// lostInline handles chunkInline's and sendGathered's failed write, err:
+// the stream goes on detached, the loop poked to wait on the resume
+// window, or it ends.
+func (s *session) lostInline(err error) error {
+	if err == nil || !s.attached {
+		return nil
+	}
+	outcome, end := s.failed(err)
+	if end {
+		s.ending = outcome
+	}
+	select {
+	case s.poke <- struct{}{}:
+	default: // the loop has a poke to wake to already
+	}
+	if end {
+		return errSessionOver
+	}
+	return nil
 }
 
 // mayTakeOver lets the writer of a queued stream that has waited
