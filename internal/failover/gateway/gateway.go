@@ -241,9 +241,10 @@ var errReserve = errors.New("queue quota failed")
 // reserveAndSubscribe counts the job against the quota and subscribes to
 // its result channel at the same time: neither needs the other, and a
 // queued stream's first chunk waits for each round trip on the way in
-// (docs/QUEUE.md, "Enqueue"). A refusal (a *protocol.Problem) or a failed
-// count closes the subscription as soon as it is made; a failed subscribe
-// releases the count and returns the subscribe's error.
+// (docs/QUEUE.md, "Order of operations"). A refusal (a
+// *protocol.Problem) or a failed count closes the subscription as soon as
+// it is made; a failed subscribe returns its error, and Spill gives the
+// count back.
 func (g *Gateway) reserveAndSubscribe(ctx context.Context, job protocol.Job, bytes int) (failover.ResultSubscription, error) {
 	if g.deps.Quota == nil {
 		return g.deps.Results.SubscribeResults(ctx, job.RequestID)
