@@ -44,6 +44,9 @@
 #   SPILL_TIMEOUT (5), RUN_LIMIT (180 s per run at most),
 #   DIRECT_POOL_SIZE (100000: the direct api's pool; a few slots make it
 #   spill, to see that spills are counted),
+#   PARITY_PHASES ("unpaced paced": the phases to run; "paced" with
+#   P_CONCS=50 and ROUNDS=1 is the queued path's first chunk alone, about
+#   4 minutes),
 #   PARITY_SUMMARY_ONLY=1 runs nothing and writes parity.json again from
 #   the run files already in $RESULTS/parity (with the same settings).
 source "$(dirname "$0")/lib.sh"
@@ -161,9 +164,13 @@ phase() {
 	stop_all
 }
 
+PARITY_PHASES=${PARITY_PHASES:-unpaced paced}
+for ph in $PARITY_PHASES; do
+	[[ $ph == unpaced || $ph == paced ]] || die "PARITY_PHASES: unknown phase $ph (unpaced, paced)"
+done
 if [[ ${PARITY_SUMMARY_ONLY:-0} != 1 ]]; then
-	phase unpaced 0 0 "$U_CONCS"
-	phase paced "$P_FT" "$P_TI" "$P_CONCS"
+	if [[ " $PARITY_PHASES " == *" unpaced "* ]]; then phase unpaced 0 0 "$U_CONCS"; fi
+	if [[ " $PARITY_PHASES " == *" paced "* ]]; then phase paced "$P_FT" "$P_TI" "$P_CONCS"; fi
 fi
 
 # --- summary ---

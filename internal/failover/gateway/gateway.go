@@ -6,7 +6,6 @@
 package gateway
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -203,10 +202,13 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		g.deps.Metrics.QueueRejected("too_large", job.Priority)
 		return nil, protocol.TooLargeToQueue(limit)
 	}
-	if p, err := g.reserve(ctx, job, len(body)); p != nil || err != nil {
-		return nil, cmp.Or(p, protocol.QueueUnavailable(g.retryAfter()))
+	sub, err := g.reserveAndSubscribe(ctx, job, len(body))
+	if p, ok := errors.AsType[*protocol.Problem](err); ok {
+		return nil, p
 	}
-	sub, err := g.deps.Results.SubscribeResults(ctx, job.RequestID)
+	if errors.Is(err, errReserve) {
+		return nil, protocol.QueueUnavailable(g.retryAfter())
+	}
 	if err != nil {
 		g.release(job)
 		g.deps.Metrics.QueueRejected("subscribe_failed", job.Priority)
@@ -230,6 +232,49 @@ func (g *Gateway) Spill(ctx context.Context, job protocol.Job) (failover.Relay, 
 		return nil, protocol.QueueUnavailable(g.retryAfter())
 	}
 	return startRelay(g, job, sub), nil
+}
+
+// errReserve is what reserveAndSubscribe returns when the quota count
+// failed (reserve logged and counted it).
+var errReserve = errors.New("queue quota failed")
+
+// reserveAndSubscribe counts the job against the quota and subscribes to
+// its result channel at the same time: neither needs the other, and a
+// queued stream's first chunk waits for each round trip on the way in
+// (docs/QUEUE.md, "Order of operations"). A refusal (a
+// *protocol.Problem) or a failed count closes the subscription as soon as
+// it is made; a failed subscribe returns its error, and Spill gives the
+// count back.
+func (g *Gateway) reserveAndSubscribe(ctx context.Context, job protocol.Job, bytes int) (failover.ResultSubscription, error) {
+	if g.deps.Quota == nil {
+		return g.deps.Results.SubscribeResults(ctx, job.RequestID)
+	}
+	type subscribed struct {
+		sub failover.ResultSubscription
+		err error
+	}
+	subC := make(chan subscribed, 1)
+	go func() {
+		sub, err := g.deps.Results.SubscribeResults(ctx, job.RequestID)
+		subC <- subscribed{sub, err}
+	}()
+	p, err := g.reserve(ctx, job, bytes)
+	if p != nil || err != nil {
+		go func() {
+			if s := <-subC; s.err == nil {
+				s.sub.Close()
+			}
+		}()
+		if p != nil {
+			return nil, p
+		}
+		return nil, errReserve
+	}
+	s := <-subC
+	if s.err != nil {
+		return nil, s.err
+	}
+	return s.sub, nil
 }
 
 // enqueue puts the job in its priority's line when the queue keeps one

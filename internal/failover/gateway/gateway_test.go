@@ -770,3 +770,121 @@ func TestGatewayReleasesQuotaOffTheRelaysPath(t *testing.T) {
 		}
 	})
 }
+
+// watchedSubscriber is the env's result channel with each SubscribeResults
+// announced on subscribed (once) and, when fail is set, failing.
+type watchedSubscriber struct {
+	*memresults.Memory
+	subscribed chan struct{}
+	once       sync.Once
+	fail       error
+}
+
+func (s *watchedSubscriber) SubscribeResults(ctx context.Context, requestID string) (failover.ResultSubscription, error) {
+	s.once.Do(func() { close(s.subscribed) })
+	if s.fail != nil {
+		return nil, s.fail
+	}
+	return s.Memory.SubscribeResults(ctx, requestID)
+}
+
+// scriptedQuota is a gateway.Quota whose Reserve answers problem (nil:
+// granted) after it noted whether the job's subscription was already
+// asked for: it waits up to a second of the bubble's clock for it.
+type scriptedQuota struct {
+	subscribed  <-chan struct{}
+	problem     *protocol.Problem
+	overlapped  atomic.Bool
+	releaseCall atomic.Int32
+}
+
+func (q *scriptedQuota) Reserve(context.Context, string, string, int, time.Duration) (*protocol.Problem, error) {
+	select {
+	case <-q.subscribed:
+		q.overlapped.Store(true)
+	case <-time.After(time.Second):
+	}
+	return q.problem, nil
+}
+
+func (q *scriptedQuota) Release(context.Context, string, string) error {
+	q.releaseCall.Add(1)
+	return nil
+}
+
+func (e *env) gatewayWith(sub failover.ResultSubscriber, quota gateway.Quota) *gateway.Gateway {
+	e.tb.Helper()
+	g, err := gateway.New(gatewayConfig(), gateway.Deps{
+		Producer: e.q, Results: sub, Canceller: e.res, Quota: quota, Metrics: e.m, Log: testutil.DiscardLogger(),
+	})
+	if err != nil {
+		e.tb.Fatalf("gateway.New: %v", err)
+	}
+	return g
+}
+
+// The quota's count and the result channel's subscription are asked for
+// together, not one after the other: a queued stream's first chunk waits
+// for one round trip fewer. The job is enqueued once both answered.
+func TestGatewayReservesAndSubscribesTogether(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t)
+		sub := &watchedSubscriber{Memory: e.res, subscribed: make(chan struct{})}
+		quota := &scriptedQuota{subscribed: sub.subscribed}
+		r := spill(t, e.gatewayWith(sub, quota), "both-1")
+		if !quota.overlapped.Load() {
+			t.Fatal("Reserve answered before the subscription was asked for: the two ran one after the other")
+		}
+		if !e.res.Subscribed("both-1") || e.depth() != 1 {
+			t.Fatalf("subscribed %v, queue depth %d; want subscribed and the job enqueued", e.res.Subscribed("both-1"), e.depth())
+		}
+		e.publish("both-1", `BATCH:1:[{"seq":1,"content":"a"}]`)
+		if res := nextResult(t, r, time.Second); res.Kind != protocol.KindBatch {
+			t.Fatalf("relayed %+v, want the batch", res)
+		}
+	})
+}
+
+// A job the quota refuses leaves no subscription behind and is not
+// enqueued; a failed subscribe gives the quota's count back.
+func TestGatewayUndoesTheOtherHalfOfAdmission(t *testing.T) {
+	t.Parallel()
+	t.Run("quota refuses", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			sub := &watchedSubscriber{Memory: e.res, subscribed: make(chan struct{})}
+			quota := &scriptedQuota{subscribed: sub.subscribed, problem: protocol.TooManyQueued(3)}
+			_, err := e.gatewayWith(sub, quota).Spill(context.Background(), newJob("refused-1"))
+			if p, ok := errors.AsType[*protocol.Problem](err); !ok || p.Type != protocol.TooManyQueued(3).Type {
+				t.Fatalf("Spill: %v, want the quota's too-many-queued", err)
+			}
+			synctest.Wait()
+			if e.res.Subscribed("refused-1") || e.depth() != 0 {
+				t.Fatalf("subscribed %v, queue depth %d after a refusal; want neither", e.res.Subscribed("refused-1"), e.depth())
+			}
+			if n := quota.releaseCall.Load(); n != 0 {
+				t.Errorf("%d quota releases of a job never counted, want 0", n)
+			}
+		})
+	})
+	t.Run("subscribe fails", func(t *testing.T) {
+		t.Parallel()
+		synctest.Test(t, func(t *testing.T) {
+			e := newEnv(t)
+			sub := &watchedSubscriber{Memory: e.res, subscribed: make(chan struct{}), fail: errors.New("redis down")}
+			quota := &scriptedQuota{subscribed: sub.subscribed}
+			_, err := e.gatewayWith(sub, quota).Spill(context.Background(), newJob("nosub-1"))
+			if p, ok := errors.AsType[*protocol.Problem](err); !ok || p.Status != http.StatusServiceUnavailable {
+				t.Fatalf("Spill: %v, want queue-unavailable", err)
+			}
+			if n := quota.releaseCall.Load(); n != 1 || e.depth() != 0 {
+				t.Fatalf("%d quota releases, queue depth %d; want the count given back once and nothing enqueued", n, e.depth())
+			}
+			if got := e.m.get("rejected:subscribe_failed"); got != 1 {
+				t.Errorf("rejected:subscribe_failed %d, want 1", got)
+			}
+		})
+	})
+}

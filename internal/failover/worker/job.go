@@ -25,15 +25,6 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost boo
 	ctx, span := w.startJob(ctx, &job, d)
 	defer span.End()
 	log := withTrace(w.log.With("request_id", job.RequestID, "attempt", d.Attempt, "priority", job.Priority.OrNormal()), span)
-	gone, err := w.deps.Cancels.Cancelled(ctx, job.RequestID)
-	if err != nil {
-		log.Warn("cancel check failed; running the job", "err", err)
-	}
-	if gone {
-		log.Info("client gone before start; job skipped")
-		w.settle(ctx, d, job.RequestID, OutcomeCancelled, "")
-		return false
-	}
 	now := time.Now()
 	if d.Attempt <= 1 && now.After(job.Deadline) {
 		log.Info("job expired before start; skipped", "waited", now.Sub(job.EnqueueTime).String())
@@ -45,10 +36,10 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost boo
 	forget := w.cancels.track(job.RequestID, cancel)
 	pub := w.newPublisher(d, job.RequestID, cancel, log)
 	// The first heartbeat tells the api a worker has the job, before the
-	// slot wait, so the queue timeout no longer applies. It goes out while
-	// the worker asks for its slot, one round trip fewer before the
-	// provider is called; every later result waits for it.
-	firstBeat := pub.sendAsync(jobCtx, protocol.Result{Kind: protocol.KindHeartbeat})
+	// slot wait, so the queue timeout no longer applies. The cancel check
+	// and then it run while the worker asks for its slot, so neither
+	// delays the provider call; every later result waits for it.
+	gone, firstBeat := w.checkThenBeat(ctx, jobCtx, job.RequestID, pub)
 	var beats sync.WaitGroup
 	beats.Go(func() { w.heartbeat(jobCtx, d, pub) })
 
@@ -56,7 +47,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost boo
 		telemetry.Reset(span, d.Attempt)
 		pub.send(jobCtx, protocol.Result{Kind: protocol.KindReset, Reset: &protocol.Reset{Attempt: d.Attempt}})
 	}
-	outcome, reason := w.answer(jobCtx, job, d, pub)
+	outcome, reason := w.answer(jobCtx, job, d, pub, gone)
 	firstBeat()
 	// Stop order of one job: the cause is read first (cancelling sets no
 	// cause once one is set), then the heartbeat stops before the job is
@@ -79,9 +70,40 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost boo
 	return false
 }
 
+// checkThenBeat asks whether the job's client is gone (its cancel key,
+// docs/QUEUE.md, "Cancellation") and then publishes the first heartbeat
+// unless it is, on a goroutine of its own: the check overlaps the slot
+// wait instead of preceding it, and the heartbeat the provider call. A
+// client gone before start cancels the job (jobCtx) with errClientGone,
+// and nothing is published. gone waits for the check and reports whether
+// the client is gone (a check that failed runs the job); beat waits for
+// the heartbeat too.
+func (w *Worker) checkThenBeat(ctx, jobCtx context.Context, requestID string, pub *publisher) (gone func() bool, beat func()) {
+	checked := make(chan struct{})
+	var left bool
+	beat = pub.sendAsync(jobCtx, protocol.Result{Kind: protocol.KindHeartbeat}, func() bool {
+		defer close(checked)
+		g, err := w.deps.Cancels.Cancelled(ctx, requestID)
+		if err != nil {
+			pub.log.Warn("cancel check failed; running the job", "err", err)
+		}
+		if g {
+			left = true
+			pub.log.Info("client gone before start; job skipped")
+			pub.cancel(errClientGone)
+		}
+		return !g
+	})
+	return func() bool {
+		<-checked
+		return left
+	}, beat
+}
+
 // answer waits for a slot and streams the answer with retries. It returns
-// the job outcome and, for a dead letter, the reason.
-func (w *Worker) answer(ctx context.Context, job protocol.Job, d failover.Delivery, pub *publisher) (string, string) {
+// the job outcome and, for a dead letter, the reason. The provider is
+// called only once the cancel check (gone) found the client there.
+func (w *Worker) answer(ctx context.Context, job protocol.Job, d failover.Delivery, pub *publisher, gone func() bool) (string, string) {
 	lease, err := w.waitSlotTraced(ctx, job, d)
 	if err != nil {
 		if cause := context.Cause(ctx); cause != nil {
@@ -92,6 +114,9 @@ func (w *Worker) answer(ctx context.Context, job protocol.Job, d failover.Delive
 		return OutcomeExpired, ""
 	}
 	defer lease.Release()
+	if gone() {
+		return OutcomeCancelled, ""
+	}
 	w.queueWaited(ctx, time.Since(job.EnqueueTime))
 	return w.stream(ctx, job, pub)
 }

@@ -102,16 +102,20 @@ func (p *publisher) send(ctx context.Context, r protocol.Result) error {
 	return p.sendLocked(ctx, r)
 }
 
-// sendAsync starts publishing r and returns at once, with a func that
-// waits until it went out (or failed). The publisher stays locked until
-// then, so every later send follows it: the order of results holds.
-func (p *publisher) sendAsync(ctx context.Context, r protocol.Result) (wait func()) {
+// sendAsync starts publishing r, unless first (run before it, on the
+// same goroutine) returns false, and returns at once, with a func that
+// waits until it went out (or failed, or was not sent). The publisher
+// stays locked until then, so every later send follows it: the order of
+// results holds.
+func (p *publisher) sendAsync(ctx context.Context, r protocol.Result, first func() bool) (wait func()) {
 	p.mu.Lock()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		defer p.mu.Unlock()
-		_ = p.sendLocked(ctx, r)
+		if first() {
+			_ = p.sendLocked(ctx, r)
+		}
 	}()
 	return func() { <-done }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1251,4 +1252,109 @@ func TestWorkerAsksForSlotWhileFirstHeartbeatGoesOut(t *testing.T) {
 			t.Fatalf("messages %s, want kinds %v", describe(rs), want)
 		}
 	})
+}
+
+// askedPool is a pool that announces the first slot asked of it (asked
+// closes) before it asks its own pool.
+type askedPool struct {
+	pool.Pool
+	asked chan struct{}
+	once  sync.Once
+}
+
+func (p *askedPool) Acquire(ctx context.Context, user string) (pool.Lease, error) {
+	p.once.Do(func() { close(p.asked) })
+	return p.Pool.Acquire(ctx, user)
+}
+
+// checkingCancels is the env's cancel watcher whose cancel check answers
+// gone after it noted whether the job's slot was already asked for (it
+// waits up to a second of the bubble's clock for that) and how many
+// provider calls had started by then.
+type checkingCancels struct {
+	*memresults.Memory
+	asked      <-chan struct{}
+	rec        *recorder
+	gone       bool
+	overlapped atomic.Bool
+	callsSeen  atomic.Int32
+}
+
+func (c *checkingCancels) Cancelled(context.Context, string) (bool, error) {
+	select {
+	case <-c.asked:
+		c.overlapped.Store(true)
+	case <-time.After(time.Second):
+	}
+	c.callsSeen.Store(int32(len(c.rec.callTimes())))
+	return c.gone, nil
+}
+
+// The check whether a job's client left runs while the job asks for its
+// slot, not before: the provider is called one round trip sooner. It is
+// still called only once the check found the client there; a client gone
+// before start hears nothing, the provider is never called and the slot
+// is given back.
+func TestWorkerChecksCancelWhileAskingForASlot(t *testing.T) {
+	t.Parallel()
+	for _, gone := range []bool{false, true} {
+		t.Run("gone="+strconv.FormatBool(gone), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, 15*time.Second, 4)
+				rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 1})}
+				p := &askedPool{Pool: e.pool, asked: make(chan struct{})}
+				cancels := &checkingCancels{Memory: e.res, asked: p.asked, rec: rec, gone: gone}
+				w, err := worker.New(workerConfig(), worker.Deps{
+					Consumer: e.q.Consumer("w1"), Pool: p, Provider: rec, Results: e.res, Cancels: cancels, Metrics: e.m,
+					Log: testutil.DiscardLogger(),
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					_ = w.Run(ctx)
+				}()
+				t.Cleanup(func() {
+					cancel()
+					<-done
+				})
+				job := newJob("overlap-1")
+				l := e.listen(job.RequestID)
+				e.enqueue(job)
+
+				if gone {
+					l.quiet(5 * time.Second)
+				} else {
+					rs := l.untilEnd(10 * time.Second)
+					if rs[0].res.Kind != protocol.KindHeartbeat || rs[len(rs)-1].res.Kind != protocol.KindDone {
+						t.Fatalf("messages %s, want a heartbeat first and DONE last", describe(rs))
+					}
+				}
+				synctest.Wait()
+				if !cancels.overlapped.Load() {
+					t.Error("the cancel check answered before the slot was asked for: the two ran one after the other")
+				}
+				if n := cancels.callsSeen.Load(); n != 0 {
+					t.Errorf("%d provider calls before the cancel check answered, want 0", n)
+				}
+				wantCalls, wantOutcome := 1, metrics.JobDone
+				if gone {
+					wantCalls, wantOutcome = 0, metrics.JobCancelled
+				}
+				if n := len(rec.callTimes()); n != wantCalls {
+					t.Errorf("%d provider calls, want %d", n, wantCalls)
+				}
+				if got := e.settled(); got[wantOutcome] != 1 || len(got) != 1 {
+					t.Errorf("job outcomes %v, want %s once", got, wantOutcome)
+				}
+				if s := e.pool.Stats(); s.InUse != 0 {
+					t.Errorf("%d pool slots in use after the job, want 0", s.InUse)
+				}
+			})
+		})
+	}
 }
