@@ -275,6 +275,8 @@ type Queue struct {
 
 	reclaimMu    sync.Mutex // one XAUTOCLAIM round at a time
 	nextReclaimL int        // line scanned first by the next reclaim round, guarded by reclaimMu
+
+	acks acker // Acks waiting for a shared call
 }
 
 // shard is one shard's job streams, one per priority, with its
@@ -1011,21 +1013,14 @@ func bodyOf(m redis.XMessage) []byte {
 // stream holds only the backlog, and only while this member holds it: it
 // returns an error wrapping ErrClaimLost when another member took the
 // entry over.
-// Acknowledging an entry that is no longer pending does nothing.
+// Acknowledging an entry that is no longer pending does nothing. Acks
+// that come while one is out share the next call (acker).
 func (q *Queue) Ack(ctx context.Context, d failover.Delivery) error {
 	l, id, err := q.locate(d.ID)
 	if err != nil {
 		return err
 	}
-	res, err := ackScript.Run(ctx, q.client, []string{l.stream}, q.cfg.Group, q.cfg.Consumer, id).Int()
-	if err != nil {
-		q.noteGroupLost(err)
-		return fmt.Errorf("redisstream: ack %s %s: %w", l.stream, id, err)
-	}
-	if res < 0 {
-		return fmt.Errorf("redisstream: ack %s %s: held by another consumer: %w", l.stream, id, ErrClaimLost)
-	}
-	return nil
+	return q.ack(ctx, l, id)
 }
 
 // Touch restarts the entry's idle time while this member holds it
