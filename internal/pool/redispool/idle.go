@@ -78,6 +78,7 @@ func (p *Pool) takeIdle(user string) pool.Lease {
 	}
 	p.idle[user] = s[:len(s)-1]
 	p.idleCount--
+	p.heldDirectLocked(user, time.Now())
 	return &lease{p: p, id: e.id, user: user, direct: true, granted: e.granted}
 }
 
