@@ -20,7 +20,10 @@ import "time"
 // asked for while the cache is off (waiters in line, the pool full when
 // last seen, fallback). A spare never takes the pool's or the user's last
 // slots: a block asks for spares only while both limits, as this process
-// last saw them, keep twice the block's requests and spares free.
+// last saw them, keep twice the block's requests and spares free. A spare
+// that goes back unused after IdleHold lowers the remembered peak by one,
+// so a trickle of requests after a big burst stops asking for spares after
+// the first.
 
 // demandMemory is how long a user's peak of direct leases held at once
 // in this process is remembered as what its next burst will want.
@@ -75,6 +78,22 @@ func (p *Pool) releasedDirectLocked(user string) {
 	} else {
 		delete(p.active, user)
 	}
+}
+
+// spareUnusedLocked lowers user's remembered peak by one spare that went
+// back unused after IdleHold: a burst smaller than the peak, or a trickle
+// after a burst, stops asking for what it does not take.
+func (p *Pool) spareUnusedLocked(user string) {
+	d, ok := p.demand[user]
+	if !ok {
+		return
+	}
+	if d.peak <= 1 {
+		delete(p.demand, user)
+		return
+	}
+	d.peak--
+	p.demand[user] = d
 }
 
 // sparesLocked returns the spare requests to add to a block that carries
@@ -138,6 +157,8 @@ func (p *Pool) spareGrantedLocked(id, user string, start, now time.Time) bool {
 	}
 	p.grantLocked(id, user) // held and renewed, as any idle lease
 	if p.putIdleLocked(id, user, start) {
+		s := p.idle[user]
+		s[len(s)-1].spare = true
 		return true
 	}
 	delete(p.held, id)

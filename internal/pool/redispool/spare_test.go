@@ -157,3 +157,36 @@ func TestSparesLeaveHalfTheLimitsFree(t *testing.T) {
 		})
 	}
 }
+
+// Spares that go back unused lower the remembered peak: a trickle of
+// requests after a burst asks for spares once, not every time.
+func TestUnusedSparesLowerThePeak(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	const peak = 20
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 100_000, PerUser: 100_000, IdleHold: 300 * time.Millisecond}
+	p, cc := newCountedPool(t, s.Addr, cfg)
+	holdAndFlush(t, p, admin, cfg.Prefix, "u", peak)
+
+	ctx := context.Background()
+	first, err := p.TryAcquire(ctx, "u") // asks for spares, which nobody takes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		all, _ := liveLeases(t, admin, cfg.Prefix, "")
+		return p.idleLen() == 0 && all == 1
+	}, "the unused spares back after IdleHold")
+	before := cc.blocks.Load()
+	second, err := p.TryAcquire(ctx, "u")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Release()
+	if all, _ := liveLeases(t, admin, cfg.Prefix, ""); all != 2 || cc.blocks.Load()-before != 1 {
+		t.Fatalf("the next request after %d unused spares: %d leases in Redis, %d block calls; want 2 and 1 (no spares asked for)",
+			peak-1, all, cc.blocks.Load()-before)
+	}
+}
