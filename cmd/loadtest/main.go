@@ -104,6 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&c.Mode, "mode", loadtest.ModeSpillway, "API to load: spillway (/v1/stream) or openai (an OpenAI-compatible /v1/chat/completions, path \"upstream\")")
 	fs.StringVar(&c.Model, "model", loadtest.DefaultModel, "model to name in -mode openai")
 	fs.DurationVar(&c.RampUp, "ramp", 0, "spread the clients' first requests evenly over this long")
+	fs.IntVar(&c.Slowest, "slowest", 0, "list this many completed streams with the longest first chunk in the result (0: none)")
 	fs.Func("H", "extra request header `Name: value` (repeatable)", func(v string) error {
 		name, value, ok := strings.Cut(v, ":")
 		if !ok || strings.TrimSpace(name) == "" {

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,7 +13,9 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,7 +94,16 @@ type Config struct {
 	// RampUp spreads the clients' first requests evenly over this long,
 	// so that many connections are not opened in one burst (default 0).
 	RampUp time.Duration
+	// Slowest is how many completed streams with the longest first chunk
+	// Result.Slowest lists, each with when it started in the run, its
+	// client and whether that client's connection was reused: what the
+	// tail of the first-chunk percentiles has in common (default 0: none;
+	// at most MaxSlowest).
+	Slowest int
 }
+
+// MaxSlowest bounds Config.Slowest.
+const MaxSlowest = 10000
 
 // The modes of Config.Mode.
 const (
@@ -155,6 +167,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("loadtest: mode %q: want %s or %s", c.Mode, ModeSpillway, ModeOpenAI)
 	case c.RampUp < 0:
 		return fmt.Errorf("loadtest: ramp-up %v is negative", c.RampUp)
+	case c.Slowest < 0 || c.Slowest > MaxSlowest:
+		return fmt.Errorf("loadtest: slowest %d: want 0 to %d", c.Slowest, MaxSlowest)
 	}
 	for k, v := range c.Headers {
 		if k == "" || strings.ContainsAny(k, " \t\r\n:\x00") {
@@ -213,6 +227,24 @@ type Result struct {
 	// response headers, its pings and its events (Report.MaxGap), over
 	// the streams that received anything, slow readers left out.
 	MaxGap Percentiles `json:"max_gap"`
+	// Slowest lists the Config.Slowest completed streams with the longest
+	// first chunk, longest first (slow readers left out); empty unless
+	// asked for.
+	Slowest []StreamTiming `json:"slowest_first_chunk"`
+}
+
+// StreamTiming is one completed stream's timing and where it stood in the
+// run.
+type StreamTiming struct {
+	Request   int     `json:"request"` // its index in the run, from 0
+	RequestID string  `json:"request_id,omitempty"`
+	Path      string  `json:"path"`
+	Client    int     `json:"client"` // the client (0 to Concurrency-1) that sent it
+	Seq       int     `json:"seq"`    // its place among that client's requests, from 0
+	Reused    bool    `json:"reused"` // sent on a kept-alive connection
+	StartMS   float64 `json:"start_ms"`
+	FirstMS   float64 `json:"first_chunk_ms"`
+	TotalMS   float64 `json:"total_ms"`
 }
 
 // Refusal counts non-200 answers of one status and problem type.
@@ -282,7 +314,7 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot)) (*Result, err
 		cfg:    cfg,
 		client: &http.Client{Transport: tr, CheckRedirect: noRedirect},
 		start:  time.Now(),
-		agg:    newAggregate(),
+		agg:    newAggregate(cfg.Slowest),
 		image:  imageData(cfg.ImageBytes),
 	}
 	dispatch, cancel := ctx, context.CancelFunc(func() {})
@@ -296,6 +328,7 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot)) (*Result, err
 	var workers sync.WaitGroup
 	for i := range cfg.Concurrency {
 		delay := cfg.RampUp * time.Duration(i) / time.Duration(cfg.Concurrency)
+		client := i
 		workers.Go(func() {
 			if delay > 0 {
 				t := time.NewTimer(delay)
@@ -306,7 +339,7 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot)) (*Result, err
 				case <-t.C:
 				}
 			}
-			r.worker(ctx, dispatch)
+			r.worker(ctx, dispatch, client)
 		})
 	}
 	stop := make(chan struct{})
@@ -366,14 +399,16 @@ type runner struct {
 
 // worker is one client: it sends requests one after the other until the
 // request budget is spent or dispatch ends.
-func (r *runner) worker(ctx, dispatch context.Context) {
-	for dispatch.Err() == nil {
+func (r *runner) worker(ctx, dispatch context.Context, client int) {
+	for seq := 0; dispatch.Err() == nil; seq++ {
 		idx := r.next.Add(1) - 1
 		if r.cfg.Requests > 0 && idx >= int64(r.cfg.Requests) {
 			return
 		}
 		r.agg.begin()
-		r.agg.record(r.one(ctx, int(idx)))
+		o := r.one(ctx, int(idx))
+		o.client, o.seq = client, seq
+		r.agg.record(o)
 		if r.cfg.ThinkTime > 0 {
 			t := time.NewTimer(r.cfg.ThinkTime)
 			select {
@@ -410,6 +445,10 @@ type outcome struct {
 	retryAfter int // seconds, -1 when absent
 	reason     LostReason
 	detail     string
+	client     int
+	seq        int
+	reused     bool          // the request went on a kept-alive connection
+	start      time.Duration // since the run's start
 }
 
 func (r *runner) prompts() int { return max(1, r.cfg.DistinctPrompts) }
@@ -488,7 +527,13 @@ func (r *runner) one(ctx context.Context, idx int) outcome {
 		req.Header.Set("X-User-ID", fmt.Sprintf("loadtest-user-%d", idx%r.cfg.UserIDs))
 	}
 
+	if r.cfg.Slowest > 0 {
+		req = req.WithContext(httptrace.WithClientTrace(sctx, &httptrace.ClientTrace{
+			GotConn: func(ci httptrace.GotConnInfo) { o.reused = ci.Reused },
+		}))
+	}
 	check.Start = time.Now()
+	o.start = check.Start.Sub(r.start)
 	resp, err := r.client.Do(req)
 	if err != nil {
 		switch {
@@ -741,6 +786,31 @@ type aggregate struct {
 	total        map[string]*sampler
 	pingIvl      *sampler
 	maxGap       *sampler
+	slowestN     int
+	slowest      []StreamTiming // up to 2×slowestN, cut back to slowestN when full
+}
+
+// noteSlowest keeps o among the slowest first chunks if it is one.
+func (a *aggregate) noteSlowest(o outcome) {
+	if a.slowestN == 0 {
+		return
+	}
+	f := ms(o.rep.FirstChunk)
+	if len(a.slowest) >= a.slowestN && f <= a.slowest[a.slowestN-1].FirstMS {
+		return
+	}
+	a.slowest = append(a.slowest, StreamTiming{Request: o.idx, RequestID: o.requestID, Path: o.path,
+		Client: o.client, Seq: o.seq, Reused: o.reused, StartMS: ms(o.start), FirstMS: f, TotalMS: ms(o.rep.Total)})
+	if len(a.slowest) >= 2*a.slowestN || len(a.slowest) <= a.slowestN {
+		a.cutSlowest()
+	}
+}
+
+// cutSlowest sorts the slowest list, longest first, and cuts it to
+// slowestN.
+func (a *aggregate) cutSlowest() {
+	slices.SortStableFunc(a.slowest, func(x, y StreamTiming) int { return cmp.Compare(y.FirstMS, x.FirstMS) })
+	a.slowest = a.slowest[:min(len(a.slowest), a.slowestN)]
 }
 
 type refusalKey struct {
@@ -748,8 +818,9 @@ type refusalKey struct {
 	typ    string
 }
 
-func newAggregate() *aggregate {
+func newAggregate(slowest int) *aggregate {
 	return &aggregate{
+		slowestN:    slowest,
 		errTypes:    map[string]int{},
 		refusals:    map[refusalKey]*Refusal{},
 		lostReasons: map[LostReason]int{},
@@ -791,6 +862,7 @@ func (a *aggregate) record(o outcome) {
 				a.sample(a.first, p).add(o.rep.FirstChunk)
 				a.sample(a.total, p).add(o.rep.Total)
 			}
+			a.noteSlowest(o)
 		}
 	case kindError:
 		a.errors++
@@ -889,6 +961,8 @@ func (r *runner) result(interrupted bool) *Result {
 		PingInterval: a.pingIvl.percentiles(),
 		MaxGap:       a.maxGap.percentiles(),
 	}
+	a.cutSlowest()
+	res.Slowest = append([]StreamTiming{}, a.slowest...)
 	res.Rate = float64(a.sent) / max(el.Seconds(), 1e-9)
 	for _, rf := range a.refusals {
 		res.RefusedBy = append(res.RefusedBy, *rf)

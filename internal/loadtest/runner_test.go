@@ -463,6 +463,59 @@ func TestRunSlowReaders(t *testing.T) {
 	}
 }
 
+// -slowest: the streams with the longest first chunk, longest first, each
+// with its client, its place among that client's requests and whether it
+// went on a kept-alive connection.
+func TestRunSlowest(t *testing.T) {
+	t.Parallel()
+	const slow = 400 * time.Millisecond // far above a dial on a loaded machine
+	srv := newServer(t, func(w http.ResponseWriter, r *http.Request, n int, want []string) {
+		if n == 5 || n == 6 {
+			<-time.After(slow + time.Duration(n-5)*slow) // prompt 6 the slowest, then 5
+		}
+		send := sse(w, "direct")
+		send(chunks(1, want...) + doneFrame(len(want)+1, "direct"))
+	})
+	cfg := testConfig(srv.URL)
+	cfg.Concurrency = 2
+	cfg.Requests = 8
+	cfg.DistinctPrompts = 8 // request i sends prompt #i
+	cfg.Slowest = 3
+	res, err := Run(t.Context(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Done != 8 {
+		t.Fatalf("done %d, lost %v", res.Done, res.LostSamples)
+	}
+	got := res.Slowest
+	if len(got) != 3 || got[0].Request != 6 || got[1].Request != 5 {
+		t.Fatalf("slowest %+v, want requests 6, 5 and one more", got)
+	}
+	for i, st := range got {
+		if i > 0 && st.FirstMS > got[i-1].FirstMS {
+			t.Errorf("slowest not longest first: %+v", got)
+		}
+		if st.Client < 0 || st.Client >= cfg.Concurrency || st.Seq < 0 || st.Seq > 7 || st.Path != "direct" || st.RequestID != "req-direct" {
+			t.Errorf("slowest entry %+v out of range", st)
+		}
+		if st.Seq == 0 && st.Reused {
+			t.Errorf("a client's first request went on a kept-alive connection: %+v", st)
+		}
+		if st.Seq > 0 && !st.Reused {
+			t.Errorf("a client's later request dialled anew: %+v", st)
+		}
+		if st.FirstMS < ms(slow) && i < 2 || st.TotalMS < st.FirstMS || st.StartMS < 0 {
+			t.Errorf("slowest entry %+v: timings inconsistent", st)
+		}
+	}
+	// Without the flag, no list.
+	cfg.Slowest = 0
+	if res, err = Run(t.Context(), cfg, nil); err != nil || len(res.Slowest) != 0 {
+		t.Fatalf("without -slowest: %v, %+v", err, res.Slowest)
+	}
+}
+
 func TestSlowReader(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -590,6 +643,9 @@ func TestConfigValidate(t *testing.T) {
 		{"unknown mode", func(c *Config) { c.Mode = "anthropic" }, false},
 		{"ramp-up", func(c *Config) { c.RampUp = time.Second }, true},
 		{"negative ramp-up", func(c *Config) { c.RampUp = -time.Second }, false},
+		{"slowest", func(c *Config) { c.Slowest = 20 }, true},
+		{"negative slowest", func(c *Config) { c.Slowest = -1 }, false},
+		{"slowest over the bound", func(c *Config) { c.Slowest = MaxSlowest + 1 }, false},
 	}
 	for _, tt := range tests {
 		c := ok

@@ -35,6 +35,10 @@
 # and the log's Redis CPU (µs) and memory (bytes) per chunk (the direct
 # api's Redis, which also serves its pool's few calls).
 #
+# Each run's JSON lists its 50 streams with the longest first chunk
+# (result.slowest_first_chunk: start in the run, client, its place among
+# the client's requests, kept-alive or new connection): what the p99 tail
+# has in common.
 # Writes $RESULTS/parity/*.json and $RESULTS/parity.json.
 # Environment (defaults are the issue's; shrink them for a smoke test):
 #   ROUNDS (3), U_CONCS ("1 50 200"), P_CONCS ("50 200 1000"), Q_CONC (50),
@@ -144,7 +148,7 @@ phase() {
 	done
 	up="http://127.0.0.1:$SIM_PORT/v1/chat/completions"
 	hop="http://127.0.0.1:$PROXY_PORT/v1/chat/completions"
-	common=(-tokens "$TOKENS" -seed 1 -prompts 200 -timeout 60s)
+	common=(-tokens "$TOKENS" -seed 1 -prompts 200 -timeout 60s -slowest 50)
 
 	log "parity $ph: warm-up"
 	measured_run "$ph-warmup-hop" -mode openai -url "$hop" -c "$Q_CONC" -n "$W_N" "${common[@]}"

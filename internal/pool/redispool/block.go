@@ -46,8 +46,10 @@ type blockReq struct {
 	user   string
 	id     string // the lease id it is granted under
 	direct bool   // TryAcquire's: its lease may be kept idle when released
-	// state: reqPending until the block's goroutine delivers (reqDelivered)
-	// or the caller gives up (reqGone).
+	spare  bool   // a spare lease asked for with the block (spare.go): no caller, res unused
+	// state: reqPending until the block's goroutine delivers (reqDelivered:
+	// its block's answer, or a spare lease while it still waited) or the
+	// caller gives up (reqGone).
 	state atomic.Int32
 	res   chan blockRes // cap 1
 }
@@ -184,8 +186,8 @@ func (p *Pool) takeBlock() ([]*blockReq, []blockRel) {
 	n := 0
 	for _, r := range p.blockReqs {
 		n++
-		if r.state.Load() == reqGone {
-			continue
+		if r.state.Load() != reqPending {
+			continue // gone, or given a spare lease meanwhile
 		}
 		reqs = append(reqs, r)
 		if len(reqs) == maxBlock {
@@ -243,7 +245,7 @@ func closeRels(rels []blockRel) {
 // deliver hands res to r unless its caller gave up; it reports whether it
 // did.
 func (p *Pool) deliver(r *blockReq, res blockRes) bool {
-	if !r.state.CompareAndSwap(reqPending, reqDelivered) {
+	if r.spare || !r.state.CompareAndSwap(reqPending, reqDelivered) {
 		return false
 	}
 	r.res <- res
@@ -326,10 +328,13 @@ func (p *Pool) runBlock(reqs []*blockReq, rels []blockRel) {
 		p.unavailableBlock(reqs, rels, nil)
 		return
 	}
+	start := time.Now()
+	p.mu.Lock()
+	reqs = append(reqs, p.sparesLocked(reqs, start)...)
+	p.mu.Unlock()
 	keys, args := p.blockCall(rels, nil, reqs)
 	what := fmt.Sprintf("block of %d requests and %d releases", len(reqs), len(rels))
 	gen := p.reclaimGen.Load()
-	start := time.Now()
 	v, err := p.callBlock(keys, args, what, func(v any) { p.lateBlock(reqs, v) })
 	if err == nil {
 		var rep blockReply
@@ -397,10 +402,17 @@ func (p *Pool) unavailableBlock(reqs []*blockReq, rels []blockRel, cause error) 
 // that gave up goes back in the next block.
 func (p *Pool) answerBlock(reqs []*blockReq, codes []int64, start time.Time) {
 	var back []blockRel
+	now := time.Now()
 	p.mu.Lock()
 	for i, r := range reqs {
 		if codes[i] != codeGranted {
 			p.deliver(r, blockRes{code: codes[i]})
+			continue
+		}
+		if r.spare {
+			if !p.spareGrantedLocked(r.id, r.user, start, now) {
+				back = append(back, blockRel{id: r.id, user: r.user})
+			}
 			continue
 		}
 		if !r.state.CompareAndSwap(reqPending, reqDelivered) {
@@ -409,6 +421,9 @@ func (p *Pool) answerBlock(reqs []*blockReq, codes []int64, start time.Time) {
 		}
 		l := p.grantLocked(r.id, r.user)
 		l.direct, l.granted = r.direct, start
+		if r.direct {
+			p.heldDirectLocked(r.user, now)
+		}
 		r.res <- blockRes{lease: l, code: codeGranted}
 	}
 	switch {

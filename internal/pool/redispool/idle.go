@@ -56,6 +56,7 @@ type idleLease struct {
 	id      string
 	since   time.Time // when it went idle
 	granted time.Time // when the acquire that granted it started
+	spare   bool      // a spare lease nobody used yet (spare.go)
 }
 
 // takeIdle hands out an idle lease of user, or nil. No Redis call, no
@@ -78,6 +79,7 @@ func (p *Pool) takeIdle(user string) pool.Lease {
 	}
 	p.idle[user] = s[:len(s)-1]
 	p.idleCount--
+	p.heldDirectLocked(user, time.Now())
 	return &lease{p: p, id: e.id, user: user, direct: true, granted: e.granted}
 }
 
@@ -401,6 +403,9 @@ func (p *Pool) sweep() time.Duration {
 		for _, e := range s {
 			left := p.cfg.IdleHold - now.Sub(e.since)
 			if all || asked || left <= 0 || !p.freshLocked(e.granted) {
+				if e.spare && left <= 0 {
+					p.spareUnusedLocked(u)
+				}
 				ids, users = append(ids, e.id), append(users, u)
 				delete(p.held, e.id)
 				continue

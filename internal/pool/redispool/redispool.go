@@ -260,6 +260,10 @@ type Pool struct {
 	flushAll   bool                // give every idle lease back now
 	flushUsers map[string]struct{} // give these users' idle leases back now
 
+	// Spare leases (spare.go).
+	active map[string]int    // user → its direct leases held by callers here
+	demand map[string]demand // user → the most it held at once, lately
+
 	// Slot blocks (block.go): requests and releases for the next call.
 	blockReqs []*blockReq
 	blockRels []blockRel
@@ -628,6 +632,9 @@ func (p *Pool) release(l *lease) {
 	id, user := l.id, l.user
 	p.mu.Lock()
 	_, mine := p.held[id]
+	if l.direct {
+		p.releasedDirectLocked(user)
+	}
 	if mine && l.direct && p.putIdleLocked(id, user, l.granted) {
 		p.mu.Unlock()
 		return
