@@ -26,7 +26,14 @@ import (
 // per-user limit is reached but never passed) each take a direct slot,
 // hold it and give it back, three times, with 100,000 slots free. Not one
 // is refused, nothing falls back, the pool's primary sees a call per
-// block rather than per stream, and no lease is left behind.
+// block rather than per stream, and no lease is left behind. DownAfter is
+// a minute: the latency is the test's, not the machine's. On two loaded
+// cores under the race detector the probe's PING through the same proxy
+// went unanswered for the default 3 s, and the pool then rightly judged
+// Redis gone and served the 10 slots of its fallback pool (18 of 30 runs
+// under load refused hundreds of callers). The claim does not rest on
+// that verdict: a block slower than callTimeout is waited for, and a
+// Redis that answers is not taken for a full or a gone one.
 func TestSlowRedisIsNotAFullPool(t *testing.T) {
 	t.Parallel()
 	forIdleHolds(t, testSlowRedisIsNotAFullPool)
@@ -37,12 +44,13 @@ func testSlowRedisIsNotAFullPool(t *testing.T, idleHold time.Duration) {
 	admin := s.Client(t)
 	px := startProxy(t, s.Addr)
 	const callers, users, rounds = 1000, 200, 3
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 100_000, PerUser: callers / users, LeaseTTL: 30 * time.Second, IdleHold: idleHold}
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 100_000, PerUser: callers / users, LeaseTTL: 30 * time.Second, IdleHold: idleHold, DownAfter: time.Minute}
 	c := redis.NewClient(&redis.Options{Addr: px.Listen})
 	cc := &callCounter{}
 	c.AddHook(cc)
 	var fellBack atomic.Int32
-	p, err := New(cfg, c, testutil.DiscardLogger(), func(on bool) {
+	log, logs := testutil.NewLog(t)
+	p, err := New(cfg, c, log, func(on bool) {
 		if on {
 			fellBack.Add(1)
 		}
@@ -52,6 +60,11 @@ func testSlowRedisIsNotAFullPool(t *testing.T, idleHold time.Duration) {
 	}
 	t.Cleanup(func() { _ = c.Close() })
 	t.Cleanup(p.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("pool log:\n%s", logs)
+		}
+	})
 	ctx := context.Background()
 	if l, err := p.TryAcquire(ctx, "warm"); err != nil { // loads the script
 		t.Fatal(err)
@@ -70,8 +83,9 @@ func testSlowRedisIsNotAFullPool(t *testing.T, idleHold time.Duration) {
 				start := time.Now()
 				l, err := p.TryAcquire(ctx, user)
 				if err != nil {
-					refused.Add(1)
-					t.Errorf("caller %d with %d slots free: %v", g, cfg.Size-int(held.Load()), err)
+					if refused.Add(1) <= 5 {
+						t.Errorf("caller %d with %d slots free: %v", g, cfg.Size-int(held.Load()), err)
+					}
 					return
 				}
 				w := time.Since(start).Milliseconds()
