@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
 )
@@ -18,12 +16,8 @@ import (
 // which returns none, limits locally instead.
 func TestEveryRedisCommandFailing(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	hook := &redistest.FailHook{}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	rdb.AddHook(hook)
-	t.Cleanup(func() { _ = rdb.Close() })
+	env := redistest.StartFail(t)
+	srv, prefix, hook, rdb := env.Server, env.Prefix, env.Hook, env.Client
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 

@@ -523,6 +523,17 @@ func TestEnvEdgeCases(t *testing.T) {
 			},
 		},
 		{
+			// 0 is no grace for the api's drain and the workers' stop
+			// alike (worker.Config.StopGrace), not the default.
+			name:    "SHUTDOWN_GRACE_SECONDS=0 is no grace",
+			environ: map[string]string{"SHUTDOWN_GRACE_SECONDS": "0"},
+			check: func(tb testing.TB, c *Config) {
+				if c.ShutdownGrace != 0 {
+					tb.Errorf("ShutdownGrace = %v, want 0", c.ShutdownGrace)
+				}
+			},
+		},
+		{
 			name:    "EMBEDDED_WORKERS=false in embedded mode",
 			environ: map[string]string{"EMBEDDED_WORKERS": "false"},
 			check: func(tb testing.TB, c *Config) {

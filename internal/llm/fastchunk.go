@@ -1,9 +1,9 @@
 package llm
 
 import (
-	"unicode/utf8"
 	"unsafe"
 
+	"github.com/spillway-dev/spillway/internal/jsonscan"
 	"github.com/spillway-dev/spillway/internal/protocol"
 )
 
@@ -56,13 +56,13 @@ type fastEvent struct {
 func fastChunk(d []byte, ev *fastEvent) bool {
 	ev.content, ev.finish = ev.content[:0], ev.finish[:0]
 	ev.hasFinish, ev.usage, ev.hasUsage, ev.extra = false, protocol.Usage{}, false, false
-	p := fastParser{d: d}
-	p.ws()
-	if !p.eat('{') {
+	p := fastParser{Scanner: jsonscan.Scanner{D: d}}
+	p.WS()
+	if !p.Eat('{') {
 		return false
 	}
 	var seenChoices, seenUsage bool
-	if !p.object(func(key []byte) bool {
+	if !p.Object(func(key []byte) bool {
 		switch {
 		case string(key) == "choices" && !seenChoices:
 			seenChoices = true
@@ -74,7 +74,7 @@ func fastChunk(d []byte, ev *fastEvent) bool {
 			}
 			ev.hasUsage = true
 			return p.usage(&ev.usage)
-		case foldsTo(key, "choices", "usage", "error"):
+		case jsonscan.FoldsTo(key, "choices", "usage", "error"):
 			// Another spelling, a duplicate, or an error object: what
 			// encoding/json makes of it is the full decoder's business.
 			return false
@@ -83,110 +83,20 @@ func fastChunk(d []byte, ev *fastEvent) bool {
 	}) {
 		return false
 	}
-	p.ws()
-	return p.i == len(p.d)
+	p.WS()
+	return p.I == len(p.D)
 }
 
-// fastParser reads JSON from d at i. Every method reports false for
-// input it declines, malformed input included.
+// fastParser reads a chunk with the shared scanner (D at I). Every method
+// reports false for input it declines, malformed input included.
 type fastParser struct {
-	d []byte
-	i int
-}
-
-func (p *fastParser) ws() {
-	for p.i < len(p.d) {
-		switch p.d[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-// eat consumes c after optional whitespace.
-func (p *fastParser) eat(c byte) bool {
-	p.ws()
-	if p.i < len(p.d) && p.d[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// object reads the members of an object whose '{' was consumed, calling
-// member with each key; member reads the value.
-func (p *fastParser) object(member func(key []byte) bool) bool {
-	if p.eat('}') {
-		return true
-	}
-	for {
-		p.ws()
-		key, ok := p.plainKey()
-		if !ok || !p.eat(':') {
-			return false
-		}
-		p.ws()
-		if !member(key) {
-			return false
-		}
-		if p.eat(',') {
-			continue
-		}
-		return p.eat('}')
-	}
-}
-
-// plainKey reads a key of printable ASCII without escapes: the only keys
-// whose meaning to encoding/json (which matches field names without
-// regard to case, Unicode folding included) foldsTo can tell.
-func (p *fastParser) plainKey() ([]byte, bool) {
-	if p.i >= len(p.d) || p.d[p.i] != '"' {
-		return nil, false
-	}
-	start := p.i + 1
-	for j := start; j < len(p.d); j++ {
-		switch c := p.d[j]; {
-		case c == '"':
-			p.i = j + 1
-			return p.d[start:j], true
-		case c == '\\' || c < 0x20 || c >= utf8.RuneSelf:
-			return nil, false
-		}
-	}
-	return nil, false
-}
-
-// foldsTo reports whether ASCII key equals one of names without regard to
-// case.
-func foldsTo(key []byte, names ...string) bool {
-	for _, n := range names {
-		if len(key) != len(n) {
-			continue
-		}
-		same := true
-		for i := range len(n) {
-			c := key[i]
-			if 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			if c != n[i] {
-				same = false
-				break
-			}
-		}
-		if same {
-			return true
-		}
-	}
-	return false
+	jsonscan.Scanner
 }
 
 // null reads the literal null.
 func (p *fastParser) null() bool {
-	if len(p.d)-p.i >= 4 && string(p.d[p.i:p.i+4]) == "null" {
-		p.i += 4
+	if len(p.D)-p.I >= 4 && string(p.D[p.I:p.I+4]) == "null" {
+		p.I += 4
 		return true
 	}
 	return false
@@ -194,27 +104,27 @@ func (p *fastParser) null() bool {
 
 // choices reads `[]` or `[{one choice}]` into ev.
 func (p *fastParser) choices(ev *fastEvent) bool {
-	if !p.eat('[') {
+	if !p.Eat('[') {
 		return false
 	}
-	if p.eat(']') {
+	if p.Eat(']') {
 		return true
 	}
-	if !p.eat('{') {
+	if !p.Eat('{') {
 		return false
 	}
 	var seenDelta, seenFinish, seenIndex, seenLogprobs bool
-	ok := p.object(func(key []byte) bool {
+	ok := p.Object(func(key []byte) bool {
 		switch {
 		case string(key) == "index" && !seenIndex:
 			// Choice 0 without logprobs is plain; anything else is shown
 			// by /v1/stream from the raw chunk.
 			seenIndex = true
-			start := p.i
+			start := p.I
 			if !p.skip(0) {
 				return false
 			}
-			if string(p.d[start:p.i]) != "0" {
+			if string(p.D[start:p.I]) != "0" {
 				ev.extra = true
 			}
 			return true
@@ -225,7 +135,7 @@ func (p *fastParser) choices(ev *fastEvent) bool {
 			}
 			ev.extra = true
 			return p.skip(0)
-		case foldsTo(key, "index", "logprobs"):
+		case jsonscan.FoldsTo(key, "index", "logprobs"):
 			return false
 		case string(key) == "delta" && !seenDelta:
 			seenDelta = true
@@ -241,22 +151,22 @@ func (p *fastParser) choices(ev *fastEvent) bool {
 			ev.finish, ok = p.str(ev.finish)
 			ev.hasFinish = ok
 			return ok
-		case foldsTo(key, "delta", "finish_reason"):
+		case jsonscan.FoldsTo(key, "delta", "finish_reason"):
 			return false
 		}
 		return p.skip(0)
 	})
-	return ok && p.eat(']')
+	return ok && p.Eat(']')
 }
 
 // usage reads a usage object whose counts are plain integers; other
 // members are skipped.
 func (p *fastParser) usage(u *protocol.Usage) bool {
-	if !p.eat('{') {
+	if !p.Eat('{') {
 		return false
 	}
 	var seenP, seenC, seenT bool
-	return p.object(func(key []byte) bool {
+	return p.Object(func(key []byte) bool {
 		switch {
 		case string(key) == "prompt_tokens" && !seenP:
 			seenP = true
@@ -271,17 +181,17 @@ func (p *fastParser) usage(u *protocol.Usage) bool {
 			if p.null() {
 				return true
 			}
-			start := p.i
+			start := p.I
 			if !p.skip(0) {
 				return false
 			}
 			if key[0] == 'p' {
-				u.PromptTokensDetails = protocol.RawJSON(p.d[start:p.i])
+				u.PromptTokensDetails = protocol.RawJSON(p.D[start:p.I])
 			} else {
-				u.CompletionTokensDetails = protocol.RawJSON(p.d[start:p.i])
+				u.CompletionTokensDetails = protocol.RawJSON(p.D[start:p.I])
 			}
 			return true
-		case foldsTo(key, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details"):
+		case jsonscan.FoldsTo(key, "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "completion_tokens_details"):
 			return false
 		}
 		return p.skip(0)
@@ -292,7 +202,7 @@ func (p *fastParser) usage(u *protocol.Usage) bool {
 // int whatever its sign) into n; a fraction, an exponent, null or a
 // longer number is declined.
 func (p *fastParser) integer(n *int) bool {
-	d, i := p.d, p.i
+	d, i := p.D, p.I
 	neg := i < len(d) && d[i] == '-'
 	if neg {
 		i++
@@ -313,7 +223,7 @@ func (p *fastParser) integer(n *int) bool {
 	if neg {
 		v = -v
 	}
-	*n, p.i = v, i
+	*n, p.I = v, i
 	return true
 }
 
@@ -321,13 +231,13 @@ func (p *fastParser) integer(n *int) bool {
 // and other fields the client ignores. The reasoning fields are accepted
 // only as null; tool calls not at all.
 func (p *fastParser) delta(dst []byte, extra *bool) ([]byte, bool) {
-	if !p.eat('{') {
+	if !p.Eat('{') {
 		return dst, false
 	}
 	var seenContent, seenRC, seenR bool
 	var seenOther [3]bool // refusal, audio, function_call
 	content := dst
-	ok := p.object(func(key []byte) bool {
+	ok := p.Object(func(key []byte) bool {
 		switch {
 		case string(key) == "content" && !seenContent:
 			seenContent = true
@@ -343,7 +253,7 @@ func (p *fastParser) delta(dst []byte, extra *bool) ([]byte, bool) {
 		case string(key) == "reasoning" && !seenR:
 			seenR = true
 			return p.null()
-		case foldsTo(key, "content", "reasoning_content", "reasoning", "tool_calls"):
+		case jsonscan.FoldsTo(key, "content", "reasoning_content", "reasoning", "tool_calls"):
 			return false
 		case otherDelta(key) >= 0 && !seenOther[otherDelta(key)]:
 			seenOther[otherDelta(key)] = true
@@ -351,7 +261,7 @@ func (p *fastParser) delta(dst []byte, extra *bool) ([]byte, bool) {
 				return true
 			}
 			*extra = true
-		case foldsTo(key, "refusal", "audio", "function_call"):
+		case jsonscan.FoldsTo(key, "refusal", "audio", "function_call"):
 			return false
 		}
 		return p.skip(0)
@@ -377,45 +287,45 @@ func otherDelta(key []byte) int {
 // str reads a string, appending its value to dst as encoding/json
 // decodes it into a Go string.
 func (p *fastParser) str(dst []byte) ([]byte, bool) {
-	out, n, ok := protocol.AppendJSONUnquoted(dst, p.d[p.i:])
-	p.i += n
+	out, n, ok := protocol.AppendJSONUnquoted(dst, p.D[p.I:])
+	p.I += n
 	return out, ok
 }
 
 // skip reads any JSON value, checking its syntax as encoding/json would.
 func (p *fastParser) skip(depth int) bool {
-	if depth > fastMaxDepth || p.i >= len(p.d) {
+	if depth > fastMaxDepth || p.I >= len(p.D) {
 		return false
 	}
-	switch c := p.d[p.i]; {
+	switch c := p.D[p.I]; {
 	case c == '{':
-		p.i++
-		return p.object(func([]byte) bool { return p.skip(depth + 1) })
+		p.I++
+		return p.Object(func([]byte) bool { return p.skip(depth + 1) })
 	case c == '[':
-		p.i++
-		if p.eat(']') {
+		p.I++
+		if p.Eat(']') {
 			return true
 		}
 		for {
-			p.ws()
+			p.WS()
 			if !p.skip(depth + 1) {
 				return false
 			}
-			if p.eat(',') {
+			if p.Eat(',') {
 				continue
 			}
-			return p.eat(']')
+			return p.Eat(']')
 		}
 	case c == '"':
 		return p.skipStr()
 	case c == 't':
-		return p.lit("true")
+		return p.Lit("true")
 	case c == 'f':
-		return p.lit("false")
+		return p.Lit("false")
 	case c == 'n':
 		return p.null()
 	case c == '-' || ('0' <= c && c <= '9'):
-		return p.number()
+		return p.Number()
 	}
 	return false
 }
@@ -433,33 +343,25 @@ func isHex4(b []byte) bool {
 	return true
 }
 
-func (p *fastParser) lit(s string) bool {
-	if len(p.d)-p.i >= len(s) && string(p.d[p.i:p.i+len(s)]) == s {
-		p.i += len(s)
-		return true
-	}
-	return false
-}
-
 // skipStr reads a string without decoding it: any byte from 0x20 on, and
 // valid escapes.
 func (p *fastParser) skipStr() bool {
-	for i := p.i + 1; i < len(p.d); i++ {
-		switch c := p.d[i]; {
+	for i := p.I + 1; i < len(p.D); i++ {
+		switch c := p.D[i]; {
 		case c == '"':
-			p.i = i + 1
+			p.I = i + 1
 			return true
 		case c < 0x20:
 			return false
 		case c == '\\':
-			if i+1 >= len(p.d) {
+			if i+1 >= len(p.D) {
 				return false
 			}
-			switch p.d[i+1] {
+			switch p.D[i+1] {
 			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
 				i++
 			case 'u':
-				if !isHex4(p.d[i+2:]) {
+				if !isHex4(p.D[i+2:]) {
 					return false
 				}
 				i += 5
@@ -469,44 +371,6 @@ func (p *fastParser) skipStr() bool {
 		}
 	}
 	return false
-}
-
-// number reads a JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-func (p *fastParser) number() bool {
-	d, i := p.d, p.i
-	digits := func() bool {
-		start := i
-		for i < len(d) && '0' <= d[i] && d[i] <= '9' {
-			i++
-		}
-		return i > start
-	}
-	if i < len(d) && d[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(d) && d[i] == '0':
-		i++
-	case !digits():
-		return false
-	}
-	if i < len(d) && d[i] == '.' {
-		i++
-		if !digits() {
-			return false
-		}
-	}
-	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
-		i++
-		if i < len(d) && (d[i] == '+' || d[i] == '-') {
-			i++
-		}
-		if !digits() {
-			return false
-		}
-	}
-	p.i = i
-	return true
 }
 
 // slabString returns b as a string carved from the end of slab, which it

@@ -3,6 +3,8 @@ package protocol
 import (
 	"encoding/binary"
 	"unicode/utf8"
+
+	"github.com/spillway-dev/spillway/internal/jsonscan"
 )
 
 // The one-pass reader of a chat request body (docs/bench-history/2026-11.md,
@@ -40,16 +42,16 @@ func readChatFast(body []byte, maxMessages int) (fastChat, bool) {
 	if !utf8.Valid(body) {
 		return f, false
 	}
-	p := reqParser{d: body, depth: 1}
-	p.ws()
-	if !p.eat('{') {
+	p := reqParser{Scanner: jsonscan.Scanner{D: body}, depth: 1}
+	p.WS()
+	if !p.Eat('{') {
 		return f, false
 	}
 	var seen [12]bool
-	ok := p.object(func(key []byte) bool {
+	ok := p.Object(func(key []byte) bool {
 		k := chatKey(key)
 		if k < 0 {
-			if foldsTo(key, chatKeys[:]...) {
+			if jsonscan.FoldsTo(key, chatKeys[:]...) {
 				return false // another spelling: encoding/json would read it
 			}
 			return p.skip()
@@ -58,15 +60,15 @@ func readChatFast(body []byte, maxMessages int) (fastChat, bool) {
 			return false // a duplicate: the last one wins in encoding/json
 		}
 		seen[k] = true
-		start := p.i
-		if k == keyMessages && p.i < len(p.d) && p.d[p.i] == '[' {
+		start := p.I
+		if k == keyMessages && p.I < len(p.D) && p.D[p.I] == '[' {
 			if !p.messages(&f, maxMessages) {
 				return false
 			}
 		} else if !p.skip() {
 			return false
 		}
-		v := p.d[start:p.i]
+		v := p.D[start:p.I]
 		switch k {
 		case keyModel:
 			f.raw.Model = v
@@ -99,8 +101,8 @@ func readChatFast(body []byte, maxMessages int) (fastChat, bool) {
 	if !ok {
 		return f, false
 	}
-	p.ws()
-	if p.i != len(p.d) {
+	p.WS()
+	if p.I != len(p.D) {
 		return f, false
 	}
 	if !f.read && !isNull(f.raw.Messages) {
@@ -142,20 +144,20 @@ func chatKey(key []byte) int {
 // roles and a content of null, a string or an array of parts, at most
 // max of them.
 func (p *reqParser) messages(f *fastChat, max int) bool {
-	p.i++ // '['
+	p.I++ // '['
 	p.depth++
 	if p.depth > maxDepth {
 		return false
 	}
-	if p.eat(']') {
+	if p.Eat(']') {
 		return false // empty: the full path refuses it
 	}
 	for {
 		if len(f.msgs) >= max {
 			return false
 		}
-		p.ws()
-		if !p.eat('{') {
+		p.WS()
+		if !p.Eat('{') {
 			return false
 		}
 		m, ok := p.message(f)
@@ -163,10 +165,10 @@ func (p *reqParser) messages(f *fastChat, max int) bool {
 			return false
 		}
 		f.msgs = append(f.msgs, m)
-		if p.eat(',') {
+		if p.Eat(',') {
 			continue
 		}
-		if !p.eat(']') {
+		if !p.Eat(']') {
 			return false
 		}
 		p.depth--
@@ -183,7 +185,7 @@ func (p *reqParser) message(f *fastChat) (Message, bool) {
 	}
 	var m Message
 	var seenRole, seenContent bool
-	ok := p.object(func(key []byte) bool {
+	ok := p.Object(func(key []byte) bool {
 		switch {
 		case string(key) == "role" && !seenRole:
 			seenRole = true
@@ -196,7 +198,7 @@ func (p *reqParser) message(f *fastChat) (Message, bool) {
 		case string(key) == "content" && !seenContent:
 			seenContent = true
 			return p.content(f, &m)
-		case foldsTo(key, "role", "content"):
+		case jsonscan.FoldsTo(key, "role", "content"):
 			return false
 		}
 		return p.skip()
@@ -208,12 +210,12 @@ func (p *reqParser) message(f *fastChat) (Message, bool) {
 // content reads a message's content: null, a string, or an array of
 // parts whose text parts are joined by line breaks (readContent).
 func (p *reqParser) content(f *fastChat, m *Message) bool {
-	if p.i >= len(p.d) {
+	if p.I >= len(p.D) {
 		return false
 	}
-	switch p.d[p.i] {
+	switch p.D[p.I] {
 	case 'n':
-		return p.lit("null")
+		return p.Lit("null")
 	case '"':
 		s, ok := p.str()
 		f.textBytes += len(s)
@@ -223,16 +225,16 @@ func (p *reqParser) content(f *fastChat, m *Message) bool {
 	default:
 		return false
 	}
-	p.i++
+	p.I++
 	p.depth++
 	if p.depth > maxDepth {
 		return false
 	}
 	var texts []string
-	if !p.eat(']') {
+	if !p.Eat(']') {
 		for {
-			p.ws()
-			if !p.eat('{') {
+			p.WS()
+			if !p.Eat('{') {
 				return false
 			}
 			text, isText, ok := p.part()
@@ -245,10 +247,10 @@ func (p *reqParser) content(f *fastChat, m *Message) bool {
 			} else {
 				f.nonText++
 			}
-			if p.eat(',') {
+			if p.Eat(',') {
 				continue
 			}
-			if !p.eat(']') {
+			if !p.Eat(']') {
 				return false
 			}
 			break
@@ -288,7 +290,7 @@ func (p *reqParser) part() (text string, isText, ok bool) {
 	var typ string
 	var textAt = -1
 	var seenType bool
-	ok = p.object(func(key []byte) bool {
+	ok = p.Object(func(key []byte) bool {
 		switch {
 		case string(key) == "type" && !seenType:
 			seenType = true
@@ -296,14 +298,14 @@ func (p *reqParser) part() (text string, isText, ok bool) {
 			typ, ok = p.str()
 			return ok
 		case string(key) == "text" && textAt < 0:
-			if p.i >= len(p.d) || p.d[p.i] != '"' {
+			if p.I >= len(p.D) || p.D[p.I] != '"' {
 				// null gives "", another type no text: the full path
 				// tells them apart.
 				return false
 			}
-			textAt = p.i
+			textAt = p.I
 			return p.skip()
-		case foldsTo(key, "type", "text"):
+		case jsonscan.FoldsTo(key, "type", "text"):
 			return false
 		}
 		return p.skip()
@@ -315,148 +317,58 @@ func (p *reqParser) part() (text string, isText, ok bool) {
 	if typ != "text" && typ != "input_text" && typ != "output_text" || textAt < 0 {
 		return "", false, true
 	}
-	q := reqParser{d: p.d, i: textAt}
+	q := reqParser{Scanner: jsonscan.Scanner{D: p.D, I: textAt}}
 	text, ok = q.str()
 	return text, true, ok
 }
 
-// reqParser reads JSON from d at i, at nesting depth (the body's object
-// is 1). Every method reports false for input it declines, malformed
+// reqParser reads a body with the shared scanner (D at I), at nesting
+// depth (the body's object is 1). Every method reports false for input it declines, malformed
 // input included.
 type reqParser struct {
-	d     []byte
-	i     int
+	jsonscan.Scanner
 	depth int
-}
-
-func (p *reqParser) ws() {
-	for p.i < len(p.d) {
-		switch p.d[p.i] {
-		case ' ', '\t', '\n', '\r':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-// eat consumes c after optional white space.
-func (p *reqParser) eat(c byte) bool {
-	p.ws()
-	if p.i < len(p.d) && p.d[p.i] == c {
-		p.i++
-		return true
-	}
-	return false
-}
-
-// object reads the members of an object whose '{' was consumed, calling
-// member with each key, at the value; member reads the value.
-func (p *reqParser) object(member func(key []byte) bool) bool {
-	if p.eat('}') {
-		return true
-	}
-	for {
-		p.ws()
-		key, ok := p.plainKey()
-		if !ok || !p.eat(':') {
-			return false
-		}
-		p.ws()
-		if !member(key) {
-			return false
-		}
-		if p.eat(',') {
-			continue
-		}
-		return p.eat('}')
-	}
-}
-
-// plainKey reads a key of printable ASCII without escapes: the only keys
-// whose meaning to encoding/json (which matches field names without
-// regard to case, Unicode folding included) foldsTo can tell.
-func (p *reqParser) plainKey() ([]byte, bool) {
-	if p.i >= len(p.d) || p.d[p.i] != '"' {
-		return nil, false
-	}
-	start := p.i + 1
-	for j := start; j < len(p.d); j++ {
-		switch c := p.d[j]; {
-		case c == '"':
-			p.i = j + 1
-			return p.d[start:j], true
-		case c == '\\' || c < 0x20 || c >= utf8.RuneSelf:
-			return nil, false
-		}
-	}
-	return nil, false
-}
-
-// foldsTo reports whether ASCII key equals one of names without regard to
-// case.
-func foldsTo(key []byte, names ...string) bool {
-	for _, n := range names {
-		if len(key) != len(n) {
-			continue
-		}
-		same := true
-		for i := range len(n) {
-			c := key[i]
-			if 'A' <= c && c <= 'Z' {
-				c += 'a' - 'A'
-			}
-			if c != n[i] {
-				same = false
-				break
-			}
-		}
-		if same {
-			return true
-		}
-	}
-	return false
 }
 
 // str reads a string value as encoding/json decodes it into a Go string.
 func (p *reqParser) str() (string, bool) {
-	start := p.i
-	if start >= len(p.d) || p.d[start] != '"' {
+	start := p.I
+	if start >= len(p.D) || p.D[start] != '"' {
 		return "", false
 	}
-	end, esc, ok := strEnd(p.d, p.i)
+	end, esc, ok := strEnd(p.D, p.I)
 	if !ok {
 		return "", false
 	}
-	p.i = end
+	p.I = end
 	if !esc {
-		return string(p.d[start+1 : end-1]), true
+		return string(p.D[start+1 : end-1]), true
 	}
-	out, _, ok := AppendJSONUnquoted(nil, p.d[start:end])
+	out, _, ok := AppendJSONUnquoted(nil, p.D[start:end])
 	return string(out), ok
 }
 
 // skip reads any JSON value, checking its syntax as encoding/json would.
 func (p *reqParser) skip() bool {
-	if p.i >= len(p.d) {
+	if p.I >= len(p.D) {
 		return false
 	}
-	switch c := p.d[p.i]; {
+	switch c := p.D[p.I]; {
 	case c == '"':
-		end, _, ok := strEnd(p.d, p.i)
-		p.i = end
+		end, _, ok := strEnd(p.D, p.I)
+		p.I = end
 		return ok
 	case c == '{':
-		p.i++
+		p.I++
 		p.depth++
 		if p.depth > maxDepth {
 			return false
 		}
-		ok := p.object(func([]byte) bool { return p.skip() })
+		ok := p.Object(func([]byte) bool { return p.skip() })
 		p.depth--
 		return ok
 	case c == '[':
-		p.i++
+		p.I++
 		p.depth++
 		if p.depth > maxDepth {
 			return false
@@ -465,78 +377,32 @@ func (p *reqParser) skip() bool {
 		p.depth--
 		return ok
 	case c == 't':
-		return p.lit("true")
+		return p.Lit("true")
 	case c == 'f':
-		return p.lit("false")
+		return p.Lit("false")
 	case c == 'n':
-		return p.lit("null")
+		return p.Lit("null")
 	case c == '-' || ('0' <= c && c <= '9'):
-		return p.number()
+		return p.Number()
 	}
 	return false
 }
 
 // array reads the values of an array whose '[' was consumed.
 func (p *reqParser) array() bool {
-	if p.eat(']') {
+	if p.Eat(']') {
 		return true
 	}
 	for {
-		p.ws()
+		p.WS()
 		if !p.skip() {
 			return false
 		}
-		if p.eat(',') {
+		if p.Eat(',') {
 			continue
 		}
-		return p.eat(']')
+		return p.Eat(']')
 	}
-}
-
-func (p *reqParser) lit(s string) bool {
-	if len(p.d)-p.i >= len(s) && string(p.d[p.i:p.i+len(s)]) == s {
-		p.i += len(s)
-		return true
-	}
-	return false
-}
-
-// number reads a JSON number: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
-func (p *reqParser) number() bool {
-	d, i := p.d, p.i
-	digits := func() bool {
-		start := i
-		for i < len(d) && '0' <= d[i] && d[i] <= '9' {
-			i++
-		}
-		return i > start
-	}
-	if i < len(d) && d[i] == '-' {
-		i++
-	}
-	switch {
-	case i < len(d) && d[i] == '0':
-		i++
-	case !digits():
-		return false
-	}
-	if i < len(d) && d[i] == '.' {
-		i++
-		if !digits() {
-			return false
-		}
-	}
-	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
-		i++
-		if i < len(d) && (d[i] == '+' || d[i] == '-') {
-			i++
-		}
-		if !digits() {
-			return false
-		}
-	}
-	p.i = i
-	return true
 }
 
 // strEnd returns the index after the JSON string whose opening quote is

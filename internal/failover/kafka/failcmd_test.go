@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
@@ -16,12 +14,8 @@ import (
 // 29): none panics, and each returns an error.
 func TestEveryRedisCommandFailing(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	hook := &redistest.FailHook{}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	rdb.AddHook(hook)
-	t.Cleanup(func() { _ = rdb.Close() })
+	env := redistest.StartFail(t)
+	srv, prefix, hook, rdb := env.Server, env.Prefix, env.Hook, env.Client
 	c, err := NewRedisClaims(RedisClaimsConfig{Prefix: prefix}, rdb)
 	if err != nil {
 		t.Fatal(err)

@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/spillway-dev/spillway/internal/failover"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
@@ -21,10 +19,7 @@ func TestEveryRedisCommandFailing(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	for _, shards := range []int{1, 3} {
-		hook := &redistest.FailHook{}
-		client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-		client.AddHook(hook)
-		t.Cleanup(func() { _ = client.Close() })
+		client, hook := srv.FailClient(t)
 		prefix := redistest.Prefix(t)
 		if shards > 1 {
 			prefix += "sharded:"

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/spillway-dev/spillway/internal/failover/results"
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 	"github.com/spillway-dev/spillway/internal/testkit/testutil"
@@ -22,12 +20,8 @@ import (
 // heard" (which would cancel a job whose client still listens).
 func TestEveryRedisCommandFailing(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	hook := &redistest.FailHook{}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	rdb.AddHook(hook)
-	t.Cleanup(func() { _ = rdb.Close() })
-	prefix := redistest.Prefix(t)
+	env := redistest.StartFail(t)
+	srv, prefix, hook, rdb := env.Server, env.Prefix, env.Hook, env.Client
 	pub, err := results.NewPublisher(prefix, rdb)
 	if err != nil {
 		t.Fatal(err)

@@ -38,8 +38,8 @@ const (
 	DefaultBatchTimeout = 100 * time.Millisecond
 	// DefaultMaxRetries is QUEUE_FAILOVER_MAX_RETRIES' default.
 	DefaultMaxRetries = 5
-	// DefaultStopGrace is the default Config.StopGrace and
-	// SHUTDOWN_GRACE_SECONDS' default, the api's drain included.
+	// DefaultStopGrace is SHUTDOWN_GRACE_SECONDS' default, the api's drain
+	// included; config sets Config.StopGrace from it.
 	DefaultStopGrace = 25 * time.Second
 )
 
@@ -81,7 +81,10 @@ type Config struct {
 	// together (QUEUE_FAILOVER_TIMEOUT_SECONDS).
 	QueueTimeout time.Duration
 	// StopGrace is how long running jobs may finish after Run's context
-	// ends; the rest stay pending for takeover. Default DefaultStopGrace.
+	// ends (SHUTDOWN_GRACE_SECONDS); the rest stay pending for takeover.
+	// 0 gives none: running jobs are left for takeover at once, as the
+	// api's drain of 0 ends its streams at once. Unlike the other fields,
+	// 0 is no default: config passes DefaultStopGrace when unset.
 	StopGrace time.Duration
 	// QueueSystem ("redis" or "kafka") and QueueName (stream or topic)
 	// describe the queue on the job span.
@@ -103,9 +106,6 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	if c.StopGrace == 0 {
-		c.StopGrace = DefaultStopGrace
-	}
 	if c.MaxParked == 0 {
 		c.MaxParked = 4 * c.Concurrency
 	}

@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/spillway-dev/spillway/internal/testkit/redistest"
 )
 
@@ -20,12 +18,8 @@ import (
 // copy) goes on without a reply.
 func TestEveryRedisCommandFailing(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	hook := &redistest.FailHook{}
-	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
-	rdb.AddHook(hook)
-	t.Cleanup(func() { _ = rdb.Close() })
+	env := redistest.StartFail(t)
+	prefix, hook, rdb := env.Prefix, env.Hook, env.Client
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	log := slog.New(slog.DiscardHandler)

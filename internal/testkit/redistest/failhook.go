@@ -175,3 +175,37 @@ func run(f func() error) (panicked any, err error) {
 	}()
 	return nil, f()
 }
+
+// FailClient returns a client of s whose commands the returned hook fails
+// (Arm), closed when the test ends. It does not retry, so that each
+// command the code sends is sent, and counted, once.
+func (s *Server) FailClient(tb testing.TB) (*redis.Client, *FailHook) {
+	tb.Helper()
+	hook := &FailHook{}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	c.AddHook(hook)
+	tb.Cleanup(func() { _ = c.Close() })
+	return c, hook
+}
+
+// FailEnv is the set-up of a test that fails each Redis command of a
+// component's paths in turn (FailEachCommand).
+type FailEnv struct {
+	// Server is the test's own redis-server; Server.Client gives a client
+	// the hook leaves alone, for setting state up.
+	Server *Server
+	// Prefix is a key prefix of the test's own.
+	Prefix string
+	// Client is the client of FailClient, whose commands Hook fails.
+	Client *redis.Client
+	Hook   *FailHook
+}
+
+// StartFail starts a redis-server for a FailEachCommand test and returns
+// its FailEnv; all of it is closed when the test ends.
+func StartFail(tb testing.TB) FailEnv {
+	tb.Helper()
+	srv := Start(tb)
+	c, hook := srv.FailClient(tb)
+	return FailEnv{Server: srv, Prefix: Prefix(tb), Client: c, Hook: hook}
+}
