@@ -261,8 +261,10 @@ type Pool struct {
 	flushUsers map[string]struct{} // give these users' idle leases back now
 
 	// Spare leases (spare.go).
-	active map[string]int    // user → its direct leases held by callers here
-	demand map[string]demand // user → the most it held at once, lately
+	active       map[string]int    // user → its direct leases held by callers here
+	demand       map[string]demand // user → the most it held at once, lately
+	demandPruned time.Time         // when demand's stale entries were last dropped
+	slowBlocks   atomic.Bool       // the last block call took over spareMaxCall (spare.go)
 
 	// Slot blocks (block.go): requests and releases for the next call.
 	blockReqs []*blockReq

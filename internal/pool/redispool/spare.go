@@ -29,12 +29,21 @@ import "time"
 // in this process is remembered as what its next burst will want.
 const demandMemory = 5 * time.Minute
 
+// spareMaxCall: while the last block call took longer, no spares are
+// asked for: behind a slow Redis, leases given back wait in blocks and
+// still count in the user's limit, so spares could refuse a request.
+const spareMaxCall = 50 * time.Millisecond
+
 // maxSpares bounds the spare leases of one block.
 const maxSpares = 256
 
 // maxDemandUsers bounds the users whose peak is remembered; past it, stale
-// entries are dropped, and a new user is not remembered while none is.
-const maxDemandUsers = 4096
+// entries are dropped (once per pruneEvery at most), and a new user is not
+// remembered while none is.
+const (
+	maxDemandUsers = 4096
+	pruneEvery     = demandMemory / 10
+)
 
 // demand is the most direct leases of one user held at once in this
 // process, and when that was last reached.
@@ -56,6 +65,12 @@ func (p *Pool) heldDirectLocked(user string, now time.Time) {
 	p.active[user] = n
 	d, ok := p.demand[user]
 	if !ok && len(p.demand) >= maxDemandUsers {
+		// At most one sweep per pruneEvery: an api serving many identities
+		// does not walk the map on every request of a new one.
+		if now.Sub(p.demandPruned) < pruneEvery {
+			return
+		}
+		p.demandPruned = now
 		for u, e := range p.demand {
 			if now.Sub(e.at) >= demandMemory && p.active[u] == 0 {
 				delete(p.demand, u)
@@ -100,7 +115,7 @@ func (p *Pool) spareUnusedLocked(user string) {
 // reqs: per user with direct requests in it, what its remembered peak
 // wants beyond what it holds, what is idle and what the block asks for.
 func (p *Pool) sparesLocked(reqs []*blockReq, now time.Time) []*blockReq {
-	if p.cfg.IdleHold <= 0 || len(p.demand) == 0 || !p.cacheOKLocked(true) {
+	if p.cfg.IdleHold <= 0 || len(p.demand) == 0 || p.slowBlocks.Load() || !p.cacheOKLocked(true) {
 		return nil
 	}
 	p.statsMu.Lock()

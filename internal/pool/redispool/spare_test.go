@@ -2,6 +2,7 @@ package redispool
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -188,5 +189,27 @@ func TestUnusedSparesLowerThePeak(t *testing.T) {
 	if all, _ := liveLeases(t, admin, cfg.Prefix, ""); all != 2 || cc.blocks.Load()-before != 1 {
 		t.Fatalf("the next request after %d unused spares: %d leases in Redis, %d block calls; want 2 and 1 (no spares asked for)",
 			peak-1, all, cc.blocks.Load()-before)
+	}
+}
+
+// The remembered peaks are bounded: past maxDemandUsers a new identity is
+// not remembered until stale ones can be dropped.
+func TestDemandMemoryBounded(t *testing.T) {
+	t.Parallel()
+	p := &Pool{cfg: Config{IdleHold: DefaultIdleHold}}
+	t0 := time.Now()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range maxDemandUsers + 10 {
+		u := fmt.Sprintf("u%d", i)
+		p.heldDirectLocked(u, t0)
+		p.releasedDirectLocked(u)
+	}
+	if len(p.demand) != maxDemandUsers || len(p.active) != 0 {
+		t.Fatalf("%d peaks remembered, %d identities active; want %d and 0", len(p.demand), len(p.active), maxDemandUsers)
+	}
+	p.heldDirectLocked("late", t0.Add(demandMemory))
+	if len(p.demand) != 1 || p.demand["late"].peak != 1 {
+		t.Fatalf("after every peak went stale: %d remembered (late: %+v), want only the new one", len(p.demand), p.demand["late"])
 	}
 }
