@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-dev/spillway/internal/failover/kafka"
 	"github.com/spillway-dev/spillway/internal/failover/redisstream"
 	"github.com/spillway-dev/spillway/internal/failover/results"
+	"github.com/spillway-dev/spillway/internal/redact"
 	"github.com/spillway-dev/spillway/internal/streamlog"
 )
 
@@ -109,7 +110,7 @@ func openAdminQueue(ctx context.Context, cfg *config.Config, rdb redis.Universal
 		defer cancel()
 		if err := q.EnsureTopics(tctx); err != nil {
 			_ = q.Close()
-			return nil, nil, nil, fmt.Errorf("kafka brokers %v: %w", cfg.KafkaBrokers, err)
+			return nil, nil, nil, fmt.Errorf("kafka brokers %v: %w", redact.URLs(cfg.KafkaBrokers), err)
 		}
 		return q, q, func() { _ = q.Close() }, nil
 	case config.QueueTypeRedis:

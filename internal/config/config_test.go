@@ -1264,6 +1264,10 @@ func TestBadURLErrorsHideThePassword(t *testing.T) {
 		{"LLM_PROVIDER": "openai", "LLM_BASE_URL": "http://user:" + secret + "@a/v1,http://user:" + secret + "@a/v1"},
 		{"REDIS_URL": "redis://:" + secret + "@redis:port/0"},
 		{"REDIS_URL": "redis://:" + secret + "@redis:6379", "QUEUE_TYPE": "kafka", "KAFKA_BROKERS": "kafka:9092,user:" + secret + "@kafka"},
+		// A user part alone passes as host:port, yet is refused (Kafka
+		// takes no credentials in an address) without being shown.
+		{"REDIS_URL": "redis://redis:6379", "QUEUE_TYPE": "kafka", "KAFKA_BROKERS": "kafka:9092," + secret + "@kafka:9092"},
+		{"REDIS_URL": "redis://redis:6379", "QUEUE_TYPE": "kafka", "KAFKA_BROKERS": "user:" + secret + "@kafka:9092"},
 	} {
 		_, err := Load("", environ)
 		if err == nil {
@@ -1271,6 +1275,9 @@ func TestBadURLErrorsHideThePassword(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), secret) {
 			t.Errorf("%v: error %q shows the password", environ, err)
+		}
+		if environ["KAFKA_BROKERS"] != "" && !strings.Contains(err.Error(), "KAFKA_BROKERS") {
+			t.Errorf("%v: error %q does not name KAFKA_BROKERS", environ, err)
 		}
 	}
 	path := filepath.Join(t.TempDir(), "spillway.yaml")

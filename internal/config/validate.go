@@ -101,8 +101,11 @@ func (c *Config) Validate() error {
 		v.fail("QUEUE_TYPE", "(%q) must be redis or kafka", c.QueueType)
 	}
 	for _, b := range c.KafkaBrokers {
-		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || !validPort(port) {
-			v.fail("KAFKA_BROKERS", "item %q must be host:port", redact.URL(b))
+		// A user part (user@host:port) passes SplitHostPort, yet Kafka
+		// takes no credentials in an address: refused before any dial
+		// error or log line could quote it.
+		if host, port, err := net.SplitHostPort(b); err != nil || host == "" || !validPort(port) || strings.Contains(host, "@") {
+			v.fail("KAFKA_BROKERS", "item %q must be host:port, without credentials", redact.URL(b))
 		}
 	}
 	if c.QueuePrefix == "" {

@@ -1,6 +1,7 @@
 // Package redact owns how a value that may carry a secret is printed: a
 // URL's password (user:password@, as in LLM_BASE_URL or REDIS_URL) never
-// reaches an error, a log line or a metric label.
+// reaches an error, a log line or a metric label; a KAFKA_BROKERS item's
+// user part neither.
 package redact
 
 import (
@@ -43,6 +44,16 @@ func URL(raw string) string {
 		return raw
 	}
 	return raw[:start] + "xxxxx" + rest[at:]
+}
+
+// URLs returns each of raw through URL: for a list setting such as
+// KAFKA_BROKERS, whose items may carry a user part.
+func URLs(raw []string) []string {
+	out := make([]string, len(raw))
+	for i, r := range raw {
+		out[i] = URL(r)
+	}
+	return out
 }
 
 // userinfo is the user part of a URL inside free text: a scheme, "//",

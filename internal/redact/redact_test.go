@@ -29,6 +29,19 @@ func TestURL(t *testing.T) {
 	}
 }
 
+func TestURLs(t *testing.T) {
+	t.Parallel()
+	in := []string{"kafka:9092", "s3cret@kafka:9092", "user:s3cret@kafka:9093"}
+	got := URLs(in)
+	want := []string{"kafka:9092", "xxxxx@kafka:9092", "xxxxx@kafka:9093"}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("URLs(%q) = %q, want %q", in, got, want)
+	}
+	if in[1] != "s3cret@kafka:9092" {
+		t.Errorf("URLs changed its argument: %q", in)
+	}
+}
+
 func TestText(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ in, want string }{

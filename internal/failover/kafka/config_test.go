@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/spillway-dev/spillway/internal/bounds"
@@ -21,5 +22,20 @@ func TestConfigBounds(t *testing.T) {
 	}
 	if _, err := New(Config{Brokers: b}, nil); err == nil || len(bounds.Errors(err)) != 0 {
 		t.Errorf("New with defaults and no logger = %v, want only the logger refused", err)
+	}
+}
+
+// A broker address with a user part is refused, and the error does not
+// quote it: the part before the @ may be a secret.
+func TestConfigBrokerWithUserPart(t *testing.T) {
+	t.Parallel()
+	for _, b := range []string{"s3cret@kafka:9092", "user:s3cret@kafka:9092"} {
+		err := Config{Brokers: []string{"kafka:9093", b}, Partitions: 1, ReplicationFactor: 1}.Validate()
+		if err == nil || !strings.Contains(err.Error(), "user part") {
+			t.Errorf("Brokers %q: Validate() = %v, want the user part refused", b, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Brokers %q: error %q shows the secret", b, err)
+		}
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -175,6 +176,11 @@ func (cfg Config) Validate() error {
 	for _, b := range c.Brokers {
 		if b == "" {
 			errs = append(errs, errors.New("Brokers has an empty address"))
+			break
+		}
+		if strings.Contains(b, "@") {
+			// Not quoted: the part before the @ may be a secret.
+			errs = append(errs, errors.New("Brokers has an address with a user part (user@host:port); give host:port only"))
 			break
 		}
 	}
