@@ -201,7 +201,7 @@ func TestStopQueued(t *testing.T) {
 	go func() { reportc <- loadtest.StreamCheck{}.Check(&chunkSignal{r: resp.Body, c: chunks}) }()
 	<-chunks
 	// The gauge is sampled, so it may lag the first chunk a little.
-	testutil.Eventually(t, 2*time.Second, func() bool { return worker.Metric("spillway_pool_slots_in_use") == 1 },
+	testutil.Eventually(t, 10*time.Second, func() bool { return worker.Metric("spillway_pool_slots_in_use") == 1 },
 		"the worker holds a slot")
 	stopped := time.Now()
 	del := streamReq(t, t.Context(), http.MethodDelete, url, id, "alice", -1)

@@ -383,10 +383,16 @@ func TestOpenAISlowFirstChunkOverHTTP(t *testing.T) {
 // scheduling gaps do not pass for an upstream's silence.
 func TestOpenAIFlowingStreamOverHTTP(t *testing.T) {
 	t.Parallel()
+	// 100 ms between chunks against a 2 s idle timeout: a margin a loaded
+	// machine under -race keeps (with 1 s it once did not).
+	const (
+		chunks = 45
+		idle   = 2 * time.Second
+	)
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		rc := http.NewResponseController(w)
-		for i := range 30 {
+		for i := range chunks {
 			if !pause(r.Context(), 100*time.Millisecond) {
 				return
 			}
@@ -396,13 +402,13 @@ func TestOpenAIFlowingStreamOverHTTP(t *testing.T) {
 		io.WriteString(w, doneEvents)
 	}))
 	t.Cleanup(hs.Close)
-	c := newClient(t, llm.OpenAIConfig{BaseURL: hs.URL + "/v1", FirstTokenTimeout: time.Second, IdleTimeout: time.Second})
+	c := newClient(t, llm.OpenAIConfig{BaseURL: hs.URL + "/v1", FirstTokenTimeout: idle, IdleTimeout: idle})
 	start := time.Now()
 	got, _, err := stream(t, t.Context(), c, userReq("hi"))
-	if err != nil || len(got) != 30 {
-		t.Fatalf("got %d chunks and %v, want 30 and no error", len(got), err)
+	if err != nil || len(got) != chunks {
+		t.Fatalf("got %d chunks and %v, want %d and no error", len(got), err, chunks)
 	}
-	if d := time.Since(start); d < 3*time.Second {
-		t.Errorf("took %v, want at least 3s (else the test proves nothing)", d)
+	if d := time.Since(start); d < 2*idle {
+		t.Errorf("took %v, want at least %v (else the test proves nothing)", d, 2*idle)
 	}
 }

@@ -140,7 +140,7 @@ func TestUpstreamStallEndsWithinIdleTimeout(t *testing.T) {
 	if st := sys.pool.Stats(); st.InUse != 0 {
 		t.Errorf("%d slots in use after the stream, want 0", st.InUse)
 	}
-	testutil.Eventually(t, 2*time.Second, func() bool { return up.srv.Cancelled() == 1 }, "the upstream seeing the stalled request cancelled")
+	testutil.Eventually(t, 10*time.Second, func() bool { return up.srv.Cancelled() == 1 }, "the upstream seeing the stalled request cancelled")
 }
 
 // An answer that keeps flowing for longer than the old total timeout

@@ -144,11 +144,23 @@ func TestBacklogAndDrops(t *testing.T) {
 	// arrives, and fewer than Buffer would wait.)
 	a.Open("req-b", "alice")
 	testutil.Eventually(t, 5*time.Second, func() bool { return a.Batches() == 1 && a.Pending() == 0 }, "the first write out")
-	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "3000", "WRITE").Err(); err != nil {
+	// Long enough that a loaded machine cannot outlast it before the
+	// burst is appended (3 s once was); lifted as soon as it is.
+	if err := admin.Do(t.Context(), "CLIENT", "PAUSE", "30000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
+	paused := true
+	unpause := func() {
+		if paused {
+			paused = false
+			if err := admin.Do(context.Background(), "CLIENT", "UNPAUSE").Err(); err != nil {
+				t.Errorf("CLIENT UNPAUSE: %v", err)
+			}
+		}
+	}
+	t.Cleanup(unpause)
 	a.Open("req-plug", "alice")
-	testutil.Eventually(t, 2*time.Second, func() bool { return a.Batches() == 2 && a.Pending() == 1 }, "the plug's write under way")
+	testutil.Eventually(t, 10*time.Second, func() bool { return a.Batches() == 2 && a.Pending() == 1 }, "the plug's write under way")
 	start := time.Now()
 	kept := 0
 	for i := 1; i <= n; i++ {
@@ -156,9 +168,12 @@ func TestBacklogAndDrops(t *testing.T) {
 			kept++
 		}
 	}
-	if took := time.Since(start); took > 300*time.Millisecond {
+	// Redis stays paused for 30 s: an Append that waited for it would
+	// take that long.
+	if took := time.Since(start); took > 5*time.Second {
 		t.Errorf("appending %d entries took %v while Redis stalled: Append must not wait", n, took)
 	}
+	unpause()
 	if dropped := a.Dropped(); dropped == 0 || int(dropped)+kept != n || onDrop.Load() != dropped {
 		t.Fatalf("kept %d and dropped %d of %d (OnDrop called %d times): want some dropped, every entry either, each drop reported",
 			kept, dropped, n, onDrop.Load())

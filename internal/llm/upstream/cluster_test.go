@@ -34,7 +34,7 @@ func TestSharedStateOnRedisCluster(t *testing.T) {
 		t.Fatalf("third slot of a cap of 2 over two processes: %v, want ErrFull", err)
 	}
 	c2.Release(s2)
-	testutil.Eventually(t, 2*time.Second, func() bool { return c1.Load(0) == 1 }, "release seen by the other process")
+	testutil.Eventually(t, 10*time.Second, func() bool { return c1.Load(0) == 1 }, "release seen by the other process")
 	s3, err := c1.TryAcquire(ctx, 0)
 	if err != nil {
 		t.Fatalf("slot after a release elsewhere: %v", err)
@@ -52,7 +52,7 @@ func TestSharedStateOnRedisCluster(t *testing.T) {
 			t.Fatalf("failure %d: ejected %v, %v", i+1, ej, err)
 		}
 	}
-	testutil.Eventually(t, 2*time.Second, func() bool { return h2.State(0) == Ejected }, "ejection seen by the other process")
+	testutil.Eventually(t, 10*time.Second, func() bool { return h2.State(0) == Ejected }, "ejection seen by the other process")
 	if h2.State(1) != Healthy {
 		t.Fatal("the other upstream was ejected too")
 	}

@@ -85,7 +85,7 @@ func TestRedisCapsTwoProcessesNeverExceedCap(t *testing.T) {
 		t.Fatalf("fourth slot: %v, want ErrFull", err)
 	}
 	procs[0].Release(s1)
-	testutil.Eventually(t, 2*time.Second, func() bool { return procs[1].Load(0) == 2 }, "release count published to the other process")
+	testutil.Eventually(t, 10*time.Second, func() bool { return procs[1].Load(0) == 2 }, "release count published to the other process")
 	procs[0].Release(s2)
 	procs[1].Release(s3)
 }
@@ -109,7 +109,7 @@ func TestRedisCapsRenewAndDeadHolderExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Renewed past its first expiry while its process lives: still held.
-	testutil.Eventually(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		sc, err := rdb.ZScore(ctx, key, s.id).Result()
 		return err == nil && sc > first+300
 	}, "lease renewed beyond its first expiry")
@@ -118,7 +118,7 @@ func TestRedisCapsRenewAndDeadHolderExpires(t *testing.T) {
 	}
 	// The holder dies (stops renewing): its slot comes back within the TTL.
 	_ = alive.Close()
-	testutil.Eventually(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		s2, err := other.TryAcquire(ctx, 0)
 		if err == nil {
 			other.Release(s2)
@@ -146,7 +146,7 @@ func TestRedisHealthSharedEjectionAndSingleTrial(t *testing.T) {
 	if err != nil || !ej {
 		t.Fatalf("third failure: ejected %v, %v", ej, err)
 	}
-	testutil.Eventually(t, 2*time.Second, func() bool { return h2.State(0) == Ejected }, "ejection seen by the other process")
+	testutil.Eventually(t, 10*time.Second, func() bool { return h2.State(0) == Ejected }, "ejection seen by the other process")
 	if h2.State(1) != Healthy {
 		t.Fatal("the other upstream was affected")
 	}
@@ -154,7 +154,7 @@ func TestRedisHealthSharedEjectionAndSingleTrial(t *testing.T) {
 	for range 2 {
 		_, _ = h1.Failed(ctx, 1, Failure{})
 	}
-	testutil.Eventually(t, 2*time.Second, func() bool { return h2.ups[1].fails.Load() == 2 }, "failure count seen")
+	testutil.Eventually(t, 10*time.Second, func() bool { return h2.ups[1].fails.Load() == 2 }, "failure count seen")
 	if _, err := h2.Succeeded(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestRedisHealthSharedEjectionAndSingleTrial(t *testing.T) {
 	}
 
 	// Cooldown over: exactly one of many claimants gets the trial.
-	testutil.Eventually(t, 3*time.Second, func() bool { return h1.State(0) == Trial && h2.State(0) == Trial }, "trial state in both")
+	testutil.Eventually(t, 10*time.Second, func() bool { return h1.State(0) == Trial && h2.State(0) == Trial }, "trial state in both")
 	var wins atomic.Int64
 	var wg sync.WaitGroup
 	for g := range 20 {
@@ -187,7 +187,7 @@ func TestRedisHealthSharedEjectionAndSingleTrial(t *testing.T) {
 	if err != nil || !back {
 		t.Fatalf("trial success: back %v, %v", back, err)
 	}
-	testutil.Eventually(t, 2*time.Second, func() bool { return h1.State(0) == Healthy }, "return seen by the other process")
+	testutil.Eventually(t, 10*time.Second, func() bool { return h1.State(0) == Healthy }, "return seen by the other process")
 
 	// A 429 sits out its Retry-After at once.
 	if ej, _ := h1.Failed(ctx, 1, Failure{SitOut: time.Minute, Reason: "429"}); !ej {

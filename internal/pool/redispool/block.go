@@ -336,7 +336,7 @@ func (p *Pool) runBlock(reqs []*blockReq, rels []blockRel) {
 	what := fmt.Sprintf("block of %d requests and %d releases", len(reqs), len(rels))
 	gen := p.reclaimGen.Load()
 	v, err := p.callBlock(keys, args, what, func(v any) { p.lateBlock(reqs, v) })
-	p.slowBlocks.Store(time.Since(start) > spareMaxCall)
+	p.slowBlocks.Store(time.Since(start) > time.Duration(p.spareMaxCall.Load()))
 	if err == nil {
 		var rep blockReply
 		if rep, err = parseBlock(v, 0, len(reqs)); err == nil {

@@ -265,6 +265,7 @@ type Pool struct {
 	demand       map[string]demand // user → the most it held at once, lately
 	demandPruned time.Time         // when demand's stale entries were last dropped
 	slowBlocks   atomic.Bool       // the last block call took over spareMaxCall (spare.go)
+	spareMaxCall atomic.Int64      // nanoseconds; defaultSpareMaxCall
 
 	// Slot blocks (block.go): requests and releases for the next call.
 	blockReqs []*blockReq
@@ -316,7 +317,7 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 	if cfg.Probe == nil {
 		prober, closeProbe = newProber(client)
 	}
-	return &Pool{
+	p := &Pool{
 		cfg:          cfg,
 		rdb:          client,
 		prober:       prober,
@@ -343,7 +344,9 @@ func New(cfg Config, client redis.UniversalClient, log *slog.Logger, onFallback 
 		statsKick:    make(chan struct{}, 1),
 		changed:      make(chan struct{}),
 		limit:        cfg.Size,
-	}, nil
+	}
+	p.spareMaxCall.Store(int64(defaultSpareMaxCall))
+	return p, nil
 }
 
 func limitKeyOf(cfg Config) string {

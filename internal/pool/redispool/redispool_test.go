@@ -255,7 +255,7 @@ func testReleaseIdempotentAndLateReleaseFreesNothing(t *testing.T, s target) {
 	}
 	a.stop() // no more renewal; Release still reaches Redis
 	var lb2 pool.Lease
-	testutil.Eventually(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		lb2, err = b.TryAcquire(ctx, "y")
 		return err == nil
 	}, "expired lease's slot taken over")
@@ -595,7 +595,7 @@ func TestStatsClusterWideAndCached(t *testing.T) {
 	if _, err := other.TryAcquire(ctx, "b"); err != nil { // another process
 		t.Fatal(err)
 	}
-	testutil.Eventually(t, 3*time.Second, func() bool { return p.Stats().InUse == 3 }, "stats see the other process's lease")
+	testutil.Eventually(t, 10*time.Second, func() bool { return p.Stats().InUse == 3 }, "stats see the other process's lease")
 
 	before := hook.n.Load()
 	for range 10000 {
@@ -658,7 +658,7 @@ func TestFallbackWhileRedisDown(t *testing.T) {
 		t.Fatal("onFallback(false) first")
 	}
 	// The waiter moved to the fallback pool and took its second slot.
-	l2 := recv(t, waited, 3*time.Second, "waiter served by the fallback pool")
+	l2 := recv(t, waited, 10*time.Second, "waiter served by the fallback pool")
 	if err := timed("TryAcquire on a full fallback pool", func() error { _, err := p.TryAcquire(ctx, "v"); return err }); !errors.Is(err, pool.ErrPoolExhausted) {
 		t.Fatalf("fallback pool full: %v, want ErrPoolExhausted", err)
 	}
@@ -690,7 +690,7 @@ func TestFallbackWhileRedisDown(t *testing.T) {
 		t.Fatalf("%d leases in Redis after the return, want the new one", n)
 	}
 	l3.Release()
-	testutil.Eventually(t, 3*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "no lease left")
+	testutil.Eventually(t, 10*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "no lease left")
 	select {
 	case on := <-events:
 		t.Fatalf("extra onFallback(%v)", on)
@@ -728,7 +728,7 @@ func TestFallbackWhileRedisHangs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("TryAcquire while Redis hung: %v, want a slot of the fallback pool once the probe went unanswered for DownAfter", err)
 	}
-	if on := recv(t, events, 3*time.Second, "onFallback(true) after DownAfter without a probe answer"); !on || !p.Fallback() {
+	if on := recv(t, events, 10*time.Second, "onFallback(true) after DownAfter without a probe answer"); !on || !p.Fallback() {
 		t.Fatal("not in fallback")
 	}
 	lh.Release()
@@ -741,12 +741,12 @@ func TestFallbackWhileRedisHangs(t *testing.T) {
 		t.Fatal("onFallback(true) twice")
 	}
 	// l0 expired during the 2.5s pause (TTL 1s): renewal drops it.
-	testutil.Eventually(t, 3*time.Second, func() bool {
+	testutil.Eventually(t, 10*time.Second, func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.held) == 0
 	}, "expired lease dropped from renewal")
-	testutil.Eventually(t, 3*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "expired lease purged")
+	testutil.Eventually(t, 10*time.Second, func() bool { return zcard(t, admin, LeasesKey(cfg.Prefix)) == 0 }, "expired lease purged")
 	l0.Release() // late: nothing to do
 	l2, err := p.TryAcquire(ctx, "u")
 	if err != nil {
@@ -800,15 +800,15 @@ func TestWaiterLeftInOutageWithdrawnOnReturn(t *testing.T) {
 	} else {
 		xl.Release()
 	}
-	if on := recv(t, events, 3*time.Second, "onFallback(true)"); !on {
+	if on := recv(t, events, 10*time.Second, "onFallback(true)"); !on {
 		t.Fatal("not in fallback")
 	}
-	l := recv(t, waited, 3*time.Second, "waiter served by the fallback pool")
+	l := recv(t, waited, 10*time.Second, "waiter served by the fallback pool")
 	defer l.Release()
 	if on := recv(t, events, 10*time.Second, "onFallback(false)"); on {
 		t.Fatal("onFallback(true) twice")
 	}
-	testutil.Eventually(t, 3*time.Second, func() bool { return zcard(t, admin, WaitersKey(cfg.Prefix)) == 0 }, "orphaned waiter withdrawn")
+	testutil.Eventually(t, 10*time.Second, func() bool { return zcard(t, admin, WaitersKey(cfg.Prefix)) == 0 }, "orphaned waiter withdrawn")
 	hl.Release()
 	dl, err := direct.TryAcquire(ctx, "d")
 	if err != nil {
@@ -841,7 +841,7 @@ func TestLeaseReleasedInOutageFreedOnReturn(t *testing.T) {
 	} else {
 		xl.Release()
 	}
-	if on := recv(t, events, 3*time.Second, "onFallback(true)"); !on {
+	if on := recv(t, events, 10*time.Second, "onFallback(true)"); !on {
 		t.Fatal("not in fallback")
 	}
 	held.Release()

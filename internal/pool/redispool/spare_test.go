@@ -22,8 +22,14 @@ import (
 // holdAndFlush makes user hold n direct leases of p at once, gives them
 // back, and waits until the idle ones went back to Redis (a quiet spell
 // longer than IdleHold, without waiting for it).
+//
+// It also lets spares be asked for however slow a block call was: on a
+// loaded machine a call can take over defaultSpareMaxCall, which would
+// switch spares off and leave these tests nothing to see (that rule has
+// its own test, TestNoSparesAfterASlowBlock).
 func holdAndFlush(tb testing.TB, p *Pool, rdb redis.UniversalClient, prefix, user string, n int) {
 	tb.Helper()
+	p.spareMaxCall.Store(int64(time.Hour))
 	warmIdle(tb, p, user, n)
 	p.requestFlush("")
 	testutil.Eventually(tb, 5*time.Second, func() bool {
@@ -156,6 +162,41 @@ func TestSparesLeaveHalfTheLimitsFree(t *testing.T) {
 					all, mine, limit/2, limit)
 			}
 		})
+	}
+}
+
+// After a block call slower than spareMaxCall no spares are asked for:
+// each request of the next burst makes its own call.
+func TestNoSparesAfterASlowBlock(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	const burst = 5
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 100_000, PerUser: 100_000, IdleHold: 10 * time.Second}
+	p, cc := newCountedPool(t, s.Addr, cfg)
+	holdAndFlush(t, p, admin, cfg.Prefix, "u", 20)
+	p.spareMaxCall.Store(0) // every call is slow
+	ctx := context.Background()
+	first, err := p.TryAcquire(ctx, "u") // its block may still ask for spares: the last call before it was fast
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Release()
+	p.requestFlush("") // the spares it may have brought go back
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		all, _ := liveLeases(t, admin, cfg.Prefix, "")
+		return p.idleLen() == 0 && all == 1
+	}, "only the first request's lease left")
+	before := cc.blocks.Load()
+	for range burst {
+		l, err := p.TryAcquire(ctx, "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Release()
+	}
+	if n := cc.blocks.Load() - before; n != burst {
+		t.Fatalf("%d block.lua calls for %d requests one after another after a slow block, want %d (no spares)", n, burst, burst)
 	}
 }
 
