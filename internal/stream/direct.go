@@ -30,7 +30,7 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	// The producer writes its chunks to the session itself (inline), once
 	// the loop lets go of it: after the response began (session.serve).
 	s := h.sessionOf(x, protocol.PathDirect)
-	s.inline, s.poke = true, make(chan struct{}, 1)
+	s.inline, s.poke = true, frames
 	s.mu.Lock()
 	p := &directProducer{h: h, req: x.req, requestID: x.requestID, user: x.user, session: x.session,
 		prio: x.prio, release: release, frames: frames, res: res, bodyHeld: &x.bodyHeld, s: s}
@@ -42,6 +42,13 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	producer.Go(func() { p.run(ctx) })
 
 	outcome, _ := s.serve(x.r.Context())
+	// The loop held s.mu since the producer started, outside its select
+	// (session.loop): let go of it as the last thing the stream does.
+	// Here, not deferred in serve: serve's frame is under every waiting
+	// stream's wait, and a larger one keeps their stacks from shrinking
+	// (TestWaitingStreamStacksShrink).
+	s.over = true
+	s.mu.Unlock()
 	held := time.Since(began)
 	// The provider call (or the hand-off) ends before the lease is
 	// released.

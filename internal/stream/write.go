@@ -94,7 +94,7 @@ type session struct {
 	// loop ended, nothing is written any more.
 	inline   bool
 	mu       sync.Mutex
-	poke     chan struct{}
+	poke     chan<- protocol.Result // the producer's frames
 	over     bool
 	ending   string // the outcome the producer's failed write ended the stream with
 	gathered bool   // the producer's chunks wait in the sink for sendGathered
@@ -121,14 +121,6 @@ func (h *Handler) sessionOf(x *exchange, path string) *session {
 // (s.parked, see Handler.park): serve then returns at once, and the loop
 // goes on in a goroutine of its own.
 func (s *session) serve(ctx context.Context) (string, bool) {
-	if s.inline {
-		// Held since the producer started (Handler.direct), by the loop
-		// outside its select: the last thing the stream does.
-		defer func() {
-			s.over = true
-			s.mu.Unlock()
-		}()
-	}
 	defer func() {
 		if !s.parked {
 			s.release()
@@ -177,8 +169,6 @@ func (s *session) loop() (string, bool) {
 			k = wakeStop
 		case <-s.h.draining:
 			k = wakeDrain
-		case <-s.poke:
-			k = wakePoke
 		}
 		if s.inline {
 			s.mu.Lock()
@@ -218,7 +208,6 @@ const (
 	wakeWindow
 	wakeStop
 	wakeDrain
-	wakePoke
 )
 
 // begin registers the stream (metrics, the stop channel, the log), then
@@ -332,8 +321,6 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 	}
 	var err error
 	switch k {
-	case wakePoke:
-		return "", false, false // the loop waits on what the producer changed
 	case wakeFrame:
 		if !ok {
 			if s.src.next != nil {
@@ -489,9 +476,12 @@ func (s *session) lostInline(err error) error {
 	if end {
 		s.ending = outcome
 	}
+	// A heartbeat on the producer's own frames wakes the loop (a case of
+	// its own in the loop's select would make every waiting stream's
+	// stack larger: TestWaitingStreamStacksShrink).
 	select {
-	case s.poke <- struct{}{}:
-	default: // the loop has a poke to wake to already
+	case s.poke <- protocol.Result{Kind: protocol.KindHeartbeat}:
+	default: // frames wait for the loop already: it wakes to them
 	}
 	if end {
 		return errSessionOver
