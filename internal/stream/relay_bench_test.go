@@ -32,24 +32,7 @@ func BenchmarkDirectRelay(b *testing.B) {
 		_, _ = w.Write(body)
 	}))
 	defer up.Close()
-	prov, err := llm.NewOpenAI(llm.OpenAIConfig{BaseURL: up.URL + "/v1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
-		DirectPathEnabled: true, ResumeWindow: 0},
-		stream.Deps{Pool: &fakePool{free: 1 << 30}, Provider: prov, Log: testutil.DiscardLogger(), LogWriter: &discardLog{}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	oa := stream.NewOpenAI(h, []string{"sim-1"})
-	for _, ep := range []struct {
-		name, path, body string
-		serve            http.HandlerFunc
-	}{
-		{"native", "/v1/stream", validBody, h.ServeHTTP},
-		{"openai", "/v1/chat/completions", `{"model":"sim-1","stream":true,"messages":[{"role":"user","content":"hi"}]}`, oa.ChatCompletions},
-	} {
+	for _, ep := range relayEndpoints(b, up.URL) {
 		b.Run(ep.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
@@ -63,6 +46,34 @@ func BenchmarkDirectRelay(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*chunks), "ns/chunk")
 		})
+	}
+}
+
+// relayEndpoint is one dialect's route into a direct-path handler.
+type relayEndpoint struct {
+	name, path, body string
+	serve            http.HandlerFunc
+}
+
+// relayEndpoints builds a direct-path handler (a pool that never fills,
+// no log, an OpenAI provider at upstream) and returns its two dialects'
+// routes.
+func relayEndpoints(b *testing.B, upstream string) []relayEndpoint {
+	b.Helper()
+	prov, err := llm.NewOpenAI(llm.OpenAIConfig{BaseURL: upstream + "/v1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		DirectPathEnabled: true, ResumeWindow: 0},
+		stream.Deps{Pool: &fakePool{free: 1 << 30}, Provider: prov, Log: testutil.DiscardLogger(), LogWriter: &discardLog{}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	oa := stream.NewOpenAI(h, []string{"sim-1"})
+	return []relayEndpoint{
+		{"native", "/v1/stream", validBody, h.ServeHTTP},
+		{"openai", "/v1/chat/completions", `{"model":"sim-1","stream":true,"messages":[{"role":"user","content":"hi"}]}`, oa.ChatCompletions},
 	}
 }
 
@@ -100,24 +111,7 @@ func BenchmarkDirectRelayPaced(b *testing.B) {
 		}
 	}))
 	defer up.Close()
-	prov, err := llm.NewOpenAI(llm.OpenAIConfig{BaseURL: up.URL + "/v1"})
-	if err != nil {
-		b.Fatal(err)
-	}
-	h, err := stream.New(stream.Config{MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
-		DirectPathEnabled: true, ResumeWindow: 0},
-		stream.Deps{Pool: &fakePool{free: 1 << 30}, Provider: prov, Log: testutil.DiscardLogger(), LogWriter: &discardLog{}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	oa := stream.NewOpenAI(h, []string{"sim-1"})
-	for _, ep := range []struct {
-		name, path, body string
-		serve            http.HandlerFunc
-	}{
-		{"native", "/v1/stream", validBody, h.ServeHTTP},
-		{"openai", "/v1/chat/completions", `{"model":"sim-1","stream":true,"messages":[{"role":"user","content":"hi"}]}`, oa.ChatCompletions},
-	} {
+	for _, ep := range relayEndpoints(b, up.URL) {
 		b.Run(ep.name, func(b *testing.B) {
 			cpu0 := processCPU(b)
 			for b.Loop() {
