@@ -63,11 +63,13 @@ func newCountedPool(tb testing.TB, addr string, cfg Config) (*Pool, *callCounter
 }
 
 // warmIdle makes n leases of user idle in p: the cache starts once the
-// reclaim subscription is confirmed and a reply showed no waiter.
+// reclaim subscription is confirmed and a reply showed no waiter (after a
+// Redis restart, once the subscription's reconnect came round: 15 s for a
+// loaded machine).
 func warmIdle(tb testing.TB, p *Pool, user string, n int) {
 	tb.Helper()
 	ctx := context.Background()
-	testutil.Eventually(tb, 5*time.Second, func() bool {
+	testutil.Eventually(tb, 15*time.Second, func() bool {
 		ls := make([]pool.Lease, 0, n)
 		for range n {
 			l, err := p.TryAcquire(ctx, user)
@@ -515,7 +517,7 @@ func TestIdleLeasesDroppedWhenRedisGone(t *testing.T) {
 	p.mu.Unlock()
 	if left != 0 {
 		// The renewal after the return releases them (or they expired).
-		testutil.Eventually(t, 5*time.Second, func() bool {
+		testutil.Eventually(t, 10*time.Second, func() bool {
 			p.mu.Lock()
 			defer p.mu.Unlock()
 			return len(p.held)+len(p.unreleased) == 0
