@@ -23,7 +23,13 @@ import (
 //
 // Not under the race detector, whose instrumented frames and doubled
 // stack guard make every stack deeper; not parallel, as it reads the
-// process's stack total.
+// process's stack total. That total also holds the rest of the process,
+// and stacks are kept in spans of 32 KiB that go back to the heap only
+// when every stack in them is free: a shrunk stream's old 16 KiB stack
+// sharing a span with one still in use stays counted. Measured here
+// (13 runs, quiet and loaded), a stream whose handler's stack shrank to
+// 8 KiB shows 11,000–13,900 B under the handler; one whose frames keep it
+// at 16 KiB shows 18,800 B. The limit lies between the two.
 func TestWaitingStreamStacksShrink(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs redis-server")
@@ -34,9 +40,11 @@ func TestWaitingStreamStacksShrink(t *testing.T) {
 	url := startWaitingAPI(t, 2*n, map[string]string{"CORS_ALLOWED_ORIGINS": "https://chat.example.com"})
 
 	held := openWaiting(t, url, n, "HTTP/1.0", "")
-	t.Logf("under the handler, per stream: %.2f goroutines, %.0f B stack",
-		held.perStream(held.plateau.goroutines), held.perStream(held.plateau.stack))
-	const limit = 12 << 10 // the handler's 8 KiB and net/http's reader's 2 KiB
+	t.Logf("under the handler, per stream: %.2f goroutines, %.0f B stack, %.0f B after a heartbeat",
+		held.perStream(held.plateau.goroutines), held.perStream(held.plateau.stack), held.perStream(held.pinged.stack))
+	// The handler's 8 KiB and net/http's reader's 2 KiB, and room for
+	// the spans' fragmentation.
+	const limit = 15 << 10
 	if s := held.perStream(held.plateau.stack); s > limit {
 		t.Errorf("%.0f bytes of stack per waiting stream after a collection, want at most %d: "+
 			"the frames under the wait grew past what lets the handler's stack shrink to 8 KiB", s, limit)
@@ -59,7 +67,7 @@ func TestWaitingStreamStacksShrink(t *testing.T) {
 		t.Errorf("%.2f goroutines per parked stream, want 1: the stream did not take its connection "+
 			"over from net/http, or its hang-up is watched by a goroutine", g)
 	}
-	const parkedLimit = 6 << 10
+	const parkedLimit = 6 << 10 // 4 KiB, and the spans' fragmentation
 	for _, m := range []struct {
 		when  string
 		stack uint64
