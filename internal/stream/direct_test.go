@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -386,5 +387,65 @@ func TestHandlerDirectHandOffGivesBodyBack(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// lateProvider sends its one chunk once release is closed.
+type lateProvider struct{ release chan struct{} }
+
+func (p *lateProvider) Name() string { return "late" }
+
+func (p *lateProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
+	select {
+	case <-p.release:
+	case <-ctx.Done():
+		return llm.Result{}, ctx.Err()
+	}
+	if err := emit(protocol.Chunk{Content: "late"}); err != nil {
+		return llm.Result{}, err
+	}
+	return llm.Result{FinishReason: "stop"}, nil
+}
+
+// A direct stream's headers wait for its first chunk to carry them, but
+// not for long: with a provider that has said nothing yet, the client
+// still gets the 200 and its headers (after headerHold), then the chunk.
+func TestDirectHeadersDoNotWaitForASlowFirstChunk(t *testing.T) {
+	t.Parallel()
+	prov := &lateProvider{release: make(chan struct{})}
+	h, err := stream.New(stream.Config{
+		MaxBodyBytes: 1024, Limits: protocol.DefaultLimits, Heartbeat: time.Hour,
+		DirectPathEnabled: true, TakeOverAfter: -1,
+	}, stream.Deps{Pool: &fakePool{free: 1}, Provider: prov, Gate: &fakeGate{}, Log: testutil.DiscardLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/stream", strings.NewReader(validBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	// Do returns once the headers arrived: the provider is still held.
+	res, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK || res.Header.Get("X-Stream-Path") != protocol.PathDirect ||
+		res.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("HTTP %d, path %q, type %q before the first chunk; want 200, direct, text/event-stream",
+			res.StatusCode, res.Header.Get("X-Stream-Path"), res.Header.Get("Content-Type"))
+	}
+	close(prov.release)
+	body, err := io.ReadAll(res.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"content":"late"`, "event: done"} {
+		if !strings.Contains(string(body), want) {
+			t.Fatalf("stream lacks %q: %q", want, body)
+		}
 	}
 }

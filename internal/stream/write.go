@@ -210,6 +210,12 @@ const (
 	wakeDrain
 )
 
+// headerHold is how long a direct stream's status and headers wait for
+// its first event to carry them (session.open): far below what a person
+// notices, above the first chunk of an upstream that answers from cache
+// or a small model on the same network.
+const headerHold = 100 * time.Millisecond
+
 // begin registers the stream (metrics, the stop channel, the log), then
 // opens it; false when the stream ends before it began.
 //
@@ -282,6 +288,14 @@ func (s *session) open(ctx context.Context) bool {
 	if gather {
 		s.sink.gather()
 	}
+	// A direct stream's headers go out with its first event, or after
+	// headerHold when none came by then (wakeHeartbeat): a provider whose
+	// first chunk comes at once then costs one write, as a plain proxy's
+	// answer does, and a client still sees the stream open at once.
+	lazy := s.path == protocol.PathDirect && !gather
+	if sw := s.sink.sse(); lazy && sw != nil {
+		sw.StartLazy()
+	}
 	s.attached = s.sink.start(s.requestID, s.path) == nil
 	s.clientGone = ctx.Done()
 	if s.gone != nil {
@@ -290,7 +304,11 @@ func (s *session) open(ctx context.Context) bool {
 	if !s.attached && !s.detach() {
 		return false
 	}
-	s.heartbeat = time.NewTimer(h.cfg.Heartbeat)
+	first := h.cfg.Heartbeat
+	if lazy {
+		first = min(first, headerHold)
+	}
+	s.heartbeat = time.NewTimer(first)
 	s.firstChunk = true
 	if s.position != nil {
 		if _, err := s.sendPosition(); err != nil && !s.lose() {
@@ -352,6 +370,13 @@ func (s *session) woke(k wake, res *protocol.Result, ok bool) (outcome string, f
 			return "", false, false // nothing written: the heartbeat timer runs on
 		}
 	case wakeHeartbeat:
+		if sw := s.sink.sse(); sw != nil && sw.HeaderPending() {
+			// headerHold passed with no event: the headers go alone.
+			if s.attached {
+				err = sw.FlushHeader()
+			}
+			break
+		}
 		s.mayTakeOver()
 		// The timer is not reset at every write (a timer update per
 		// chunk): it fires Heartbeat after it was last set, and pings only

@@ -45,11 +45,15 @@ type Writer struct {
 	big     *[]byte
 	own     []byte
 	holding bool
-	// headerPending: Start ran under Hold, so the status and headers wait
-	// to go out with the first events, in one write.
+	// headerPending: Start ran under Hold or lazily (startLazy), so the
+	// status and headers wait to go out with the first events, in one
+	// write.
 	headerPending bool
-	terminal      bool
-	flushes       int
+	// startLazy makes Start keep the status and headers for the first
+	// event, or for FlushHeader, rather than flush them at once.
+	startLazy bool
+	terminal  bool
+	flushes   int
 
 	// conn is the connection once the writer took it over from net/http
 	// (takeOver): the writer then frames the response itself, and base
@@ -117,7 +121,8 @@ func innerErrFlusher(w http.ResponseWriter) interface{ FlushError() error } {
 
 // Start writes the 200 status and the SSE headers, with the request id and
 // the path taken, and flushes them so the client sees the stream open;
-// under Hold, they go out with the events gathered, at Flush.
+// under Hold, they go out with the events gathered, at Flush; after
+// StartLazy, with the first event written or at FlushHeader.
 func (sw *Writer) Start(requestID, path string) error {
 	h := sw.header()
 	h.Set("Content-Type", "text/event-stream")
@@ -134,7 +139,7 @@ func (sw *Writer) Start(requestID, path string) error {
 		sw.started = true
 		sw.w.WriteHeader(http.StatusOK)
 	}
-	if sw.holding {
+	if sw.holding || sw.startLazy {
 		sw.headerPending = true
 		return nil
 	}
@@ -142,6 +147,26 @@ func (sw *Writer) Start(requestID, path string) error {
 		return sw.outConn()
 	}
 	return sw.flush()
+}
+
+// StartLazy makes the next Start keep the status and headers until the
+// first event goes out, which carries them in its write, or until
+// FlushHeader: a direct answer whose first chunk comes at once costs one
+// write and one wake-up of the client less (docs/API.md, "Success
+// response").
+func (sw *Writer) StartLazy() { sw.startLazy = true }
+
+// HeaderPending reports that Start's status and headers have not gone
+// out yet and no Hold keeps them.
+func (sw *Writer) HeaderPending() bool { return sw.headerPending && !sw.holding }
+
+// FlushHeader sends the status and headers Start kept, if they have not
+// gone out yet.
+func (sw *Writer) FlushHeader() error {
+	if !sw.headerPending || sw.holding {
+		return nil
+	}
+	return sw.out()
 }
 
 // RequestIDHeader is the response header carrying the request id, spelled

@@ -271,8 +271,9 @@ func TestWriterHoldCoalesces(t *testing.T) {
 
 // The write loop sends every frame that is ready at the same moment in
 // one write and one flush: ten chunks and done queued before the stream
-// starts reach the client in the headers' flush plus one write. A write
-// that fails is a lost client, as without coalescing.
+// starts reach a direct stream's client in one write and one flush, the
+// headers included (Writer.StartLazy). A write that fails is a lost
+// client, as without coalescing.
 func TestSessionCoalescesReadyFrames(t *testing.T) {
 	t.Parallel()
 	h := newTestHandler(t, time.Hour)
@@ -287,8 +288,8 @@ func TestSessionCoalescesReadyFrames(t *testing.T) {
 	if o, _ := s.serve(t.Context()); o != OutcomeDone {
 		t.Fatalf("outcome %s, want done", o)
 	}
-	if len(w.writes) != 1 || w.flushes != 2 {
-		t.Fatalf("%d writes, %d flushes (headers included); want 1 and 2: %q", len(w.writes), w.flushes, w.writes)
+	if len(w.writes) != 1 || w.flushes != 1 {
+		t.Fatalf("%d writes, %d flushes (headers included); want 1 and 1: %q", len(w.writes), w.flushes, w.writes)
 	}
 	for i := range 10 {
 		if !strings.Contains(w.writes[0], fmt.Sprintf("id: %d\ndata: {\"content\":\"t%d\"}\n\n", i+1, i)) {
@@ -465,4 +466,44 @@ func TestWriteDeadlineMovedOnlyWhenShort(t *testing.T) {
 			t.Fatalf("%d writes for %d events", len(rec.left), id)
 		}
 	})
+}
+
+// After StartLazy, Start keeps the status and headers: the first event
+// carries them in its write and flush, or FlushHeader sends them alone.
+func TestWriterStartLazy(t *testing.T) {
+	t.Parallel()
+	w := &writeCounter{h: http.Header{}}
+	sw := NewWriter(w, 0)
+	sw.StartLazy()
+	if err := sw.Start("r", protocol.PathDirect); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.writes) != 0 || w.flushes != 0 || !sw.HeaderPending() {
+		t.Fatalf("after a lazy Start: %d writes, %d flushes, pending %v; want none and pending", len(w.writes), w.flushes, sw.HeaderPending())
+	}
+	if err := sw.Event(Event{ID: 1, Content: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.writes) != 1 || w.flushes != 1 || sw.HeaderPending() {
+		t.Fatalf("after the first event: %d writes, %d flushes, pending %v; want 1, 1, false", len(w.writes), w.flushes, sw.HeaderPending())
+	}
+	if err := sw.FlushHeader(); err != nil || w.flushes != 1 {
+		t.Fatalf("FlushHeader after the headers went: err %v, %d flushes; want nil and 1", err, w.flushes)
+	}
+
+	alone := &writeCounter{h: http.Header{}}
+	sw = NewWriter(alone, 0)
+	sw.StartLazy()
+	if err := sw.Start("r", protocol.PathDirect); err != nil {
+		t.Fatal(err)
+	}
+	if err := sw.FlushHeader(); err != nil {
+		t.Fatal(err)
+	}
+	if len(alone.writes) != 0 || alone.flushes != 1 || sw.HeaderPending() {
+		t.Fatalf("FlushHeader: %d writes, %d flushes, pending %v; want 0, 1, false", len(alone.writes), alone.flushes, sw.HeaderPending())
+	}
+	if got := alone.h.Get("X-Stream-Path"); got != protocol.PathDirect {
+		t.Fatalf("X-Stream-Path %q, want direct", got)
+	}
 }
