@@ -65,17 +65,26 @@ func (p *fakePool) state() (asked []string, released int) {
 	return append([]string(nil), p.asked...), p.released
 }
 
-// fakeProvider emits chunks, then returns err or a stop.
+// fakeProvider emits chunks, then returns err or a stop; with before
+// set, it first waits that long, as a slow upstream.
 type fakeProvider struct {
 	chunks []string
 	err    error
 	calls  int
+	before time.Duration
 }
 
 func (f *fakeProvider) Name() string { return "fake" }
 
 func (f *fakeProvider) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
 	f.calls++
+	if f.before > 0 {
+		select {
+		case <-time.After(f.before):
+		case <-ctx.Done():
+			return llm.Result{}, ctx.Err()
+		}
+	}
 	for _, c := range f.chunks {
 		if err := emit(protocol.Chunk{Content: c}); err != nil {
 			return llm.Result{}, err

@@ -3,6 +3,7 @@ package stream_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"maps"
 	"net/http"
@@ -192,6 +193,21 @@ func openAIErrorOf(tb testing.TB, w *httptest.ResponseRecorder) openaiwire.Error
 		tb.Fatalf("body %q is not an OpenAI error: %v", w.Body.String(), err)
 	}
 	return b.Error
+}
+
+// An upstream that refuses a streamed request after a while still has
+// its status and body passed through: a direct stream's header hold
+// (the native endpoint's) does not start an OpenAI answer.
+func TestOpenAISlowUpstreamRefusalPassesThrough(t *testing.T) {
+	t.Parallel()
+	body := `{"error":{"message":"bad tool schema","type":"invalid_request_error","param":"tools","code":null}}`
+	prov := &fakeProvider{before: 300 * time.Millisecond,
+		err: &llm.Error{Status: http.StatusBadRequest, Err: errors.New("upstream 400"), Body: []byte(body)}}
+	_, h := chatHandler(t, deps{pool: &fakePool{free: 1}, provider: prov, gate: &fakeGate{}})
+	w := post(h, streamBody, nil)
+	if w.Code != http.StatusBadRequest || strings.TrimSpace(w.Body.String()) != body {
+		t.Fatalf("HTTP %d body %q; want the upstream's 400 and body", w.Code, w.Body.String())
+	}
 }
 
 // Refusals, and failures before anything was sent, are HTTP errors in

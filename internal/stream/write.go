@@ -305,7 +305,9 @@ func (s *session) open(ctx context.Context) bool {
 		return false
 	}
 	first := h.cfg.Heartbeat
-	if lazy {
+	if sw := s.sink.sse(); lazy && sw != nil && sw.HeaderPending() {
+		// (The OpenAI dialect's answer starts only with its first event,
+		// whose status may still be the upstream's: no hold to end.)
 		first = min(first, headerHold)
 	}
 	s.heartbeat = time.NewTimer(first)
