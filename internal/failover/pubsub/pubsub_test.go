@@ -735,12 +735,12 @@ func TestStaleRepliesDoNotConfirmReusedChannel(t *testing.T) {
 		}
 	}
 
-	first, err := sh.register("x")
+	first, _, err := sh.register("x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	first.Close() // its SUBSCRIBE is still unanswered
-	second, err := sh.register("x")
+	second, _, err := sh.register("x")
 	if err != nil {
 		t.Fatal(err)
 	}
