@@ -70,6 +70,14 @@ type Delivery struct {
 	// out of bounds; the worker uses them when the job has no trace field.
 	Trace        *protocol.TraceContext
 	TraceDropped bool
+	// CancelChecked is set when the backend looked up the job's cancel
+	// key (docs/QUEUE.md, "Cancellation") in the same step that delivered
+	// it, and Cancelled is then whether the key existed: the worker uses
+	// that answer instead of asking again before the provider call (one
+	// round trip fewer before the first chunk). Redis Streams on a single
+	// Redis does so for the jobs its next.lua takes.
+	CancelChecked bool
+	Cancelled     bool
 }
 
 // Producer enqueues jobs. Safe for concurrent use.

@@ -330,9 +330,12 @@ func (s *Subscriber) subscribeOnce(ctx context.Context, channel string, deadline
 	if err != nil {
 		return nil, fmt.Errorf("pubsub: subscribe %q: %w", channel, err)
 	}
-	sub, err := sh.register(channel)
+	sub, send, err := sh.register(channel)
 	if err != nil {
 		return nil, fmt.Errorf("pubsub: subscribe %q: %w", channel, err)
+	}
+	if send {
+		sh.sendQueued()
 	}
 	select {
 	case <-sub.confirmed:

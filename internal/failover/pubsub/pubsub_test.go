@@ -735,12 +735,12 @@ func TestStaleRepliesDoNotConfirmReusedChannel(t *testing.T) {
 		}
 	}
 
-	first, err := sh.register("x")
+	first, _, err := sh.register("x")
 	if err != nil {
 		t.Fatal(err)
 	}
 	first.Close() // its SUBSCRIBE is still unanswered
-	second, err := sh.register("x")
+	second, _, err := sh.register("x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -982,5 +982,73 @@ func TestOnReady(t *testing.T) {
 	}
 	if _, ok := <-ended.C(); ok {
 		t.Fatal("ended subscription's C delivered a payload")
+	}
+}
+
+// TestSubscribeSentByCallerOnLiveConnection: on a live connection that
+// nobody is writing to, Subscribe sends its own SUBSCRIBE, so it is
+// confirmed (and then receives) with the shard's writer not running; on a
+// connection not live yet the SUBSCRIBE is left to the writer, which
+// connects.
+func TestSubscribeSentByCallerOnLiveConnection(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	pub := srv.Client(t)
+	c := srv.Client(t)
+	prefix := redistest.Prefix(t)
+	s := &Subscriber{cfg: Config{}.withDefaults(), client: c, log: testutil.DiscardLogger(),
+		healthInterval: healthInterval, quit: make(chan struct{})}
+	sh := newShard(s, 0, c, "", false)
+	s.shards = []*shard{sh}
+	s.wg.Add(1)
+	go sh.readLoop() // the reader only: nothing runs writeLoop
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+
+	first, send, err := sh.register(prefix + "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if send {
+		t.Fatal("register on a connection not live yet asked its caller to send")
+	}
+	// What the writer would do: send the queue, which connects.
+	sh.mu.Lock()
+	sh.writing = true
+	sh.mu.Unlock()
+	sh.sendQueued()
+	select {
+	case <-first.confirmed:
+	case <-time.After(within):
+		t.Fatal("first subscription not confirmed")
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	ch := prefix + "second"
+	second, err := s.Subscribe(ctx, ch)
+	if err != nil {
+		t.Fatalf("Subscribe with no writer running: %v", err)
+	}
+	defer second.Close()
+	if n, err := pub.Publish(ctx, ch, "hello").Result(); err != nil || n != 1 {
+		t.Fatalf("PUBLISH = %d, %v; want 1 receiver", n, err)
+	}
+	select {
+	case got := <-second.C():
+		if string(got) != "hello" {
+			t.Fatalf("got %q", got)
+		}
+	case <-ctx.Done():
+		t.Fatal("message not received")
+	}
+	sh.mu.Lock()
+	writing, queued := sh.writing, len(sh.ops)
+	sh.mu.Unlock()
+	if writing || queued != 0 {
+		t.Fatalf("after the caller's send: writing %v, %d ops queued; want neither", writing, queued)
 	}
 }

@@ -66,6 +66,12 @@ type shard struct {
 	// unsubPending counts UNSUBSCRIBE replies still due per channel on ps.
 	unsubPending shrinkmap.Map[string, int]
 	ops          []op
+	// writing is set while one goroutine sends the queued ops (the
+	// writer, or a Subscribe's caller on a live connection): it sends
+	// until none is left, so ops queued meanwhile go out with it, in
+	// order, and nobody else writes.
+	writing bool
+	spare   []op // the last batch sent, emptied, reused for the next
 }
 
 func newShard(s *Subscriber, idx int, client redis.UniversalClient, node string, sharded bool) *shard {
@@ -87,8 +93,9 @@ func (sh *shard) sub(channel string) *Subscription {
 	return sub
 }
 
-// register adds a pending subscription and queues its SUBSCRIBE.
-func (sh *shard) register(channel string) (*Subscription, error) {
+// register adds a pending subscription and queues its SUBSCRIBE. When
+// send is set the caller is to send it (sendQueued) instead of the writer.
+func (sh *shard) register(channel string) (_ *Subscription, send bool, _ error) {
 	sub := &Subscription{
 		sh:        sh,
 		channel:   channel,
@@ -98,16 +105,47 @@ func (sh *shard) register(channel string) (*Subscription, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if sh.closed {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, ErrClosed)
+		return nil, false, fmt.Errorf("%w: %w", ErrUnavailable, ErrClosed)
 	}
 	if _, ok := sh.subs.Get(channel); ok {
-		return nil, ErrDuplicate
+		return nil, false, ErrDuplicate
 	}
 	sub.waitUnsub, _ = sh.unsubPending.Get(channel)
 	sh.subs.Set(channel, sub)
 	sh.s.active.Add(1)
+	if sh.live && !sh.writing {
+		// The connection works and nobody writes: the caller sends its
+		// SUBSCRIBE itself (send), saving the writer's wake-up on the way
+		// to Redis. Otherwise the writer (or whoever writes now) does.
+		sh.ops = append(sh.ops, op{kind: opSubscribe, channel: channel})
+		sh.writing = true
+		return sub, true, nil
+	}
 	sh.enqueueLocked(op{kind: opSubscribe, channel: channel})
-	return sub, nil
+	return sub, false, nil
+}
+
+// sendQueued sends the queued ops, every one queued until none is left,
+// and then lets the next writer in. The caller must have set writing.
+// The writer calls it when woken, a Subscribe's caller after register
+// found the connection live and nobody writing: a write on a live
+// connection only fills its socket's buffer (bounded by
+// Config.SubscribeTimeout when Redis stops reading), so the caller's
+// SUBSCRIBE goes out at once instead of after the writer is scheduled.
+func (sh *shard) sendQueued() {
+	sh.mu.Lock()
+	for !sh.closed && len(sh.ops) > 0 {
+		batch := sh.ops
+		sh.ops, sh.spare = sh.spare[:0], nil
+		ps := sh.ps
+		sh.mu.Unlock()
+		sh.flush(ps, batch)
+		clear(batch)
+		sh.mu.Lock()
+		sh.spare = batch[:0]
+	}
+	sh.writing = false
+	sh.mu.Unlock()
 }
 
 func (sh *shard) enqueueLocked(o op) {
@@ -235,28 +273,24 @@ func (sh *shard) lost(ps *redis.PubSub, cause error) {
 	}
 }
 
-// writeLoop sends queued ops. It owns no state besides the batch it took.
+// writeLoop sends queued ops when woken, unless another goroutine is
+// sending them already (sendQueued).
 func (sh *shard) writeLoop() {
 	defer sh.s.wg.Done()
-	var batch []op
 	for {
 		select {
 		case <-sh.s.quit:
 			return
 		case <-sh.writeWake:
 		}
-		for {
-			sh.mu.Lock()
-			if sh.closed || len(sh.ops) == 0 {
-				sh.mu.Unlock()
-				break
-			}
-			clear(batch)
-			batch, sh.ops = sh.ops, batch[:0]
-			ps := sh.ps
+		sh.mu.Lock()
+		if sh.writing {
 			sh.mu.Unlock()
-			sh.flush(ps, batch)
+			continue // the goroutine writing sends these too
 		}
+		sh.writing = true
+		sh.mu.Unlock()
+		sh.sendQueued()
 	}
 }
 

@@ -253,3 +253,51 @@ func TestShardedFetchWakesOnAnyShard(t *testing.T) {
 		})
 	}
 }
+
+// On a single Redis the jobs next.lua takes come with their cancel key
+// looked up (failover.CancelKey with the queue's prefix), so the worker
+// asks no more before calling the provider; on a Cluster the key is in
+// another slot than the job's stream, so nothing is looked up and the
+// worker asks itself, as before.
+func TestTakenJobsCarryTheirCancelCheck(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			c := b.client(t)
+			ctx := ctxT(t, 20*time.Second)
+			prefix := redistest.Prefix(t)
+			q, err := New(Config{Prefix: prefix, Consumer: "a"}, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"left-1", "here-1", "left-2"} {
+				if err := q.Enqueue(ctx, id, []byte("job "+id)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, id := range []string{"left-1", "left-2"} {
+				if err := c.Set(ctx, failover.CancelKey(prefix, id), "1", time.Minute).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ds, err := q.Fetch(ctx, 3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ds) != 3 {
+				t.Fatalf("fetched %d jobs, want 3", len(ds))
+			}
+			for _, d := range ds {
+				id := strings.TrimPrefix(string(d.Body), "job ")
+				wantChecked := b.name == "single"
+				wantGone := wantChecked && strings.HasPrefix(id, "left-")
+				if d.CancelChecked != wantChecked || d.Cancelled != wantGone {
+					t.Errorf("job %s: CancelChecked %v Cancelled %v, want %v %v", id, d.CancelChecked, d.Cancelled, wantChecked, wantGone)
+				}
+				if err := q.Ack(ctx, d); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -11,6 +11,12 @@
 -- ARGV[5]  "take": deliver the jobs to the consumer (XREADGROUP) and
 --          return their bodies; "peek": deliver nothing, return their
 --          places in line
+-- ARGV[6]  the cancel key's prefix (QUEUE_PREFIX), or empty: with one,
+--          "take" also looks up each taken job's cancel key
+--          (<prefix>cancel:{<request_id>}, docs/QUEUE.md,
+--          "Cancellation"), so the worker need not ask before calling the
+--          provider. Only on a single Redis: the key is not declared and
+--          on a Cluster lives in another slot.
 --
 -- The jobs waiting are the entries after the group's last-delivered id:
 -- acknowledged entries are deleted and nothing is trimmed. A job's place
@@ -21,13 +27,16 @@
 -- to the higher priority.
 --
 -- Returns the list of jobs, each {rank (0 low, 1 normal, 2 high), entry
--- id, body ("take") or place in ms ("peek")}, in order; empty when none
+-- id, body ("take") or place in ms ("peek"), cancelled ("take" with a
+-- cancel prefix: 1 when the job's cancel key exists, 0 when not, -1 when
+-- the entry names no request id; else -1)}, in order; empty when none
 -- waits. A missing stream or group is an error starting NOGROUP, so the
 -- caller recreates them.
 local group, consumer = ARGV[1], ARGV[2]
 local want = tonumber(ARGV[3])
 local aging = tonumber(ARGV[4])
 local take = ARGV[5] == 'take'
+local cancel_prefix = ARGV[6] or ''
 
 local function last_delivered(key)
   local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', key)
@@ -98,31 +107,38 @@ end
 local out = {}
 if not take then
   for i, o in ipairs(order) do
-    out[i] = {o[1], o[2].id, o[2].place}
+    out[i] = {o[1], o[2].id, o[2].place, -1}
   end
   return out
 end
 
 -- Deliver: the first `taken` jobs of a line are exactly what XREADGROUP
 -- hands out next, the script being atomic.
-local bodies = {}
+local bodies, cancelled = {}, {}
 for rank = 0, 2 do
   local l = lines[rank]
   if l.taken > 0 then
     local r = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', l.taken, 'STREAMS', l.key, '>')
     for _, e in ipairs(r[1][2]) do
-      local body = ''
+      local body, rid = '', nil
       local f = e[2]
       for i = 1, #f, 2 do
         if f[i] == 'body' then
           body = f[i + 1]
+        elseif f[i] == 'request_id' then
+          rid = f[i + 1]
         end
       end
       bodies[e[1]] = body
+      local gone = -1
+      if cancel_prefix ~= '' and rid ~= nil and rid ~= '' then
+        gone = redis.call('EXISTS', cancel_prefix .. 'cancel:{' .. rid .. '}')
+      end
+      cancelled[e[1]] = gone
     end
   end
 end
 for i, o in ipairs(order) do
-  out[i] = {o[1], o[2].id, bodies[o[2].id] or ''}
+  out[i] = {o[1], o[2].id, bodies[o[2].id] or '', cancelled[o[2].id] or -1}
 end
 return out

@@ -254,6 +254,11 @@ type Queue struct {
 	// multi: there are several shards, so delivery ids name theirs
 	// ("<i>:<entry id>").
 	multi bool
+	// cancelPrefix is what next.lua looks up each taken job's cancel key
+	// with (failover.CancelKey of Prefix), so the delivery tells the
+	// worker whether its client left: on a single Redis only, empty on a
+	// Cluster, where the key is in another slot than the job's stream.
+	cancelPrefix string
 
 	// The groups are created (idempotently) before the first read and
 	// again after a NOGROUP error, e.g. when Redis restarted without its
@@ -316,6 +321,9 @@ func New(cfg Config, client redis.UniversalClient) (*Queue, error) {
 	}
 	q := &Queue{cfg: cfg, client: client, multi: cfg.Shards > 1}
 	_, cluster := client.(*redis.ClusterClient)
+	if !cluster {
+		q.cancelPrefix = cfg.Prefix
+	}
 	for i := range cfg.Shards {
 		sh := &shard{index: i, deadLetter: DeadLetterKey(cfg.Prefix)}
 		if cfg.Shards > 1 || cluster {
@@ -875,14 +883,14 @@ type nextResult struct {
 // node). A shard whose node has not cached the script yet is run again on
 // its own, which loads it.
 func (q *Queue) nextMany(ctx context.Context, shards []*shard, ns []int, take bool) []nextResult {
-	mode := "peek"
+	mode, cancelPrefix := "peek", ""
 	if take {
-		mode = "take"
+		mode, cancelPrefix = "take", q.cancelPrefix
 	}
 	args := func(i int) ([]string, []any) {
 		sh := shards[i]
 		return []string{sh.lines[0].stream, sh.lines[1].stream, sh.lines[2].stream},
-			[]any{q.cfg.Group, q.cfg.Consumer, ns[i], q.cfg.PriorityAging.Milliseconds(), mode}
+			[]any{q.cfg.Group, q.cfg.Consumer, ns[i], q.cfg.PriorityAging.Milliseconds(), mode, cancelPrefix}
 	}
 	out := make([]nextResult, len(shards))
 	cmds := make([]*redis.Cmd, len(shards))
@@ -919,18 +927,20 @@ func (q *Queue) parseNext(c *redis.Cmd, sh *shard, take bool, mode string) nextR
 	var r nextResult
 	for _, it := range items {
 		f, ok := it.([]any)
-		if !ok || len(f) != 3 {
+		if !ok || len(f) != 4 {
 			return bad
 		}
 		rank, ok1 := f[0].(int64)
 		id, ok2 := f[1].(string)
-		if !ok1 || !ok2 || rank < 0 || rank > 2 {
+		gone, ok3 := f[3].(int64)
+		if !ok1 || !ok2 || !ok3 || rank < 0 || rank > 2 {
 			return bad
 		}
 		j := nextJob{id: id}
 		if take {
 			body, _ := f[2].(string)
-			j.d = failover.Delivery{ID: q.deliveryID(sh.lines[rank], id), Body: []byte(body), Attempt: 1}
+			j.d = failover.Delivery{ID: q.deliveryID(sh.lines[rank], id), Body: []byte(body), Attempt: 1,
+				CancelChecked: gone >= 0, Cancelled: gone > 0}
 		} else if j.place, ok = f[2].(int64); !ok {
 			return bad
 		}

@@ -39,7 +39,7 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost boo
 	// slot wait, so the queue timeout no longer applies. The cancel check
 	// and then it run while the worker asks for its slot, so neither
 	// delays the provider call; every later result waits for it.
-	gone, firstBeat := w.checkThenBeat(ctx, jobCtx, job.RequestID, pub)
+	gone, firstBeat := w.checkThenBeat(ctx, jobCtx, job.RequestID, d, pub)
 	var beats sync.WaitGroup
 	beats.Go(func() { w.heartbeat(jobCtx, d, pub) })
 
@@ -77,15 +77,21 @@ func (w *Worker) handle(ctx context.Context, d failover.Delivery) (claimLost boo
 // client gone before start cancels the job (jobCtx) with errClientGone,
 // and nothing is published. gone waits for the check and reports whether
 // the client is gone (a check that failed runs the job); beat waits for
-// the heartbeat too.
-func (w *Worker) checkThenBeat(ctx, jobCtx context.Context, requestID string, pub *publisher) (gone func() bool, beat func()) {
+// the heartbeat too. A delivery whose backend already looked up the
+// cancel key (d.CancelChecked: next.lua on a single Redis) is not asked
+// about again: its answer is the check's.
+func (w *Worker) checkThenBeat(ctx, jobCtx context.Context, requestID string, d failover.Delivery, pub *publisher) (gone func() bool, beat func()) {
 	checked := make(chan struct{})
 	var left bool
 	beat = pub.sendAsync(jobCtx, protocol.Result{Kind: protocol.KindHeartbeat}, func() bool {
 		defer close(checked)
-		g, err := w.deps.Cancels.Cancelled(ctx, requestID)
-		if err != nil {
-			pub.log.Warn("cancel check failed; running the job", "err", err)
+		g := d.Cancelled
+		if !d.CancelChecked {
+			var err error
+			g, err = w.deps.Cancels.Cancelled(ctx, requestID)
+			if err != nil {
+				pub.log.Warn("cancel check failed; running the job", "err", err)
+			}
 		}
 		if g {
 			left = true

@@ -1358,3 +1358,96 @@ func TestWorkerChecksCancelWhileAskingForASlot(t *testing.T) {
 		})
 	}
 }
+
+// checkedConsumer delivers its jobs as a backend that looked up their
+// cancel key on the way (Delivery.CancelChecked), answering gone.
+type checkedConsumer struct {
+	failover.Consumer
+	gone bool
+}
+
+func (c checkedConsumer) Fetch(ctx context.Context, max int) ([]failover.Delivery, error) {
+	ds, err := c.Consumer.Fetch(ctx, max)
+	for i := range ds {
+		ds[i].CancelChecked, ds[i].Cancelled = true, c.gone
+	}
+	return ds, err
+}
+
+// countingCancels is a cancel watcher whose check answers the opposite of
+// what the delivery carried and counts how often it was asked.
+type countingCancels struct {
+	*memresults.Memory
+	gone  bool
+	asked atomic.Int32
+}
+
+func (c *countingCancels) Cancelled(context.Context, string) (bool, error) {
+	c.asked.Add(1)
+	return c.gone, nil
+}
+
+// A delivery whose backend already looked up the cancel key (next.lua on
+// a single Redis) is not checked again: the worker takes its answer, so
+// the provider is called one round trip sooner. Gone, the job is skipped
+// (no provider call, outcome cancelled, slot given back, nothing heard);
+// there, it runs, even though a second check would have said gone.
+func TestWorkerTakesTheDeliveredCancelCheck(t *testing.T) {
+	t.Parallel()
+	for _, gone := range []bool{false, true} {
+		t.Run("gone="+strconv.FormatBool(gone), func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, 15*time.Second, 4)
+				rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 1})}
+				cancels := &countingCancels{Memory: e.res, gone: !gone}
+				w, err := worker.New(workerConfig(), worker.Deps{
+					Consumer: checkedConsumer{Consumer: e.q.Consumer("w1"), gone: gone}, Pool: e.pool, Provider: rec,
+					Results: e.res, Cancels: cancels, Metrics: e.m, Log: testutil.DiscardLogger(),
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() {
+					defer close(done)
+					_ = w.Run(ctx)
+				}()
+				t.Cleanup(func() {
+					cancel()
+					<-done
+				})
+				job := newJob("checked-1")
+				l := e.listen(job.RequestID)
+				e.enqueue(job)
+
+				if gone {
+					l.quiet(5 * time.Second)
+				} else {
+					rs := l.untilEnd(10 * time.Second)
+					if rs[len(rs)-1].res.Kind != protocol.KindDone {
+						t.Fatalf("messages %s, want DONE last", describe(rs))
+					}
+				}
+				synctest.Wait()
+				if n := cancels.asked.Load(); n != 0 {
+					t.Errorf("cancel key checked %d times, want 0: the delivery had the answer", n)
+				}
+				wantCalls, wantOutcome := 1, metrics.JobDone
+				if gone {
+					wantCalls, wantOutcome = 0, metrics.JobCancelled
+				}
+				if n := len(rec.callTimes()); n != wantCalls {
+					t.Errorf("%d provider calls, want %d", n, wantCalls)
+				}
+				if got := e.settled(); got[wantOutcome] != 1 || len(got) != 1 {
+					t.Errorf("job outcomes %v, want %s once", got, wantOutcome)
+				}
+				if s := e.pool.Stats(); s.InUse != 0 {
+					t.Errorf("%d pool slots in use after the job, want 0", s.InUse)
+				}
+			})
+		})
+	}
+}
