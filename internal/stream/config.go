@@ -93,7 +93,8 @@ type Config struct {
 	ServedModels []string
 	// FrameBuffer is how many frames a producer may be ahead of the client.
 	// The direct path's producer writes its chunks itself: only its done,
-	// error or retrying goes through frames.
+	// error or retrying goes through frames, whose buffer is its own
+	// (directFrames), not this.
 	// Default 64.
 	FrameBuffer int
 	// ResumeWindow is how long a stream whose client left keeps

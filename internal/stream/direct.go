@@ -25,7 +25,7 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 	// The provider call outlives the request when the client leaves
 	// within a resume window; the session cancels it when the stream ends.
 	ctx, cancel := context.WithCancel(x.caller(context.WithoutCancel(x.r.Context())))
-	frames := make(chan protocol.Result, h.cfg.FrameBuffer)
+	frames := make(chan protocol.Result, directFrames)
 	began := time.Now()
 	// The producer writes its chunks to the session itself (inline), once
 	// the loop lets go of it: after the response began (session.serve).
@@ -64,6 +64,14 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 		h.gate.ServiceDone(held)
 	}
 }
+
+// directFrames is the buffer of a direct stream's frames: its producer
+// writes its chunks itself (session.chunkInline), so what goes through
+// frames is a retrying, then a done or an error, and a write failure's
+// wake-up that is dropped when a frame waits already (lostInline). Not
+// Config.FrameBuffer: 64 frames were about 5 KiB allocated for every
+// direct stream and never used.
+const directFrames = 2
 
 // directProducer calls the provider and writes each chunk to the session
 // (session.chunkInline) on the provider's goroutine: a paced chunk wakes
