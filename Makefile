@@ -1,7 +1,8 @@
 # Spillway. `make test` is what CI runs (.ci/run): it installs what the
 # tests need when missing, then vets and runs every test with the race
-# detector, and then the tests that measure stack sizes without it (the
-# race detector's frames are larger; they are built only without it).
+# detector, and then the tests that measure stack sizes or allocated bytes
+# without it (the race detector's frames are larger and its sync.Pools
+# drop what is put back; those tests skip under it).
 GO ?= go
 PKGS := ./...
 
@@ -10,6 +11,7 @@ PKGS := ./...
 test: deps fmt-check vet
 	$(GO) test -race -count=1 -timeout 20m $(PKGS)
 	$(GO) test -count=1 -timeout 5m -run 'StacksShrink' ./internal/app/
+	$(GO) test -count=1 -timeout 5m -run 'AllocatesLittle' ./internal/stream/
 
 # deps installs what the tests need from Debian's packages when missing:
 # redis-server (integration tests start their own servers on free ports),
