@@ -422,7 +422,12 @@ func TestDirectHeadersDoNotWaitForASlowFirstChunk(t *testing.T) {
 	}
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/stream", strings.NewReader(validBody))
+	// Were the headers held until the first chunk, Do would wait for a
+	// chunk the provider only sends after Do returned: the deadline makes
+	// that a clear failure rather than a hung test.
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/stream", strings.NewReader(validBody))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +435,7 @@ func TestDirectHeadersDoNotWaitForASlowFirstChunk(t *testing.T) {
 	// Do returns once the headers arrived: the provider is still held.
 	res, err := srv.Client().Do(req)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("no headers before the first chunk: %v", err)
 	}
 	defer res.Body.Close()
 	if res.StatusCode != http.StatusOK || res.Header.Get("X-Stream-Path") != protocol.PathDirect ||
