@@ -354,7 +354,11 @@ def r3: if . == null then null else (. * 1000 | round) / 1000 end;'
 # machine_json prints what the results were measured on.
 machine_json() {
 	local dirty
-	dirty=$(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l)
+	if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
+		dirty=$(git -C "$ROOT" status --porcelain | wc -l)
+	else
+		dirty=-1 # not a git checkout (a copied tree): unknown
+	fi
 	jq -n --arg nproc "$(nproc)" \
 		--arg cpu "$(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)" \
 		--arg mem "$(awk '/^MemTotal:/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)" \
