@@ -31,11 +31,6 @@ const (
 	// holds at once over every request (BODY_BYTES_IN_FLIGHT); the zero
 	// Config field means no bound.
 	DefaultBodyBytesInFlight = 256 << 20
-	// DefaultFrameBuffer is how many frames a producer may be ahead of
-	// the client; with the gateway's buffer (gateway.DefaultBuffer) and
-	// the subscriber's (pubsub.DefaultBuffer) it is what a queued stream
-	// holds for a slow client.
-	DefaultFrameBuffer = 64
 )
 
 // Defaults of settings the handler takes as given (a zero Config field
@@ -91,12 +86,6 @@ type Config struct {
 	// another is refused with a 400 before any call, as a model outside
 	// Models is; a request naming none goes to any upstream.
 	ServedModels []string
-	// FrameBuffer is how many frames a producer may be ahead of the client.
-	// The direct path's producer writes its chunks itself: only its done,
-	// error or retrying goes through frames, whose buffer is its own
-	// (directFrames), not this.
-	// Default 64.
-	FrameBuffer int
 	// ResumeWindow is how long a stream whose client left keeps
 	// generating for a resume (STREAM_RESUME_WINDOW_SECONDS); 0 cancels
 	// it at once. It needs Deps.LogWriter and LogReader.
@@ -128,9 +117,6 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PoolRetryAfter == 0 {
 		c.PoolRetryAfter = DefaultPoolRetryAfter
-	}
-	if c.FrameBuffer == 0 {
-		c.FrameBuffer = DefaultFrameBuffer
 	}
 	if c.PriorityMax == "" {
 		c.PriorityMax = protocol.PriorityNormal
@@ -179,8 +165,8 @@ func (c Config) Validate() error {
 	if c.LogTTL < 0 {
 		errs = append(errs, errors.New("stream: LogTTL must not be negative"))
 	}
-	if c.WriteTimeout < 0 || c.PoolRetryAfter < 0 || c.FrameBuffer < 0 {
-		errs = append(errs, errors.New("stream: WriteTimeout, PoolRetryAfter and FrameBuffer must not be negative"))
+	if c.WriteTimeout < 0 || c.PoolRetryAfter < 0 {
+		errs = append(errs, errors.New("stream: WriteTimeout and PoolRetryAfter must not be negative"))
 	}
 	if _, err := newResolver(c); err != nil {
 		errs = append(errs, fmt.Errorf("stream: identity settings: %w", err))

@@ -68,9 +68,9 @@ func (h *Handler) direct(x *exchange, lease pool.Lease, res llm.Reservation) {
 // directFrames is the buffer of a direct stream's frames: its producer
 // writes its chunks itself (session.chunkInline), so what goes through
 // frames is a retrying, then a done or an error, and a write failure's
-// wake-up that is dropped when a frame waits already (lostInline). Not
-// Config.FrameBuffer: 64 frames were about 5 KiB allocated for every
-// direct stream and never used.
+// wake-up that is dropped when a frame waits already (lostInline): 64
+// frames, as it once had, were about 5 KiB allocated for every direct
+// stream and never used.
 const directFrames = 2
 
 // directProducer calls the provider and writes each chunk to the session
