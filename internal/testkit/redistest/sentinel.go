@@ -19,7 +19,11 @@ import (
 const SentinelMaster = "spillway"
 
 // sentinelReady bounds each wait of the Sentinel setup: start and failover.
-const sentinelReady = 30 * time.Second
+// A start takes a few seconds (sentinels find each other by hello messages
+// every 2 s); a clean-clone CI run, every package's tests at once under
+// the race detector on 2 cores, once saw a sentinel still knowing one of
+// the two others at 30 s.
+const sentinelReady = 60 * time.Second
 
 // Sentinel is a Sentinel-managed primary with one replica and three
 // sentinels, all local processes owned by one test.
