@@ -116,7 +116,12 @@ func (s *Sentinel) sentinelKnowsAll(ctx context.Context, c *redis.SentinelClient
 		return err
 	}
 	if len(others) != len(s.Sentinels)-1 {
-		return fmt.Errorf("knows %d other sentinels, want %d", len(others), len(s.Sentinels)-1)
+		// Which ones, and how it sees them, for the next failure's reader.
+		known := make([]string, 0, len(others))
+		for _, o := range others {
+			known = append(known, o["ip"]+":"+o["port"]+" ("+o["flags"]+", last hello "+o["last-hello-message"]+" ms ago)")
+		}
+		return fmt.Errorf("knows %d other sentinels, want %d (all: %v): %v", len(others), len(s.Sentinels)-1, s.SentinelAddrs, known)
 	}
 	return nil
 }
