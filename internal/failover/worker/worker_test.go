@@ -93,10 +93,18 @@ func (rw *runningWorker) stop() {
 // watches for cancellations.
 func (e *env) startWorker(cfg worker.Config, c failover.Consumer, p llm.Provider) *runningWorker {
 	e.tb.Helper()
-	w, err := worker.New(cfg, worker.Deps{
+	return e.runWorker(cfg, worker.Deps{
 		Consumer: c, Pool: e.pool, Provider: p, Results: e.res, Cancels: e.res, Metrics: e.m,
 		Log: testutil.DiscardLogger(), Ended: e.ended,
 	})
+}
+
+// runWorker runs a worker with deps until the test ends, and returns once
+// it watches for cancellations (deps.Cancels must pass its watch on to
+// e.res, as the tests' wrappers of it do).
+func (e *env) runWorker(cfg worker.Config, deps worker.Deps) *runningWorker {
+	e.tb.Helper()
+	w, err := worker.New(cfg, deps)
 	if err != nil {
 		e.tb.Fatalf("worker.New: %v", err)
 	}
@@ -1305,22 +1313,9 @@ func TestWorkerChecksCancelWhileAskingForASlot(t *testing.T) {
 				rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 1})}
 				p := &askedPool{Pool: e.pool, asked: make(chan struct{})}
 				cancels := &checkingCancels{Memory: e.res, asked: p.asked, rec: rec, gone: gone}
-				w, err := worker.New(workerConfig(), worker.Deps{
+				e.runWorker(workerConfig(), worker.Deps{
 					Consumer: e.q.Consumer("w1"), Pool: p, Provider: rec, Results: e.res, Cancels: cancels, Metrics: e.m,
 					Log: testutil.DiscardLogger(),
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					_ = w.Run(ctx)
-				}()
-				t.Cleanup(func() {
-					cancel()
-					<-done
 				})
 				job := newJob("overlap-1")
 				l := e.listen(job.RequestID)
@@ -1401,22 +1396,9 @@ func TestWorkerTakesTheDeliveredCancelCheck(t *testing.T) {
 				e := newEnv(t, 15*time.Second, 4)
 				rec := &recorder{Provider: newSim(t, llm.SimConfig{Tokens: 4, Seed: 1})}
 				cancels := &countingCancels{Memory: e.res, gone: !gone}
-				w, err := worker.New(workerConfig(), worker.Deps{
+				e.runWorker(workerConfig(), worker.Deps{
 					Consumer: checkedConsumer{Consumer: e.q.Consumer("w1"), gone: gone}, Pool: e.pool, Provider: rec,
 					Results: e.res, Cancels: cancels, Metrics: e.m, Log: testutil.DiscardLogger(),
-				})
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithCancel(context.Background())
-				done := make(chan struct{})
-				go func() {
-					defer close(done)
-					_ = w.Run(ctx)
-				}()
-				t.Cleanup(func() {
-					cancel()
-					<-done
 				})
 				job := newJob("checked-1")
 				l := e.listen(job.RequestID)
