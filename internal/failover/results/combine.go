@@ -39,33 +39,59 @@ type publishCall struct {
 	channel string
 	msg     []byte
 	exists  bool
-	n       int64
-	err     error
-	done    chan struct{}
-	lead    chan struct{}
+	// shared: the call was queued right behind the one whose done and
+	// lead it shares (publishPair); it has none of its own.
+	shared bool
+	n      int64
+	err    error
+	done   chan struct{}
+	lead   chan struct{}
 }
 
 // publish sends msg on channel, in a pipeline shared with other callers,
 // and returns the number of subscribers that received it.
 func (c *combiner) publish(ctx context.Context, channel string, msg []byte) (int64, error) {
-	return c.do(ctx, &publishCall{channel: channel, msg: msg, done: make(chan struct{}), lead: make(chan struct{})})
+	call := &publishCall{channel: channel, msg: msg, done: make(chan struct{}), lead: make(chan struct{})}
+	c.do(ctx, call)
+	return call.n, call.err
+}
+
+// publishPair sends first then second on channel, next to each other in
+// one pipeline, and returns the number of subscribers each reached.
+func (c *combiner) publishPair(ctx context.Context, channel string, first, second []byte) (n1, n2 int64, err error) {
+	done, lead := make(chan struct{}), make(chan struct{})
+	a := &publishCall{channel: channel, msg: first, done: done, lead: lead}
+	// The second call shares the first's done (closed once, by the
+	// pipeline that carries both) and never leads: it is never first
+	// in the queue.
+	b := &publishCall{channel: channel, msg: second, shared: true}
+	c.do(ctx, a, b)
+	if a.err != nil {
+		return a.n, b.n, a.err
+	}
+	return a.n, b.n, b.err
 }
 
 // exists reports, as EXISTS does, whether key exists, in a pipeline shared
 // with other callers: a worker checks its job's cancel key as it starts
 // it, alongside the other jobs' publishes.
 func (c *combiner) exists(ctx context.Context, key string) (int64, error) {
-	return c.do(ctx, &publishCall{channel: key, exists: true, done: make(chan struct{}), lead: make(chan struct{})})
+	call := &publishCall{channel: key, exists: true, done: make(chan struct{}), lead: make(chan struct{})}
+	c.do(ctx, call)
+	return call.n, call.err
 }
 
-func (c *combiner) do(ctx context.Context, call *publishCall) (int64, error) {
+// do queues calls, next to each other, and returns when they are done:
+// a leader takes the whole queue, so they go in one pipeline.
+func (c *combiner) do(ctx context.Context, calls ...*publishCall) {
+	call := calls[0]
 	c.mu.Lock()
-	c.queue = append(c.queue, call)
+	c.queue = append(c.queue, calls...)
 	if c.leading {
 		c.mu.Unlock()
 		select {
 		case <-call.done:
-			return call.n, call.err
+			return
 		case <-call.lead:
 		}
 		c.mu.Lock()
@@ -84,7 +110,6 @@ func (c *combiner) do(ctx context.Context, call *publishCall) (int64, error) {
 		c.leading = false
 	}
 	c.mu.Unlock()
-	return call.n, call.err
 }
 
 // write sends batch in one pipeline (a plain call for one publish) and
@@ -92,7 +117,9 @@ func (c *combiner) do(ctx context.Context, call *publishCall) (int64, error) {
 func (c *combiner) write(ctx context.Context, batch []*publishCall) {
 	defer func() {
 		for _, call := range batch {
-			close(call.done)
+			if !call.shared {
+				close(call.done)
+			}
 		}
 	}()
 	if len(batch) == 1 {

@@ -256,3 +256,105 @@ func TestCancelChecksShareThePublishesPipelines(t *testing.T) {
 		t.Error("no pipeline carried a cancel check with publishes")
 	}
 }
+
+// A pair (a worker's last batch and DONE) goes out as one pipeline of
+// two, in order, heard only when someone listens; pairs from concurrent
+// workers share pipelines and each channel still gets its messages in
+// order.
+func TestPairsGoInOnePipeline(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("needs redis-server")
+	}
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	rdb := srv.Client(t)
+	hook := &pipeCounter{}
+	rdb.AddHook(hook)
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const workers, each = 16, 20
+	sub := srv.Client(t).Subscribe(t.Context())
+	t.Cleanup(func() { _ = sub.Close() })
+	var channels []string
+	for w := range workers {
+		channels = append(channels, failover.ResultChannel(prefix, fmt.Sprint("pair-", w)))
+	}
+	if err := sub.Subscribe(t.Context(), channels...); err != nil {
+		t.Fatal(err)
+	}
+	for range channels {
+		if _, err := sub.Receive(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sink := func(id string) failover.ResultPairSink {
+		return pub.ResultsFor(id).(failover.ResultPairSink)
+	}
+
+	// Nobody listening: unheard, no error. (It also makes the connection
+	// the next pair goes on, whose handshake the hook would count.)
+	if heard, err := sink("pair-nobody").PublishPair(t.Context(), []byte("a"), []byte("b")); err != nil || heard {
+		t.Errorf("pair to a channel nobody listens on: heard %v, %v; want unheard, no error", heard, err)
+	}
+	// Alone: one pipeline of two, nothing else.
+	single, pipes, piped := hook.single.Load(), hook.pipes.Load(), hook.piped.Load()
+	heard, err := sink("pair-0").PublishPair(t.Context(), []byte("first"), []byte("second"))
+	if err != nil || !heard {
+		t.Fatalf("PublishPair: heard %v, %v; want heard", heard, err)
+	}
+	if d := [3]int64{hook.single.Load() - single, hook.pipes.Load() - pipes, hook.piped.Load() - piped}; d != [3]int64{0, 1, 2} {
+		t.Errorf("a lone pair made %d plain calls and %d pipelines carrying %d, want one pipeline of 2", d[0], d[1], d[2])
+	}
+	for _, want := range []string{"first", "second"} {
+		msg, err := sub.ReceiveMessage(t.Context())
+		if err != nil || msg.Payload != want {
+			t.Fatalf("received %v, %v; want %q", msg, err, want)
+		}
+	}
+
+	// Concurrent pairs.
+	got := make(map[string][]string)
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		for range workers * each * 2 {
+			msg, err := sub.ReceiveMessage(context.Background())
+			if err != nil {
+				return
+			}
+			got[msg.Channel] = append(got[msg.Channel], msg.Payload)
+		}
+	}()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			s := sink(fmt.Sprint("pair-", w))
+			for i := range each {
+				heard, err := s.PublishPair(context.Background(), fmt.Appendf(nil, "%d-a", i), fmt.Appendf(nil, "%d-b", i))
+				if err != nil || !heard {
+					t.Errorf("worker %d pair %d: heard %v, %v", w, i, heard, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case <-recvDone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not every message arrived within 10s")
+	}
+	for _, ch := range channels {
+		if len(got[ch]) != 2*each {
+			t.Fatalf("%s: %d messages, want %d", ch, len(got[ch]), 2*each)
+		}
+		for i, p := range got[ch] {
+			if want := fmt.Sprintf("%d-%c", i/2, "ab"[i%2]); p != want {
+				t.Fatalf("%s: message %d is %q, want %q", ch, i, p, want)
+			}
+		}
+	}
+}

@@ -65,12 +65,24 @@ type redisSink struct {
 	channel string
 }
 
+var _ failover.ResultPairSink = redisSink{}
+
 func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	n, err := s.c.publish(ctx, s.channel, msg)
 	if err != nil {
 		return false, fmt.Errorf("results: publish %s: %w", s.channel, err)
 	}
 	return n > 0, nil
+}
+
+// PublishPair publishes first then second in one pipeline (a worker's
+// last batch and its DONE).
+func (s redisSink) PublishPair(ctx context.Context, first, second []byte) (bool, error) {
+	n1, n2, err := s.c.publishPair(ctx, s.channel, first, second)
+	if err != nil {
+		return false, fmt.Errorf("results: publish %s: %w", s.channel, err)
+	}
+	return n1 > 0 && n2 > 0, nil
 }
 
 // Cancelled reports whether requestID's cancel key exists. The EXISTS

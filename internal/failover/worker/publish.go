@@ -121,6 +121,75 @@ func (p *publisher) sendAsync(ctx context.Context, r protocol.Result, first func
 }
 
 func (p *publisher) sendLocked(ctx context.Context, r protocol.Result) error {
+	if err := p.fenceLocked(); err != nil {
+		return err
+	}
+	msg, err := p.encodeLocked(&r)
+	if err != nil {
+		return err
+	}
+	listened, err := p.publish(ctx, func(ctx context.Context) (bool, error) { return p.results.Publish(ctx, msg) })
+	if err != nil {
+		p.log.Warn("publish failed", "kind", r.Kind.String(), "budget", p.budget.String(), "err", err)
+		return err
+	}
+	if r.Kind == protocol.KindReset {
+		p.count, p.broken = 0, false
+	}
+	p.heardLocked(ctx, listened)
+	return nil
+}
+
+// sendPair publishes an answer's last batch and then its DONE, in one
+// write when the sink can (failover.ResultPairSink): one round trip a
+// stream fewer, and the api reads both at once. sent reports whether
+// done went out; err is set when the batch may not have: the caller then
+// makes the batch good (batcher.restartLocked) and sends done again.
+func (p *publisher) sendPair(ctx context.Context, batch, done protocol.Result) (sent bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pair, ok := p.results.(failover.ResultPairSink)
+	if !ok || p.broken {
+		if err := p.sendLocked(ctx, batch); err != nil {
+			return false, err
+		}
+		return p.sendLocked(ctx, done) == nil, nil
+	}
+	if err := p.fenceLocked(); err != nil {
+		return false, err
+	}
+	first, err := p.encodeLocked(&batch)
+	if err != nil {
+		return false, err
+	}
+	second, err := p.encodeLocked(&done)
+	if err != nil {
+		return false, p.sendEncodedLocked(ctx, batch.Kind, first)
+	}
+	listened, err := p.publish(ctx, func(ctx context.Context) (bool, error) { return pair.PublishPair(ctx, first, second) })
+	if err != nil {
+		p.log.Warn("publish failed", "kind", "BATCH and DONE", "budget", p.budget.String(), "err", err)
+		return false, err
+	}
+	p.heardLocked(ctx, listened)
+	return true, nil
+}
+
+// sendEncodedLocked publishes msg, a result of kind k encoded by
+// encodeLocked.
+func (p *publisher) sendEncodedLocked(ctx context.Context, k protocol.ResultKind, msg []byte) error {
+	listened, err := p.publish(ctx, func(ctx context.Context) (bool, error) { return p.results.Publish(ctx, msg) })
+	if err != nil {
+		p.log.Warn("publish failed", "kind", k.String(), "budget", p.budget.String(), "err", err)
+		return err
+	}
+	p.heardLocked(ctx, listened)
+	return nil
+}
+
+// fenceLocked returns errFenced once the claim is too old to speak for
+// the job, cancelling the job the first time.
+func (p *publisher) fenceLocked() error {
 	if p.fenced || p.expired() {
 		if !p.fenced {
 			p.fenced = true
@@ -129,43 +198,47 @@ func (p *publisher) sendLocked(ctx context.Context, r protocol.Result) error {
 		}
 		return errFenced
 	}
+	return nil
+}
+
+// encodeLocked stamps r with the attempt (and a DONE with the count of
+// chunks, a reset with its attempt) and encodes it. A DONE over a broken
+// answer is errAnswerBroken.
+func (p *publisher) encodeLocked(r *protocol.Result) ([]byte, error) {
 	r.Attempt = p.attempt
 	switch r.Kind {
 	case protocol.KindBatch:
 		p.count = r.Chunks[len(r.Chunks)-1].Seq
 	case protocol.KindDone:
 		if p.broken {
-			return errAnswerBroken
+			return nil, errAnswerBroken
 		}
 		r.Count = p.count
 	case protocol.KindReset:
 		r.Reset = &protocol.Reset{Attempt: p.attempt}
 	}
-	msg, err := protocol.EncodeResult(r)
+	msg, err := protocol.EncodeResult(*r)
 	if err != nil {
 		p.log.Error("cannot encode result", "kind", r.Kind.String(), "err", err)
-		return err
+		return nil, err
 	}
-	listened, err := p.publish(ctx, msg)
-	if err != nil {
-		p.log.Warn("publish failed", "kind", r.Kind.String(), "budget", p.budget.String(), "err", err)
-		return err
-	}
-	if r.Kind == protocol.KindReset {
-		p.count, p.broken = 0, false
-	}
+	return msg, nil
+}
+
+// heardLocked cancels the job when nobody heard a publish: the api
+// stopped listening, so the client is gone.
+func (p *publisher) heardLocked(ctx context.Context, listened bool) {
 	if !listened && ctx.Err() == nil {
 		p.log.Info("nobody listens on the result channel; cancelling the job")
 		p.cancel(errClientGone)
 	}
-	return nil
 }
 
-// publish sends msg, retrying with backoff until it goes out or the budget
-// is spent. It runs even after the job's context ended, so a final ERROR
-// still goes out. A retried message may arrive twice (its first reply was
-// lost); the api drops the copy by its sequence.
-func (p *publisher) publish(ctx context.Context, msg []byte) (bool, error) {
+// publish calls send, retrying with backoff until it goes out or the
+// budget is spent. It runs even after the job's context ended, so a final
+// ERROR still goes out. A retried message may arrive twice (its first
+// reply was lost); the api drops the copy by its sequence.
+func (p *publisher) publish(ctx context.Context, send func(context.Context) (bool, error)) (bool, error) {
 	try := max(p.budget/2, time.Millisecond)
 	op := func() (bool, error) {
 		if p.expired() {
@@ -173,7 +246,7 @@ func (p *publisher) publish(ctx context.Context, msg []byte) (bool, error) {
 		}
 		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), try)
 		defer cancel()
-		return p.results.Publish(pctx, msg)
+		return send(pctx)
 	}
 	// The first try needs none of the retry machinery: a publish almost
 	// always goes out at once, several times per answer.
@@ -257,6 +330,9 @@ type batcher struct {
 	// room, when set, closes when that goroutine takes a batch: add
 	// waits for it while a whole message's worth of chunks waits.
 	room chan struct{}
+	// end, while finish publishes, is the DONE that follows the last
+	// batch: publishLocked sends it with that batch.
+	end *protocol.Result
 	// output is set at the first chunk with model output
 	// (protocol.Chunk.Output): the chunks before it (a role preamble)
 	// wait, so a failure before any output stays invisible to the
@@ -383,8 +459,21 @@ func (b *batcher) publishLocked(ctx context.Context, all bool) {
 			close(b.room)
 			b.room = nil
 		}
+		// The answer's last batch takes its DONE along (finish).
+		var end *protocol.Result
+		if all && b.end != nil && b.taken == len(b.answer) {
+			end, b.end = b.end, nil
+		}
 		b.mu.Unlock()
-		err := b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: batch})
+		var err error
+		if end != nil {
+			var sent bool
+			if sent, err = b.pub.sendPair(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: batch}, *end); !sent {
+				b.end = end // finish sends it after the batch was made good
+			}
+		} else {
+			err = b.pub.send(ctx, protocol.Result{Kind: protocol.KindBatch, Chunks: batch})
+		}
 		b.mu.Lock()
 		if err != nil && !errors.Is(err, errFenced) {
 			b.restartLocked(ctx)
@@ -403,14 +492,23 @@ func (b *batcher) waitLocked() {
 	}
 }
 
-// flush publishes every chunk still waiting, after the batch that is
-// out: the answer is complete.
-func (b *batcher) flush(ctx context.Context) {
+// finish publishes every chunk still waiting, after the batch that is
+// out, and then done: the answer is complete. The last batch and done go
+// in one write (publisher.sendPair); done goes alone when no chunk was
+// waiting, or after the last batch was made good.
+func (b *batcher) finish(ctx context.Context, done protocol.Result) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.waitLocked()
 	b.out = make(chan struct{})
+	b.end = &done
 	b.publishLocked(ctx, true)
+	if b.end != nil {
+		b.end = nil
+		b.mu.Unlock()
+		_ = b.pub.send(ctx, done)
+		b.mu.Lock()
+	}
 }
 
 // restartLocked makes good a batch that could not be published: a reset

@@ -54,6 +54,20 @@ func (s flakySink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	return s.next.Publish(ctx, msg)
 }
 
+// PublishPair tries first, then second, as one pipeline that fails as a
+// whole: when first fails, second never reached Redis (it is not counted
+// as tried); when second fails, first went out.
+func (s flakySink) PublishPair(ctx context.Context, first, second []byte) (bool, error) {
+	a, err := s.Publish(ctx, first)
+	if err != nil {
+		return false, err
+	}
+	b, err := s.Publish(ctx, second)
+	return a && b, err
+}
+
+var _ failover.ResultPairSink = flakySink{}
+
 func (f *flakyResults) triedKinds() map[protocol.ResultKind]int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -373,6 +387,125 @@ func TestWorkerGathersAtMost64Chunks(t *testing.T) {
 		sizes := batchSizes(bs)
 		if slices.Max(sizes) != 64 {
 			t.Errorf("batch sizes %v: want the largest at the cap of 64", sizes)
+		}
+	})
+}
+
+// callRecorder is a ResultPublisher that records the kinds of results
+// each publish call carried.
+type callRecorder struct {
+	failover.ResultPublisher
+	tb    testing.TB
+	mu    sync.Mutex
+	calls [][]protocol.ResultKind
+}
+
+func (c *callRecorder) ResultsFor(id string) failover.ResultSink {
+	return recordingSink{c: c, tb: c.tb, next: c.ResultPublisher.ResultsFor(id).(failover.ResultPairSink)}
+}
+
+func (c *callRecorder) record(tb testing.TB, msgs ...[]byte) {
+	var kinds []protocol.ResultKind
+	for _, m := range msgs {
+		r, err := protocol.DecodeResult(m)
+		if err != nil {
+			tb.Errorf("published %q: %v", m, err)
+		}
+		kinds = append(kinds, r.Kind)
+	}
+	c.mu.Lock()
+	c.calls = append(c.calls, kinds)
+	c.mu.Unlock()
+}
+
+func (c *callRecorder) recorded() [][]protocol.ResultKind {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.calls)
+}
+
+type recordingSink struct {
+	c    *callRecorder
+	tb   testing.TB
+	next failover.ResultPairSink
+}
+
+func (s recordingSink) Publish(ctx context.Context, msg []byte) (bool, error) {
+	s.c.record(s.tb, msg)
+	return s.next.Publish(ctx, msg)
+}
+
+func (s recordingSink) PublishPair(ctx context.Context, first, second []byte) (bool, error) {
+	s.c.record(s.tb, first, second)
+	return s.next.PublishPair(ctx, first, second)
+}
+
+// TestWorkerSendsDoneWithTheLastBatch: an answer's last batch and its DONE
+// go out in one publish call (one pipeline on Redis), and the client gets
+// them in order with the DONE counting every chunk; no DONE goes alone.
+func TestWorkerSendsDoneWithTheLastBatch(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 12, Seed: 7})
+		rec := &callRecorder{ResultPublisher: e.res, tb: t}
+		job := newJob("pair-1")
+		l := e.listen(job.RequestID)
+		e.startWith(workerConfig(), e.q.Consumer("w1"), sim, rec)
+		e.enqueue(job)
+		rs := l.untilEnd(10 * time.Second)
+		got, resets := answerAfterLastReset(t, rs)
+		if want := strings.Join(llm.SimChunks(job.Payload.Messages, 7, 12), ""); got != want || resets != 0 {
+			t.Fatalf("answer %q after %d resets, want %q after none", got, resets, want)
+		}
+		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != 12 {
+			t.Fatalf("last message %+v, want DONE counting 12 chunks", end)
+		}
+		calls := rec.recorded()
+		if last := calls[len(calls)-1]; !slices.Equal(last, []protocol.ResultKind{protocol.KindBatch, protocol.KindDone}) {
+			t.Fatalf("last publish call carried %v, want a batch and DONE (calls %v)", last, calls)
+		}
+		for i, c := range calls[:len(calls)-1] {
+			if slices.Contains(c, protocol.KindDone) {
+				t.Errorf("call %d of %d carried %v: a DONE before the last call", i, len(calls), c)
+			}
+		}
+	})
+}
+
+// TestWorkerSendsDoneAfterTheLastBatchWasMadeGood: when the last batch and
+// DONE cannot go out, the answer is restarted and DONE follows it alone,
+// counting every chunk.
+func TestWorkerSendsDoneAfterTheLastBatchWasMadeGood(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 12, Seed: 9})
+		cfg := workerConfig()
+		cfg.PublishBudget = 300 * time.Millisecond
+		var outageEnds time.Time
+		f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
+			// Redis refuses writes for longer than the budget from the
+			// batch holding the last chunk on.
+			if outageEnds.IsZero() && r.Kind == protocol.KindBatch && r.Chunks[len(r.Chunks)-1].Seq == 12 {
+				outageEnds = time.Now().Add(cfg.PublishBudget + 100*time.Millisecond)
+			}
+			return !outageEnds.IsZero() && time.Now().Before(outageEnds)
+		}}
+		job := newJob("pair-restart-1")
+		l := e.listen(job.RequestID)
+		e.startWith(cfg, e.q.Consumer("w1"), sim, f)
+		e.enqueue(job)
+		rs := l.untilEnd(10 * time.Second)
+		got, resets := answerAfterLastReset(t, rs)
+		if want := strings.Join(llm.SimChunks(job.Payload.Messages, 9, 12), ""); got != want || resets != 1 {
+			t.Fatalf("answer %q after %d resets, want %q after one (%s)", got, resets, want, describe(rs))
+		}
+		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != 12 {
+			t.Fatalf("last message %+v, want DONE counting 12 chunks", end)
+		}
+		if n := f.triedKinds()[protocol.KindDone]; n != 1 {
+			t.Errorf("DONE reached Redis %d times, want once (after the restart)", n)
 		}
 	})
 }

@@ -52,9 +52,8 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 			return b.add(ctx, c.For(route))
 		})
 		if err == nil {
-			b.flush(ctx)
 			usage := res.Usage
-			pub.send(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
+			b.finish(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
 				RequestID: job.RequestID, FinishReason: res.FinishReason, Path: protocol.PathQueued, Usage: &usage,
 			}})
 			w.ended(nil)

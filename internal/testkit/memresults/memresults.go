@@ -82,6 +82,21 @@ func (s memSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	return s.m.PublishResult(ctx, s.id, msg)
 }
 
+// PublishPair delivers first then second.
+func (s memSink) PublishPair(ctx context.Context, first, second []byte) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	a, err := s.m.PublishResult(ctx, s.id, first)
+	if err != nil {
+		return false, err
+	}
+	b, err := s.m.PublishResult(ctx, s.id, second)
+	return a && b, err
+}
+
+var _ failover.ResultPairSink = memSink{}
+
 // PublishResult delivers msg to requestID's subscription, if any. A
 // subscription whose buffer is full ends with failover.ErrResultOverflow.
 func (m *Memory) PublishResult(ctx context.Context, requestID string, msg []byte) (bool, error) {
