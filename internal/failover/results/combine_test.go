@@ -33,6 +33,40 @@ func (h *pipeCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
+// countedPublisher starts a Redis and returns it, a key prefix and a
+// Publisher on a client whose commands hook counts.
+func countedPublisher(t *testing.T, hook redis.Hook) (*redistest.Server, string, *results.Publisher) {
+	t.Helper()
+	srv := redistest.Start(t)
+	prefix := redistest.Prefix(t)
+	rdb := srv.Client(t)
+	rdb.AddHook(hook)
+	pub, err := results.NewPublisher(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv, prefix, pub
+}
+
+// subscribed returns a subscription of its own to channels on srv, every
+// one confirmed: whatever is published from now on reaches it.
+func subscribed(t *testing.T, srv *redistest.Server, channels []string) *redis.PubSub {
+	t.Helper()
+	sub := srv.Client(t).Subscribe(t.Context())
+	t.Cleanup(func() { _ = sub.Close() })
+	if err := sub.Subscribe(t.Context(), channels...); err != nil {
+		t.Fatal(err)
+	}
+	for range channels {
+		if m, err := sub.Receive(t.Context()); err != nil {
+			t.Fatal(err)
+		} else if _, ok := m.(*redis.Subscription); !ok {
+			t.Fatalf("got %T before the confirmations", m)
+		}
+	}
+	return sub
+}
+
 // Concurrent publishes share pipelines, each caller gets its own answer
 // (heard on a channel with a subscriber, unheard without), every message
 // arrives once and in each channel's order; a lone publish is a plain
@@ -42,32 +76,14 @@ func TestConcurrentPublishesSharePipelines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs redis-server")
 	}
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	rdb := srv.Client(t)
 	hook := &pipeCounter{}
-	rdb.AddHook(hook)
-	pub, err := results.NewPublisher(prefix, rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, prefix, pub := countedPublisher(t, hook)
 	const workers, each = 32, 50
-	sub := srv.Client(t).Subscribe(t.Context())
-	t.Cleanup(func() { _ = sub.Close() })
 	var channels []string
 	for w := 0; w < workers; w += 2 { // odd workers publish to nobody
 		channels = append(channels, failover.ResultChannel(prefix, fmt.Sprint("job-", w)))
 	}
-	if err := sub.Subscribe(t.Context(), channels...); err != nil {
-		t.Fatal(err)
-	}
-	for range channels { // every subscription confirmed before anyone publishes
-		if m, err := sub.Receive(t.Context()); err != nil {
-			t.Fatal(err)
-		} else if _, ok := m.(*redis.Subscription); !ok {
-			t.Fatalf("got %T before the confirmations", m)
-		}
-	}
+	sub := subscribed(t, srv, channels)
 	got := make(map[string][]string)
 	var mu sync.Mutex
 	recvDone := make(chan struct{})
@@ -266,30 +282,14 @@ func TestPairsGoInOnePipeline(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs redis-server")
 	}
-	srv := redistest.Start(t)
-	prefix := redistest.Prefix(t)
-	rdb := srv.Client(t)
 	hook := &pipeCounter{}
-	rdb.AddHook(hook)
-	pub, err := results.NewPublisher(prefix, rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	srv, prefix, pub := countedPublisher(t, hook)
 	const workers, each = 16, 20
-	sub := srv.Client(t).Subscribe(t.Context())
-	t.Cleanup(func() { _ = sub.Close() })
 	var channels []string
 	for w := range workers {
 		channels = append(channels, failover.ResultChannel(prefix, fmt.Sprint("pair-", w)))
 	}
-	if err := sub.Subscribe(t.Context(), channels...); err != nil {
-		t.Fatal(err)
-	}
-	for range channels {
-		if _, err := sub.Receive(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-	}
+	sub := subscribed(t, srv, channels)
 	sink := func(id string) failover.ResultPairSink {
 		return pub.ResultsFor(id).(failover.ResultPairSink)
 	}

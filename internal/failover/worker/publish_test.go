@@ -165,45 +165,63 @@ func TestWorkerRetriesFailedPublish(t *testing.T) {
 
 // TestWorkerRestartsAnswerAfterLostBatch: a batch not out within the
 // publish budget is made good by a reset of the same attempt and the
-// answer again from its first chunk; the DONE counts the chunks.
+// answer again from its first chunk; the DONE counts the chunks. When the
+// lost batch is the last one, sent with its DONE (publisher.sendPair),
+// DONE follows the restarted answer alone, and reaches Redis once.
 func TestWorkerRestartsAnswerAfterLostBatch(t *testing.T) {
 	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 4)
-		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 20, Seed: 5})
-		cfg := workerConfig()
-		cfg.PublishBudget = 400 * time.Millisecond
-		var outageEnds time.Time
-		f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
-			// Redis refuses writes for longer than the budget from the
-			// third batch on.
-			if outageEnds.IsZero() && r.Kind == protocol.KindBatch && r.Chunks[0].Seq > 6 {
-				outageEnds = time.Now().Add(cfg.PublishBudget + 100*time.Millisecond)
-			}
-			return !outageEnds.IsZero() && time.Now().Before(outageEnds)
-		}}
-		job := newJob("restart-1")
-		l := e.listen(job.RequestID)
-		e.startWith(cfg, e.q.Consumer("w1"), sim, f)
-		e.enqueue(job)
-		rs := l.untilEnd(10 * time.Second)
-		got, resets := answerAfterLastReset(t, rs)
-		if want := strings.Join(llm.SimChunks(job.Payload.Messages, 5, 20), ""); got != want || resets != 1 {
-			t.Fatalf("answer %q after %d resets, want %q after one (%s)", got, resets, want, describe(rs))
-		}
-		for _, r := range rs {
-			if r.res.Kind == protocol.KindReset && (r.res.Attempt != 1 || r.res.Reset.Attempt != 1) {
-				t.Errorf("reset %q, want one of attempt 1 (the same attempt restarting)", r.raw)
-			}
-		}
-		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != 20 {
-			t.Fatalf("last message %+v, want DONE counting 20 chunks", end)
-		}
-		synctest.Wait()
-		if got := e.settled(); got[metrics.JobDone] != 1 {
-			t.Errorf("job outcomes %v, want done", got)
-		}
-	})
+	for _, tt := range []struct {
+		name   string
+		tokens int
+		// lost reports whether a batch starts the outage.
+		lost func(protocol.Result) bool
+	}{
+		{name: "third batch", tokens: 20, lost: func(r protocol.Result) bool { return r.Chunks[0].Seq > 6 }},
+		{name: "last batch, with DONE", tokens: 12, lost: func(r protocol.Result) bool { return r.Chunks[len(r.Chunks)-1].Seq == 12 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				e := newEnv(t, 15*time.Second, 4)
+				sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: tt.tokens, Seed: 5})
+				cfg := workerConfig()
+				cfg.PublishBudget = 400 * time.Millisecond
+				var outageEnds time.Time
+				f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
+					// Redis refuses writes for longer than the budget from
+					// that batch on.
+					if outageEnds.IsZero() && r.Kind == protocol.KindBatch && tt.lost(r) {
+						outageEnds = time.Now().Add(cfg.PublishBudget + 100*time.Millisecond)
+					}
+					return !outageEnds.IsZero() && time.Now().Before(outageEnds)
+				}}
+				job := newJob("restart-1")
+				l := e.listen(job.RequestID)
+				e.startWith(cfg, e.q.Consumer("w1"), sim, f)
+				e.enqueue(job)
+				rs := l.untilEnd(10 * time.Second)
+				got, resets := answerAfterLastReset(t, rs)
+				if want := strings.Join(llm.SimChunks(job.Payload.Messages, 5, tt.tokens), ""); got != want || resets != 1 {
+					t.Fatalf("answer %q after %d resets, want %q after one (%s)", got, resets, want, describe(rs))
+				}
+				for _, r := range rs {
+					if r.res.Kind == protocol.KindReset && (r.res.Attempt != 1 || r.res.Reset.Attempt != 1) {
+						t.Errorf("reset %q, want one of attempt 1 (the same attempt restarting)", r.raw)
+					}
+				}
+				if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != tt.tokens {
+					t.Fatalf("last message %+v, want DONE counting %d chunks", end, tt.tokens)
+				}
+				if n := f.triedKinds()[protocol.KindDone]; n != 1 {
+					t.Errorf("DONE reached Redis %d times, want once", n)
+				}
+				synctest.Wait()
+				if got := e.settled(); got[metrics.JobDone] != 1 {
+					t.Errorf("job outcomes %v, want done", got)
+				}
+			})
+		})
+	}
 }
 
 // TestWorkerNeverSendsDoneOverLostBatch: when publishing never recovers,
@@ -469,43 +487,6 @@ func TestWorkerSendsDoneWithTheLastBatch(t *testing.T) {
 			if slices.Contains(c, protocol.KindDone) {
 				t.Errorf("call %d of %d carried %v: a DONE before the last call", i, len(calls), c)
 			}
-		}
-	})
-}
-
-// TestWorkerSendsDoneAfterTheLastBatchWasMadeGood: when the last batch and
-// DONE cannot go out, the answer is restarted and DONE follows it alone,
-// counting every chunk.
-func TestWorkerSendsDoneAfterTheLastBatchWasMadeGood(t *testing.T) {
-	t.Parallel()
-	synctest.Test(t, func(t *testing.T) {
-		e := newEnv(t, 15*time.Second, 4)
-		sim := newSim(t, llm.SimConfig{FirstToken: time.Millisecond, TokenInterval: 10 * time.Millisecond, Tokens: 12, Seed: 9})
-		cfg := workerConfig()
-		cfg.PublishBudget = 300 * time.Millisecond
-		var outageEnds time.Time
-		f := &flakyResults{ResultPublisher: e.res, fail: func(n int, r protocol.Result) bool {
-			// Redis refuses writes for longer than the budget from the
-			// batch holding the last chunk on.
-			if outageEnds.IsZero() && r.Kind == protocol.KindBatch && r.Chunks[len(r.Chunks)-1].Seq == 12 {
-				outageEnds = time.Now().Add(cfg.PublishBudget + 100*time.Millisecond)
-			}
-			return !outageEnds.IsZero() && time.Now().Before(outageEnds)
-		}}
-		job := newJob("pair-restart-1")
-		l := e.listen(job.RequestID)
-		e.startWith(cfg, e.q.Consumer("w1"), sim, f)
-		e.enqueue(job)
-		rs := l.untilEnd(10 * time.Second)
-		got, resets := answerAfterLastReset(t, rs)
-		if want := strings.Join(llm.SimChunks(job.Payload.Messages, 9, 12), ""); got != want || resets != 1 {
-			t.Fatalf("answer %q after %d resets, want %q after one (%s)", got, resets, want, describe(rs))
-		}
-		if end := rs[len(rs)-1].res; end.Kind != protocol.KindDone || end.Count != 12 {
-			t.Fatalf("last message %+v, want DONE counting 12 chunks", end)
-		}
-		if n := f.triedKinds()[protocol.KindDone]; n != 1 {
-			t.Errorf("DONE reached Redis %d times, want once (after the restart)", n)
 		}
 	})
 }
