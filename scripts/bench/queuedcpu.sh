@@ -148,7 +148,11 @@ fi
 # --- summary ---
 # Per label: per run, first chunk p50/p99, streams/s and CPU ms per stream
 # of the api, the two consumers together and Redis; medians over runs; and
-# the added first chunk (queued minus the same round's direct).
+# the added first chunk (queued minus the same round's direct); and each
+# one's CPU over simllm's in the same run (over_simllm): simllm does the
+# same work in every run, so the ratio takes out most of the drift between
+# rounds on a shared machine (docs/bench-history/2026-11.md, "Fewer
+# crossings on the queued path").
 jq -s --arg conc "$CONC" --argjson tok "$TPUT_TOKENS" "$JQ_DEFS"'
 	def lbl: .run | capture("^(?<k>c[0-9]+|tput)-p(?<i>[0-9]+)-(?<l>.*)$");
 	def per(s): if .result.done > 0 then (s * 1000 / .result.done | r3) else null end;
@@ -171,7 +175,12 @@ jq -s --arg conc "$CONC" --argjson tok "$TPUT_TOKENS" "$JQ_DEFS"'
 			cpu_ms_per_stream: cpu($l)}]
 		| {runs: ., median: {added_p50: (map(.added_p50) | median | r3), added_p99: (map(.added_p99) | median | r3),
 			api_ms: (map(.cpu_ms_per_stream.api) | median), consumers_ms: (map(.cpu_ms_per_stream.consumers) | median),
-			redis_ms: (map(.cpu_ms_per_stream.redis) | median)}, lost: (map(.lost) | add)})}) | from_entries),
+			redis_ms: (map(.cpu_ms_per_stream.redis) | median),
+			over_simllm: (map(.cpu_ms_per_stream as $c | select($c.simllm > 0)
+				| {api: ($c.api / $c.simllm), consumers: ($c.consumers / $c.simllm), redis: ($c.redis / $c.simllm)}) as $o
+				| {api: ($o | map(.api) | median | r3), consumers: ($o | map(.consumers) | median | r3),
+				   redis: ($o | map(.redis) | median | r3)})},
+			lost: (map(.lost) | add)})}) | from_entries),
 	   direct: ($p1 | map(select(lbl.l == "direct")) | map({pair: (lbl.i | tonumber), first_chunk: .result.latency.all.first_chunk,
 		cpu_ms_per_stream: {api: per(.cpu_seconds.api_direct), redis: per(.cpu_seconds.redis), simllm: per(.cpu_seconds.simllm)}})),
 	   throughput: ($labels | map(. as $l | {key: $l, value: (
@@ -184,7 +193,7 @@ jq -s --arg conc "$CONC" --argjson tok "$TPUT_TOKENS" "$JQ_DEFS"'
 		| {runs: ., median_chunks_per_s: (map(.chunks_per_s) | median)})}) | from_entries)}' \
 	"$dir"/*.json >"$RESULTS/queuedcpu.json"
 
-jq -r '(.queued | to_entries[] | "\(.key): added first chunk p50 \(.value.median.added_p50) ms p99 \(.value.median.added_p99) ms at c=\($ENV.CONC // "50"); CPU ms/stream api \(.value.median.api_ms) consumers \(.value.median.consumers_ms) redis \(.value.median.redis_ms); lost \(.value.lost)"),
+jq -r '(.queued | to_entries[] | "\(.key): added first chunk p50 \(.value.median.added_p50) ms p99 \(.value.median.added_p99) ms at c=\($ENV.CONC // "50"); CPU ms/stream api \(.value.median.api_ms) consumers \(.value.median.consumers_ms) redis \(.value.median.redis_ms), over simllm'"'"'s in the same run \(.value.median.over_simllm.api) / \(.value.median.over_simllm.consumers) / \(.value.median.over_simllm.redis); lost \(.value.lost)"),
 	(.throughput | to_entries[] | "\(.key): relay \(.value.median_chunks_per_s) chunks/s (median of \(.value.runs | length))")' \
 	"$RESULTS/queuedcpu.json" >&2
 jq -e '([.queued[].lost] | add) == 0 and ([.throughput[].runs[].lost] | add // 0) == 0' "$RESULTS/queuedcpu.json" >/dev/null ||
