@@ -45,16 +45,30 @@ func checkChannel(t *testing.T, h halves, id string) {
 			t.Fatalf("publish %q: heard %v, %v; want the subscription", msg, heard, err)
 		}
 	}
-	for _, want := range []string{"one", "two"} {
-		select {
-		case got := <-sub.C():
-			if string(got) != want {
-				t.Fatalf("received %q, want %q", got, want)
+	receive := func(wants ...string) {
+		t.Helper()
+		for _, want := range wants {
+			select {
+			case got := <-sub.C():
+				if string(got) != want {
+					t.Fatalf("received %q, want %q", got, want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("no %q within 5s", want)
 			}
-		case <-time.After(5 * time.Second):
-			t.Fatalf("no %q within 5s", want)
 		}
 	}
+	receive("one", "two")
+	// A worker's last batch and DONE: one write, in order (SPUBLISH on a
+	// Cluster, to the channel's node).
+	pair, ok := sink.(failover.ResultPairSink)
+	if !ok {
+		t.Fatalf("sink %T cannot publish a pair", sink)
+	}
+	if heard, err := pair.PublishPair(ctx, []byte("three"), []byte("four")); err != nil || !heard {
+		t.Fatalf("publish pair: heard %v, %v; want the subscription", heard, err)
+	}
+	receive("three", "four")
 	sub.Close()
 	sub.Close() // idempotent
 	if sub.Err() != nil {
