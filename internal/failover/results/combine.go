@@ -39,8 +39,8 @@ type publishCall struct {
 	channel string
 	msg     []byte
 	exists  bool
-	// shared: the call was queued right behind the one whose done and
-	// lead it shares (publishPair); it has none of its own.
+	// shared: the call was queued right behind another, whose done and
+	// lead stand for both (publishPair); it has none of its own.
 	shared bool
 	n      int64
 	err    error
@@ -59,11 +59,10 @@ func (c *combiner) publish(ctx context.Context, channel string, msg []byte) (int
 // publishPair sends first then second on channel, next to each other in
 // one pipeline, and returns the number of subscribers each reached.
 func (c *combiner) publishPair(ctx context.Context, channel string, first, second []byte) (n1, n2 int64, err error) {
-	done, lead := make(chan struct{}), make(chan struct{})
-	a := &publishCall{channel: channel, msg: first, done: done, lead: lead}
-	// The second call shares the first's done (closed once, by the
-	// pipeline that carries both) and never leads: it is never first
-	// in the queue.
+	a := &publishCall{channel: channel, msg: first, done: make(chan struct{}), lead: make(chan struct{})}
+	// The second call is done when the first is (the pipeline carrying
+	// both closes the first's done after setting both results) and never
+	// leads: it is never first in the queue.
 	b := &publishCall{channel: channel, msg: second, shared: true}
 	c.do(ctx, a, b)
 	if a.err != nil {

@@ -128,23 +128,21 @@ func (p *publisher) sendLocked(ctx context.Context, r protocol.Result) error {
 	if err != nil {
 		return err
 	}
-	listened, err := p.publish(ctx, func(ctx context.Context) (bool, error) { return p.results.Publish(ctx, msg) })
-	if err != nil {
-		p.log.Warn("publish failed", "kind", r.Kind.String(), "budget", p.budget.String(), "err", err)
+	if err := p.sendEncodedLocked(ctx, r.Kind, msg); err != nil {
 		return err
 	}
 	if r.Kind == protocol.KindReset {
 		p.count, p.broken = 0, false
 	}
-	p.heardLocked(ctx, listened)
 	return nil
 }
 
 // sendPair publishes an answer's last batch and then its DONE, in one
 // write when the sink can (failover.ResultPairSink): one round trip a
 // stream fewer, and the api reads both at once. sent reports whether
-// done went out; err is set when the batch may not have: the caller then
-// makes the batch good (batcher.restartLocked) and sends done again.
+// done was sent, or tried on its own after the batch went out; err is
+// set when the batch may not have gone out: the caller then makes the
+// batch good (batcher.restartLocked) and sends done after it.
 func (p *publisher) sendPair(ctx context.Context, batch, done protocol.Result) (sent bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -153,7 +151,8 @@ func (p *publisher) sendPair(ctx context.Context, batch, done protocol.Result) (
 		if err := p.sendLocked(ctx, batch); err != nil {
 			return false, err
 		}
-		return p.sendLocked(ctx, done) == nil, nil
+		_ = p.sendLocked(ctx, done)
+		return true, nil
 	}
 	if err := p.fenceLocked(); err != nil {
 		return false, err
