@@ -494,20 +494,29 @@ func (b *batcher) waitLocked() {
 // finish publishes every chunk still waiting, after the batch that is
 // out, and then done: the answer is complete. The last batch and done go
 // in one write (publisher.sendPair); done goes alone when no chunk was
-// waiting, or after the last batch was made good.
-func (b *batcher) finish(ctx context.Context, done protocol.Result) {
+// waiting, or after the last batch was made good. A job cancelled
+// meanwhile (client gone, claim lost, worker stopping) gets no done: the
+// chunks still waiting were dropped (publishLocked), and a done would
+// present what went out as the whole answer. It reports whether done
+// went with the whole answer, or was tried after it.
+func (b *batcher) finish(ctx context.Context, done protocol.Result) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.waitLocked()
 	b.out = make(chan struct{})
 	b.end = &done
 	b.publishLocked(ctx, true)
-	if b.end != nil {
-		b.end = nil
-		b.mu.Unlock()
-		_ = b.pub.send(ctx, done)
-		b.mu.Lock()
+	if b.end == nil {
+		return true
 	}
+	b.end = nil
+	if ctx.Err() != nil {
+		return false
+	}
+	b.mu.Unlock()
+	_ = b.pub.send(ctx, done)
+	b.mu.Lock()
+	return true
 }
 
 // restartLocked makes good a batch that could not be published: a reset

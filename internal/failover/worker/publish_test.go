@@ -3,6 +3,7 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -487,6 +488,67 @@ func TestWorkerSendsDoneWithTheLastBatch(t *testing.T) {
 			if slices.Contains(c, protocol.KindDone) {
 				t.Errorf("call %d of %d carried %v: a DONE before the last call", i, len(calls), c)
 			}
+		}
+	})
+}
+
+// endsAfterCancel is a provider that emits six chunks (the first alone,
+// five in a batch), waits for more, emits a seventh, then waits for its
+// call's context to end and returns success anyway: a call that finished
+// just as its job was cancelled, with a chunk waiting for its batch.
+type endsAfterCancel struct {
+	six, more, seventh chan struct{}
+}
+
+func (p *endsAfterCancel) Name() string { return "ends-after-cancel" }
+
+func (p *endsAfterCancel) Stream(ctx context.Context, _ protocol.ChatRequest, emit func(protocol.Chunk) error) (llm.Result, error) {
+	for i := range 7 {
+		if i == 6 {
+			close(p.six)
+			<-p.more
+		}
+		if err := emit(protocol.Chunk{Content: fmt.Sprint("c", i), Raw: fmt.Appendf(nil, `{"choices":[{"index":0,"delta":{"content":"c%d"}}]}`, i)}); err != nil {
+			return llm.Result{}, err
+		}
+	}
+	close(p.seventh)
+	<-ctx.Done()
+	return llm.Result{FinishReason: "stop"}, nil
+}
+
+// TestWorkerSendsNoDoneAfterACancel: a job cancelled while a chunk of its
+// answer still waits to be published gets no DONE even when the provider
+// call then returns success: the waiting chunk is dropped, and a DONE
+// would present what went out as the whole answer.
+func TestWorkerSendsNoDoneAfterACancel(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		e := newEnv(t, 15*time.Second, 4)
+		p := &endsAfterCancel{six: make(chan struct{}), more: make(chan struct{}), seventh: make(chan struct{})}
+		job := newJob("cancel-done-1")
+		l := e.listen(job.RequestID)
+		e.startWorker(workerConfig(), e.q.Consumer("w1"), p)
+		e.enqueue(job)
+		<-p.six
+		synctest.Wait() // the first chunk and the batch of five are out
+		close(p.more)
+		<-p.seventh // the seventh waits for its batch's timeout
+		e.cancel(job.RequestID)
+		testutil.Eventually(t, time.Minute, func() bool { return len(e.settled()) > 0 }, "job settled")
+		synctest.Wait()
+		if got := e.settled(); got[metrics.JobCancelled] != 1 {
+			t.Errorf("job outcomes %v, want cancelled", got)
+		}
+		chunks := 0
+		for _, r := range l.drain() {
+			if r.res.Kind == protocol.KindDone {
+				t.Errorf("client got %q after the job was cancelled with a chunk unpublished", r.raw)
+			}
+			chunks += len(r.res.Chunks)
+		}
+		if chunks != 6 {
+			t.Errorf("%d chunks published, want 6 (the seventh was still waiting when the job was cancelled)", chunks)
 		}
 	})
 }

@@ -53,9 +53,11 @@ func (w *Worker) stream(ctx context.Context, job protocol.Job, pub *publisher) (
 		})
 		if err == nil {
 			usage := res.Usage
-			b.finish(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
+			if !b.finish(ctx, protocol.Result{Kind: protocol.KindDone, Done: &protocol.Done{
 				RequestID: job.RequestID, FinishReason: res.FinishReason, Path: protocol.PathQueued, Usage: &usage,
-			}})
+			}}) {
+				return OutcomeCancelled, "" // cancelled as the call ended: no DONE
+			}
 			w.ended(nil)
 			return OutcomeDone, ""
 		}
