@@ -34,18 +34,14 @@ type ResultPublisher interface {
 // Publish sends one encoded protocol.Result. listened reports whether a
 // subscriber received it: false means the api stopped listening, so the
 // client is gone. On error the result may or may not have been delivered.
+//
+// PublishPair sends two, in order, in one write: a worker sends an
+// answer's last batch and its DONE so, one round trip and one message
+// read by the api fewer a queued stream (docs/QUEUE.md, "Batching").
+// listened is whether a subscriber received both. On error either may or
+// may not have been delivered, the second never without the first.
 type ResultSink interface {
 	Publish(ctx context.Context, msg []byte) (listened bool, err error)
-}
-
-// ResultPairSink is a ResultSink that can send two results in one write,
-// in order: a worker sends an answer's last batch and its DONE so, one
-// round trip and one message read by the api fewer a queued stream
-// (docs/QUEUE.md, "Batching"). listened is whether a subscriber received
-// both. On error either may or may not have been delivered, the second
-// never without the first.
-type ResultPairSink interface {
-	ResultSink
 	PublishPair(ctx context.Context, first, second []byte) (listened bool, err error)
 }
 

@@ -67,6 +67,33 @@ func subscribed(t *testing.T, srv *redistest.Server, channels []string) *redis.P
 	return sub
 }
 
+// collect receives n messages on sub in the background. The func it
+// returns waits for them, failing the test after 10 s, and gives each
+// channel's payloads in the order they arrived.
+func collect(t *testing.T, sub *redis.PubSub, n int) func() map[string][]string {
+	got := make(map[string][]string)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range n {
+			msg, err := sub.ReceiveMessage(context.Background())
+			if err != nil {
+				return
+			}
+			got[msg.Channel] = append(got[msg.Channel], msg.Payload)
+		}
+	}()
+	return func() map[string][]string {
+		t.Helper()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("not every message arrived within 10s")
+		}
+		return got
+	}
+}
+
 // Concurrent publishes share pipelines, each caller gets its own answer
 // (heard on a channel with a subscriber, unheard without), every message
 // arrives once and in each channel's order; a lone publish is a plain
@@ -84,22 +111,7 @@ func TestConcurrentPublishesSharePipelines(t *testing.T) {
 		channels = append(channels, failover.ResultChannel(prefix, fmt.Sprint("job-", w)))
 	}
 	sub := subscribed(t, srv, channels)
-	got := make(map[string][]string)
-	var mu sync.Mutex
-	recvDone := make(chan struct{})
-	go func() {
-		defer close(recvDone)
-		for n := 0; n < workers/2*each; {
-			msg, err := sub.ReceiveMessage(context.Background())
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			got[msg.Channel] = append(got[msg.Channel], msg.Payload)
-			mu.Unlock()
-			n++
-		}
-	}()
+	received := collect(t, sub, workers/2*each)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -121,11 +133,7 @@ func TestConcurrentPublishesSharePipelines(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	select {
-	case <-recvDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("not every message arrived within 10s")
-	}
+	got := received()
 	for w := 0; w < workers; w += 2 {
 		ch := failover.ResultChannel(prefix, fmt.Sprint("job-", w))
 		if len(got[ch]) != each {
@@ -290,9 +298,7 @@ func TestPairsGoInOnePipeline(t *testing.T) {
 		channels = append(channels, failover.ResultChannel(prefix, fmt.Sprint("pair-", w)))
 	}
 	sub := subscribed(t, srv, channels)
-	sink := func(id string) failover.ResultPairSink {
-		return pub.ResultsFor(id).(failover.ResultPairSink)
-	}
+	sink := pub.ResultsFor
 
 	// Nobody listening: unheard, no error. (It also makes the connection
 	// the next pair goes on, whose handshake the hook would count.)
@@ -316,18 +322,7 @@ func TestPairsGoInOnePipeline(t *testing.T) {
 	}
 
 	// Concurrent pairs.
-	got := make(map[string][]string)
-	recvDone := make(chan struct{})
-	go func() {
-		defer close(recvDone)
-		for range workers * each * 2 {
-			msg, err := sub.ReceiveMessage(context.Background())
-			if err != nil {
-				return
-			}
-			got[msg.Channel] = append(got[msg.Channel], msg.Payload)
-		}
-	}()
+	received := collect(t, sub, workers*each*2)
 	var wg sync.WaitGroup
 	for w := range workers {
 		wg.Go(func() {
@@ -342,11 +337,7 @@ func TestPairsGoInOnePipeline(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	select {
-	case <-recvDone:
-	case <-time.After(10 * time.Second):
-		t.Fatal("not every message arrived within 10s")
-	}
+	got := received()
 	for _, ch := range channels {
 		if len(got[ch]) != 2*each {
 			t.Fatalf("%s: %d messages, want %d", ch, len(got[ch]), 2*each)

@@ -65,7 +65,7 @@ type redisSink struct {
 	channel string
 }
 
-var _ failover.ResultPairSink = redisSink{}
+var _ failover.ResultSink = redisSink{}
 
 func (s redisSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	n, err := s.c.publish(ctx, s.channel, msg)

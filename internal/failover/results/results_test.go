@@ -61,11 +61,7 @@ func checkChannel(t *testing.T, h halves, id string) {
 	receive("one", "two")
 	// A worker's last batch and DONE: one write, in order (SPUBLISH on a
 	// Cluster, to the channel's node).
-	pair, ok := sink.(failover.ResultPairSink)
-	if !ok {
-		t.Fatalf("sink %T cannot publish a pair", sink)
-	}
-	if heard, err := pair.PublishPair(ctx, []byte("three"), []byte("four")); err != nil || !heard {
+	if heard, err := sink.PublishPair(ctx, []byte("three"), []byte("four")); err != nil || !heard {
 		t.Fatalf("publish pair: heard %v, %v; want the subscription", heard, err)
 	}
 	receive("three", "four")

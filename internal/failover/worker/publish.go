@@ -137,23 +137,15 @@ func (p *publisher) sendLocked(ctx context.Context, r protocol.Result) error {
 	return nil
 }
 
-// sendPair publishes an answer's last batch and then its DONE, in one
-// write when the sink can (failover.ResultPairSink): one round trip a
-// stream fewer, and the api reads both at once. sent reports whether
-// done was sent, or tried on its own after the batch went out; err is
-// set when the batch may not have gone out: the caller then makes the
-// batch good (batcher.restartLocked) and sends done after it.
+// sendPair publishes an answer's last batch and then its DONE in one
+// write (failover.ResultSink.PublishPair): one round trip a stream
+// fewer, and the api reads both at once. sent reports whether done went
+// out; err is set when the batch may not have: the caller then makes the
+// batch good (batcher.restartLocked) and sends done after it. Over a
+// broken answer (no DONE may go) the batch goes alone.
 func (p *publisher) sendPair(ctx context.Context, batch, done protocol.Result) (sent bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	pair, ok := p.results.(failover.ResultPairSink)
-	if !ok || p.broken {
-		if err := p.sendLocked(ctx, batch); err != nil {
-			return false, err
-		}
-		_ = p.sendLocked(ctx, done)
-		return true, nil
-	}
 	if err := p.fenceLocked(); err != nil {
 		return false, err
 	}
@@ -165,7 +157,7 @@ func (p *publisher) sendPair(ctx context.Context, batch, done protocol.Result) (
 	if err != nil {
 		return false, p.sendEncodedLocked(ctx, batch.Kind, first)
 	}
-	listened, err := p.publish(ctx, func(ctx context.Context) (bool, error) { return pair.PublishPair(ctx, first, second) })
+	listened, err := p.publish(ctx, func(ctx context.Context) (bool, error) { return p.results.PublishPair(ctx, first, second) })
 	if err != nil {
 		p.log.Warn("publish failed", "kind", "BATCH and DONE", "budget", p.budget.String(), "err", err)
 		return false, err
@@ -460,7 +452,7 @@ func (b *batcher) publishLocked(ctx context.Context, all bool) {
 		}
 		// The answer's last batch takes its DONE along (finish).
 		var end *protocol.Result
-		if all && b.end != nil && b.taken == len(b.answer) {
+		if b.end != nil && b.taken == len(b.answer) {
 			end, b.end = b.end, nil
 		}
 		b.mu.Unlock()

@@ -67,7 +67,7 @@ func (s flakySink) PublishPair(ctx context.Context, first, second []byte) (bool,
 	return a && b, err
 }
 
-var _ failover.ResultPairSink = flakySink{}
+var _ failover.ResultSink = flakySink{}
 
 func (f *flakyResults) triedKinds() map[protocol.ResultKind]int {
 	f.mu.Lock()
@@ -346,6 +346,11 @@ func (s slowSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	return s.next.Publish(ctx, msg)
 }
 
+func (s slowSink) PublishPair(ctx context.Context, first, second []byte) (bool, error) {
+	time.Sleep(s.rtt) // one round trip for both
+	return s.next.PublishPair(ctx, first, second)
+}
+
 // TestWorkerGathersChunksWhileABatchIsOut: chunks that arrive while a
 // batch is being published join the next one, so an upstream faster than
 // the publishes fills fewer, larger messages; the answer arrives whole and
@@ -420,7 +425,7 @@ type callRecorder struct {
 }
 
 func (c *callRecorder) ResultsFor(id string) failover.ResultSink {
-	return recordingSink{c: c, tb: c.tb, next: c.ResultPublisher.ResultsFor(id).(failover.ResultPairSink)}
+	return recordingSink{c: c, tb: c.tb, next: c.ResultPublisher.ResultsFor(id)}
 }
 
 func (c *callRecorder) record(tb testing.TB, msgs ...[]byte) {
@@ -446,7 +451,7 @@ func (c *callRecorder) recorded() [][]protocol.ResultKind {
 type recordingSink struct {
 	c    *callRecorder
 	tb   testing.TB
-	next failover.ResultPairSink
+	next failover.ResultSink
 }
 
 func (s recordingSink) Publish(ctx context.Context, msg []byte) (bool, error) {

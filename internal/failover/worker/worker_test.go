@@ -1212,6 +1212,11 @@ func (s gatedSink) Publish(ctx context.Context, msg []byte) (bool, error) {
 	return s.inner.Publish(ctx, msg)
 }
 
+func (s gatedSink) PublishPair(ctx context.Context, first, second []byte) (bool, error) {
+	s.g.once.Do(func() { <-s.g.gate })
+	return s.inner.PublishPair(ctx, first, second)
+}
+
 // askingPool is a pool that says when it was first asked for a slot.
 type askingPool struct {
 	*pool.Local

@@ -95,7 +95,7 @@ func (s memSink) PublishPair(ctx context.Context, first, second []byte) (bool, e
 	return a && b, err
 }
 
-var _ failover.ResultPairSink = memSink{}
+var _ failover.ResultSink = memSink{}
 
 // PublishResult delivers msg to requestID's subscription, if any. A
 // subscription whose buffer is full ends with failover.ErrResultOverflow.
