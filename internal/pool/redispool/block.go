@@ -43,10 +43,9 @@ const maxBlock = 512
 
 // blockReq is one request waiting for a block.
 type blockReq struct {
-	user   string
-	id     string // the lease id it is granted under
-	direct bool   // TryAcquire's: its lease may be kept idle when released
-	spare  bool   // a spare lease asked for with the block (spare.go): no caller, res unused
+	user  string
+	id    string // the lease id it is granted under
+	spare bool   // a spare lease asked for with the block (spare.go): no caller, res unused
 	// state: reqPending until the block's goroutine delivers (reqDelivered:
 	// its block's answer, or a spare lease while it still waited) or the
 	// caller gives up (reqGone).
@@ -74,11 +73,12 @@ type blockRel struct {
 }
 
 // acquireBlock asks for a slot for user in the next block: the Redis path
-// of TryAcquire and of a waiter's first try. Errors are those of tryRedis.
-func (p *Pool) acquireBlock(ctx context.Context, user string, direct bool) (pool.Lease, error) {
-	r := &blockReq{user: user, id: p.newLeaseID(), direct: direct, res: make(chan blockRes, 1)}
+// of TryAcquire and of a waiter's first try. Its lease may be kept idle
+// when released. Errors are those of tryRedis.
+func (p *Pool) acquireBlock(ctx context.Context, user string) (pool.Lease, error) {
+	r := &blockReq{user: user, id: p.newLeaseID(), res: make(chan blockRes, 1)}
 	var back []swapLease
-	if direct && p.cfg.IdleHold > 0 {
+	if p.cfg.IdleHold > 0 {
 		// user's own idle leases, which takeIdle could not hand out,
 		// go back first: they would count against its per-user limit.
 		back = p.takeStale(user)
@@ -421,10 +421,8 @@ func (p *Pool) answerBlock(reqs []*blockReq, codes []int64, start time.Time) {
 			continue
 		}
 		l := p.grantLocked(r.id, r.user)
-		l.direct, l.granted = r.direct, start
-		if r.direct {
-			p.heldDirectLocked(r.user, now)
-		}
+		l.direct, l.granted = true, start
+		p.heldDirectLocked(r.user, now)
 		r.res <- blockRes{lease: l, code: codeGranted}
 	}
 	switch {

@@ -45,8 +45,12 @@ import (
 // (takeSwap): with many users, each seldom, a pair then costs one Redis
 // call instead of two.
 //
-// Workers' leases (Acquire and its siblings) are never kept idle nor taken
-// from the cache: they wait in line, in order.
+// A worker's job asks first as a direct request does (acquireRedis), so it
+// takes an idle lease of its user too, and its lease goes idle when the
+// job ends: a consumer's next job of the same user starts without a Redis
+// call. A job that waits in line (the pool full, or older jobs waiting)
+// is granted a lease that is never kept idle: waiters are served in
+// Redis, in order.
 
 // DefaultIdleHold is the idle time the app gives Config.IdleHold.
 const DefaultIdleHold = 200 * time.Millisecond

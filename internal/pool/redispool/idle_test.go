@@ -173,6 +173,51 @@ func TestIdleLeaseReusedWithoutRedisCall(t *testing.T) {
 	b.Release()
 }
 
+// A worker's job takes its slot as a direct request does: its lease goes
+// idle when the job ends, and the same user's next job in the process
+// takes it with no Redis call, whether it may wait (Acquire) or defers
+// at its user's limit (AcquireOrDefer).
+func TestWorkerLeaseReusedWithoutRedisCall(t *testing.T) {
+	t.Parallel()
+	s := redistest.Start(t)
+	admin := s.Client(t)
+	cfg := Config{Prefix: redistest.Prefix(t), Size: 4, PerUser: 2, IdleHold: 10 * time.Second}
+	p, cc := newCountedPool(t, s.Addr, cfg)
+	ctx := context.Background()
+	// The cache starts once the reclaim subscription is confirmed.
+	testutil.Eventually(t, 15*time.Second, func() bool {
+		l, err := p.Acquire(ctx, "u")
+		if err != nil {
+			t.Fatalf("warm up: %v", err)
+		}
+		l.Release()
+		return p.idleLen() == 1
+	}, "a worker's released lease kept idle")
+
+	before, blocks := cc.calls.Load(), cc.blocks.Load()
+	const jobs = 500
+	for i := range jobs {
+		acquire := p.Acquire
+		if i%2 == 1 {
+			acquire = func(ctx context.Context, user string) (pool.Lease, error) {
+				return p.AcquireOrDefer(ctx, user, time.Now())
+			}
+		}
+		l, err := acquire(ctx, "u")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Release()
+	}
+	// A renewal round (every LeaseTTL/3 = 10s) may fall in the loop.
+	if n, b := cc.calls.Load()-before, cc.blocks.Load()-blocks; n > 2 || b > 0 {
+		t.Fatalf("%d jobs of one user made %d Redis calls (%d slot blocks), want none", jobs, n, b)
+	}
+	if all, mine := liveLeases(t, admin, cfg.Prefix, "u"); all != 1 || mine != 1 {
+		t.Fatalf("leases in Redis: pool %d, user %d; want the one idle lease reused", all, mine)
+	}
+}
+
 // Two processes' pools hammer one Redis with many users, direct requests
 // and waiting workers mixed: no moment holds more than Size leases, or a
 // user more than PerUser, in Redis or handed out, while the cache serves
@@ -414,8 +459,13 @@ func TestNoIdleLeaseWhileWaitersInLine(t *testing.T) {
 		all, _ := liveLeases(t, admin, cfg.Prefix, "")
 		return api.idleLen() == 0 && all == 1
 	}, "idle lease given back when the waiter joined")
-	for range 20 {
-		l, err := api.TryAcquire(ctx, "a")
+	for i := range 20 {
+		// A direct request, or a worker's job in the same process.
+		acquire := api.TryAcquire
+		if i%2 == 1 {
+			acquire = api.Acquire
+		}
+		l, err := acquire(ctx, "a")
 		if err != nil {
 			t.Fatal(err)
 		}

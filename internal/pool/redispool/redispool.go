@@ -45,8 +45,9 @@
 // rule above is written there once.
 //
 // Idle leases (idle.go). With Config.IdleHold a direct lease released by
-// its holder stays a lease of this process for IdleHold, and the same
-// user's next TryAcquire here takes it without a Redis call; it is given
+// its holder (or a worker's, granted on its first try, not in line) stays
+// a lease of this process for IdleHold, and the same user's next
+// TryAcquire or first try here takes it without a Redis call; it is given
 // back at once when a waiter joins the line, a direct request elsewhere is
 // refused, or the adaptive limit falls (ReclaimChannel). Still a lease in
 // Redis all along, it keeps both limits exact.
@@ -152,9 +153,10 @@ type Config struct {
 	// client pool full of slow calls does not make Redis look dead.
 	// Optional: nil PINGs through the Pool's client.
 	Probe func(context.Context) error
-	// IdleHold is how long a direct lease released by its holder stays a
-	// lease of this process, idle, for the next TryAcquire of the same
-	// user to take without a Redis call (idle.go; docs/OPERATIONS.md,
+	// IdleHold is how long a direct lease released by its holder (or a
+	// worker's not granted in line) stays a lease of this process, idle,
+	// for the next acquire of the same user to take without a Redis call
+	// (idle.go; docs/OPERATIONS.md,
 	// "Idle leases"). 0 turns the cache off: every release goes to Redis
 	// at once. The app gives DefaultIdleHold.
 	IdleHold time.Duration
@@ -379,7 +381,7 @@ func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) 
 			return l, nil
 		}
 	}
-	l, err := p.tryRedis(ctx, user, true)
+	l, err := p.tryRedis(ctx, user)
 	var ue *unavailableError
 	var se *slowError
 	switch {
@@ -578,10 +580,10 @@ func (p *Pool) startRenewalLocked() {
 }
 
 // tryRedis is one direct attempt, made in the next slot block
-// (block.go); direct marks a TryAcquire, whose lease may be kept idle when
-// released.
-func (p *Pool) tryRedis(ctx context.Context, user string, direct bool) (pool.Lease, error) {
-	return p.acquireBlock(ctx, user, direct)
+// (block.go): a TryAcquire, or a worker's first try. Its lease may be
+// kept idle when released.
+func (p *Pool) tryRedis(ctx context.Context, user string) (pool.Lease, error) {
+	return p.acquireBlock(ctx, user)
 }
 
 // grantLocked records a lease granted in Redis so that it is renewed.
@@ -625,7 +627,7 @@ func (p *Pool) setLimit(limit int) {
 type lease struct {
 	p        *Pool
 	id, user string
-	direct   bool      // TryAcquire's: may be kept idle when released
+	direct   bool      // granted to a direct attempt (tryRedis, the cache): may be kept idle when released
 	granted  time.Time // when the acquire that granted the id started
 	once     sync.Once
 }

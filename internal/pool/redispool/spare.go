@@ -128,9 +128,7 @@ func (p *Pool) sparesLocked(reqs []*blockReq, now time.Time) []*blockReq {
 	}
 	asked := make(map[string]int, 1)
 	for _, r := range reqs {
-		if r.direct {
-			asked[r.user]++
-		}
+		asked[r.user]++
 	}
 	var spares []*blockReq
 	for _, r := range reqs {
@@ -146,7 +144,7 @@ func (p *Pool) sparesLocked(reqs []*blockReq, now time.Time) []*blockReq {
 		have := p.active[r.user] + len(p.idle[r.user]) + n
 		want := min(d.peak-have, budget, p.cfg.PerUser/2-have)
 		for range want {
-			spares = append(spares, &blockReq{user: r.user, id: p.newLeaseID(), direct: true, spare: true})
+			spares = append(spares, &blockReq{user: r.user, id: p.newLeaseID(), spare: true})
 		}
 		budget -= max(want, 0)
 		if budget <= 0 {
@@ -162,7 +160,7 @@ func (p *Pool) sparesLocked(reqs []*blockReq, now time.Time) []*blockReq {
 // caller gives it back).
 func (p *Pool) spareGrantedLocked(id, user string, start, now time.Time) bool {
 	for _, r := range p.blockReqs {
-		if r.user != user || !r.direct || !r.state.CompareAndSwap(reqPending, reqDelivered) {
+		if r.user != user || !r.state.CompareAndSwap(reqPending, reqDelivered) {
 			continue
 		}
 		l := p.grantLocked(id, user)

@@ -84,8 +84,16 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, defer
 	queued := len(p.waiters) > 0
 	p.mu.Unlock()
 	if !queued || deferring {
-		// Like a direct request: granted only when no waiter is deprived.
-		l, err := p.tryRedis(ctx, user, false)
+		// Like a direct request: granted only when no waiter is deprived,
+		// and like one it may take an idle lease of its user, and its own
+		// lease may go idle when released (idle.go): a worker's next job
+		// then starts without a Redis call.
+		if !queued && p.cfg.IdleHold > 0 {
+			if l := p.takeIdle(user); l != nil {
+				return l, nil
+			}
+		}
+		l, err := p.tryRedis(ctx, user)
 		var ue *unavailableError
 		var se *slowError
 		switch {
