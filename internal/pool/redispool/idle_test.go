@@ -68,11 +68,18 @@ func newCountedPool(tb testing.TB, addr string, cfg Config) (*Pool, *callCounter
 // loaded machine).
 func warmIdle(tb testing.TB, p *Pool, user string, n int) {
 	tb.Helper()
+	warmIdleBy(tb, p, p.TryAcquire, user, n)
+}
+
+// warmIdleBy is warmIdle with the leases taken by acquire: p.TryAcquire
+// (direct requests) or p.Acquire (a worker's jobs).
+func warmIdleBy(tb testing.TB, p *Pool, acquire func(context.Context, string) (pool.Lease, error), user string, n int) {
+	tb.Helper()
 	ctx := context.Background()
 	testutil.Eventually(tb, 15*time.Second, func() bool {
 		ls := make([]pool.Lease, 0, n)
 		for range n {
-			l, err := p.TryAcquire(ctx, user)
+			l, err := acquire(ctx, user)
 			if err != nil {
 				tb.Fatalf("warm up: %v", err)
 			}

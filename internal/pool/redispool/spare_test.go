@@ -29,8 +29,15 @@ import (
 // its own test, TestNoSparesAfterASlowBlock).
 func holdAndFlush(tb testing.TB, p *Pool, rdb redis.UniversalClient, prefix, user string, n int) {
 	tb.Helper()
+	holdAndFlushBy(tb, p, p.TryAcquire, rdb, prefix, user, n)
+}
+
+// holdAndFlushBy is holdAndFlush with the leases taken by acquire
+// (warmIdleBy).
+func holdAndFlushBy(tb testing.TB, p *Pool, acquire func(context.Context, string) (pool.Lease, error), rdb redis.UniversalClient, prefix, user string, n int) {
+	tb.Helper()
 	p.spareMaxCall.Store(int64(time.Hour))
-	warmIdle(tb, p, user, n)
+	warmIdleBy(tb, p, acquire, user, n)
 	p.requestFlush("")
 	testutil.Eventually(tb, 5*time.Second, func() bool {
 		all, _ := liveLeases(tb, rdb, prefix, "")
@@ -38,40 +45,54 @@ func holdAndFlush(tb testing.TB, p *Pool, rdb redis.UniversalClient, prefix, use
 	}, "idle leases given back")
 }
 
+// A burst of an api's direct requests, or of a consumer's jobs (a job's
+// first try for a slot is a direct request to the pool).
 func TestBurstAfterQuietSpellTakesSpareLeases(t *testing.T) {
 	t.Parallel()
-	s := redistest.Start(t)
-	admin := s.Client(t)
-	const burst = 50
-	cfg := Config{Prefix: redistest.Prefix(t), Size: 100_000, PerUser: 100_000, IdleHold: 10 * time.Second}
-	p, cc := newCountedPool(t, s.Addr, cfg)
-	holdAndFlush(t, p, admin, cfg.Prefix, "u", burst)
+	for _, tc := range []struct {
+		name    string
+		acquire func(*Pool) func(context.Context, string) (pool.Lease, error)
+	}{
+		{"direct requests", func(p *Pool) func(context.Context, string) (pool.Lease, error) { return p.TryAcquire }},
+		{"jobs", func(p *Pool) func(context.Context, string) (pool.Lease, error) { return p.Acquire }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := redistest.Start(t)
+			admin := s.Client(t)
+			const burst = 50
+			cfg := Config{Prefix: redistest.Prefix(t), Size: 100_000, PerUser: 100_000, IdleHold: 10 * time.Second}
+			p, cc := newCountedPool(t, s.Addr, cfg)
+			acquire := tc.acquire(p)
+			holdAndFlushBy(t, p, acquire, admin, cfg.Prefix, "u", burst)
 
-	ctx := context.Background()
-	before := cc.blocks.Load()
-	ls := make([]pool.Lease, 0, burst)
-	for range burst {
-		l, err := p.TryAcquire(ctx, "u")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
+			ctx := context.Background()
+			before := cc.blocks.Load()
+			ls := make([]pool.Lease, 0, burst)
+			for range burst {
+				l, err := acquire(ctx, "u")
+				if err != nil {
+					t.Fatal(err)
+				}
+				ls = append(ls, l)
+			}
+			if n := cc.blocks.Load() - before; n != 1 {
+				t.Fatalf("a burst of %d streams after a quiet spell made %d block.lua calls, want 1 (the first stream's, with %d spares)", burst, n, burst-1)
+			}
+			// Spares are real leases: the pool and the user count each once.
+			if all, mine := liveLeases(t, admin, cfg.Prefix, "u"); all != burst || mine != burst {
+				t.Fatalf("leases in Redis: pool %d, user %d; want %d, %d", all, mine, burst, burst)
+			}
+			for _, l := range ls {
+				l.Release()
+			}
+			p.requestFlush("")
+			testutil.Eventually(t, 5*time.Second, func() bool {
+				all, _ := liveLeases(t, admin, cfg.Prefix, "")
+				return all == 0
+			}, "every lease given back")
+		})
 	}
-	if n := cc.blocks.Load() - before; n != 1 {
-		t.Fatalf("a burst of %d streams after a quiet spell made %d block.lua calls, want 1 (the first stream's, with %d spares)", burst, n, burst-1)
-	}
-	// Spares are real leases: the pool and the user count each once.
-	if all, mine := liveLeases(t, admin, cfg.Prefix, "u"); all != burst || mine != burst {
-		t.Fatalf("leases in Redis: pool %d, user %d; want %d, %d", all, mine, burst, burst)
-	}
-	for _, l := range ls {
-		l.Release()
-	}
-	p.requestFlush("")
-	testutil.Eventually(t, 5*time.Second, func() bool {
-		all, _ := liveLeases(t, admin, cfg.Prefix, "")
-		return all == 0
-	}, "every lease given back")
 }
 
 // A burst whose first block is still out: the requests that arrive
