@@ -72,9 +72,13 @@ type blockRel struct {
 	done     chan struct{}
 }
 
-// acquireBlock asks for a slot for user in the next block: the Redis path
-// of TryAcquire and of a waiter's first try. Its lease may be kept idle
-// when released. Errors are those of tryRedis.
+// acquireBlock is one direct attempt: it asks for a slot for user in the
+// next block, the Redis path of TryAcquire and of a worker's first try.
+// Its lease may be kept idle when released. Besides a refusal (wrapping
+// pool.ErrPoolExhausted or pool.ErrUserLimit), ctx's error and ErrClosed,
+// a failed block's error wraps an *unavailableError when Redis is judged
+// gone (the caller goes to the fallback pool) or a *slowError when it did
+// not answer in time (health.go).
 func (p *Pool) acquireBlock(ctx context.Context, user string) (pool.Lease, error) {
 	r := &blockReq{user: user, id: p.newLeaseID(), res: make(chan blockRes, 1)}
 	var back []swapLease

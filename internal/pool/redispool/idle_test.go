@@ -71,9 +71,12 @@ func warmIdle(tb testing.TB, p *Pool, user string, n int) {
 	warmIdleBy(tb, p, p.TryAcquire, user, n)
 }
 
-// warmIdleBy is warmIdle with the leases taken by acquire: p.TryAcquire
-// (direct requests) or p.Acquire (a worker's jobs).
-func warmIdleBy(tb testing.TB, p *Pool, acquire func(context.Context, string) (pool.Lease, error), user string, n int) {
+// acquireFunc takes a lease for a user: a Pool's TryAcquire (direct
+// requests) or Acquire (a worker's jobs).
+type acquireFunc = func(context.Context, string) (pool.Lease, error)
+
+// warmIdleBy is warmIdle with the leases taken by acquire.
+func warmIdleBy(tb testing.TB, p *Pool, acquire acquireFunc, user string, n int) {
 	tb.Helper()
 	ctx := context.Background()
 	testutil.Eventually(tb, 15*time.Second, func() bool {
@@ -204,7 +207,7 @@ func TestWorkerLeaseReusedWithoutRedisCall(t *testing.T) {
 	before, blocks := cc.calls.Load(), cc.blocks.Load()
 	const jobs = 500
 	for i := range jobs {
-		acquire := p.Acquire
+		acquire := acquireFunc(p.Acquire)
 		if i%2 == 1 {
 			acquire = func(ctx context.Context, user string) (pool.Lease, error) {
 				return p.AcquireOrDefer(ctx, user, time.Now())

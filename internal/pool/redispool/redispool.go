@@ -381,7 +381,7 @@ func (p *Pool) TryAcquire(ctx context.Context, user string) (pool.Lease, error) 
 			return l, nil
 		}
 	}
-	l, err := p.tryRedis(ctx, user)
+	l, err := p.acquireBlock(ctx, user)
 	var ue *unavailableError
 	var se *slowError
 	switch {
@@ -579,13 +579,6 @@ func (p *Pool) startRenewalLocked() {
 	}
 }
 
-// tryRedis is one direct attempt, made in the next slot block
-// (block.go): a TryAcquire, or a worker's first try. Its lease may be
-// kept idle when released.
-func (p *Pool) tryRedis(ctx context.Context, user string) (pool.Lease, error) {
-	return p.acquireBlock(ctx, user)
-}
-
 // grantLocked records a lease granted in Redis so that it is renewed.
 func (p *Pool) grantLocked(id, user string) *lease {
 	p.held[id] = user
@@ -627,7 +620,7 @@ func (p *Pool) setLimit(limit int) {
 type lease struct {
 	p        *Pool
 	id, user string
-	direct   bool      // granted to a direct attempt (tryRedis, the cache): may be kept idle when released
+	direct   bool      // granted to a direct attempt (acquireBlock, the cache): may be kept idle when released
 	granted  time.Time // when the acquire that granted the id started
 	once     sync.Once
 }

@@ -34,7 +34,7 @@ func holdAndFlush(tb testing.TB, p *Pool, rdb redis.UniversalClient, prefix, use
 
 // holdAndFlushBy is holdAndFlush with the leases taken by acquire
 // (warmIdleBy).
-func holdAndFlushBy(tb testing.TB, p *Pool, acquire func(context.Context, string) (pool.Lease, error), rdb redis.UniversalClient, prefix, user string, n int) {
+func holdAndFlushBy(tb testing.TB, p *Pool, acquire acquireFunc, rdb redis.UniversalClient, prefix, user string, n int) {
 	tb.Helper()
 	p.spareMaxCall.Store(int64(time.Hour))
 	warmIdleBy(tb, p, acquire, user, n)
@@ -51,10 +51,10 @@ func TestBurstAfterQuietSpellTakesSpareLeases(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name    string
-		acquire func(*Pool) func(context.Context, string) (pool.Lease, error)
+		acquire func(*Pool) acquireFunc
 	}{
-		{"direct requests", func(p *Pool) func(context.Context, string) (pool.Lease, error) { return p.TryAcquire }},
-		{"jobs", func(p *Pool) func(context.Context, string) (pool.Lease, error) { return p.Acquire }},
+		{"direct requests", func(p *Pool) acquireFunc { return p.TryAcquire }},
+		{"jobs", func(p *Pool) acquireFunc { return p.Acquire }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

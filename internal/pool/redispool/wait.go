@@ -93,7 +93,7 @@ func (p *Pool) acquireRedis(ctx context.Context, user string, since int64, defer
 				return l, nil
 			}
 		}
-		l, err := p.tryRedis(ctx, user)
+		l, err := p.acquireBlock(ctx, user)
 		var ue *unavailableError
 		var se *slowError
 		switch {
