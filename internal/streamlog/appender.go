@@ -2,7 +2,6 @@ package streamlog
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -76,13 +75,6 @@ const (
 	// id, field name and lengths) for compactBelow.
 	entryOverhead = 16
 )
-
-// compactScript rewrites a finished log without Redis's preallocation.
-//
-//go:embed compact.lua
-var compactSource string
-
-var compactScript = redis.NewScript(compactSource)
 
 // Config configures an Appender. Zero fields marked with a default take
 // it; the others are required.
@@ -185,6 +177,9 @@ type Appender struct {
 	// Run itself once the writer has ended).
 	logs   map[string]logState
 	pruned time.Time
+	// compactOff, set by that goroutine too when the server refused COPY
+	// or RENAME, is until when logs are left as written.
+	compactOff time.Time
 }
 
 // NewAppender returns an appender on rdb; Run must run for it to write.
@@ -410,6 +405,7 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 		byLog[it.requestID] = append(byLog[it.requestID], i)
 	}
 	var run []Event
+	var compacts []compaction
 	for _, id := range logs {
 		key := Key(a.cfg.Prefix, id)
 		idx := byLog[id]
@@ -453,19 +449,94 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 		if expire {
 			pipe.PExpire(ctx, key, ttl)
 		}
-		if compact {
-			compactScript.Eval(ctx, pipe, []string{key, compactKey(a.cfg.Prefix, id)}, ttl.Milliseconds())
+		if compact && now.After(a.compactOff) {
+			compacts = append(compacts, a.compact(ctx, pipe, key, compactKey(a.cfg.Prefix, id)))
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	cmds, _ := pipe.Exec(ctx)
+	if err := writeErr(cmds); err != nil {
 		// Which expiries were set is unknown: the next write of each log
 		// sets its expiry again (and none is compacted).
 		clear(a.logs)
 		a.log.Warn("stream log write failed", "entries", len(batch), "err", fmt.Errorf("streamlog: pipelined xadd: %w", err))
+	} else {
+		a.compacted(ctx, compacts, now)
 	}
 	a.pending.Add(-int64(len(batch)))
 	clear(batch)
 	return batch[:0]
+}
+
+// compactRetry is how long compaction stays off after the server refused
+// it: a refusal is usually for good (a Redis before 6.2, a command
+// denied), but it may pass (a server over maxmemory refuses the copy).
+const compactRetry = 10 * time.Minute
+
+// compaction is the two commands rewriting one log, and their copy.
+type compaction struct {
+	copy   *redis.IntCmd
+	rename *redis.StatusCmd
+	tmp    string
+}
+
+// compact queues the rewrite of finished log key through tmp on pipe.
+//
+// A finished log of under compactBelow bytes is rewritten in place, in the
+// pipeline that wrote its end: COPY to a key beside it on its slot, which
+// allocates each listpack node at its size, without the 4 KB Redis 7.0
+// preallocates for a stream's node (most of which a short answer leaves
+// unused), then RENAME back: the same entries, ids and TTL (COPY keeps
+// the expiry the pipeline set just before). COPY copies memory where
+// DUMP and RESTORE serialize, checksum and parse (docs/bench-history/
+// 2026-11.md, "Stream log at load" and "Stream log, paced"); two plain
+// commands cost Redis less than the script that ran them before
+// ("Stream log compaction without a script"). Nothing else writes a
+// finished log, so nothing can land between the two. Compacting is worth
+// memory, never an error: a log gone meanwhile is left alone, and a
+// server that refuses either command (before 6.2, or a managed Redis
+// denying it) turns compaction off for compactRetry (compacted).
+func (a *Appender) compact(ctx context.Context, pipe redis.Pipeliner, key, tmp string) compaction {
+	// Not pipe.Copy: it names a target database, and a client of any
+	// database but 0 would copy the log out of its own.
+	cp := redis.NewIntCmd(ctx, "copy", key, tmp, "replace")
+	_ = pipe.Process(ctx, cp)
+	return compaction{copy: cp, rename: pipe.Rename(ctx, tmp, key), tmp: tmp}
+}
+
+// compacted reads what the compactions of a write at now answered. A
+// refused COPY or RENAME turns compaction off for compactRetry; the copy
+// a refused RENAME left is deleted.
+func (a *Appender) compacted(ctx context.Context, cs []compaction, now time.Time) {
+	for _, c := range cs {
+		copied, err := c.copy.Result()
+		if err == nil && copied == 0 {
+			continue // the log was gone: nothing was copied, the RENAME failed on nothing
+		}
+		if err == nil {
+			if err = c.rename.Err(); err != nil {
+				_ = a.rdb.Del(ctx, c.tmp).Err()
+			}
+		}
+		if err != nil && now.After(a.compactOff) {
+			a.compactOff = now.Add(compactRetry)
+			a.log.Info("stream logs not compacted for a while: the server refused COPY or RENAME",
+				"retry_in", compactRetry.String(), "err", err)
+		}
+	}
+}
+
+// writeErr is the first error of a write's commands other than a
+// compaction's, whose refusal does not fail the write.
+func writeErr(cmds []redis.Cmder) error {
+	for _, c := range cmds {
+		if name := c.Name(); name == "copy" || name == "rename" {
+			continue
+		}
+		if err := c.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // expireEvery is how often a running stream's log has its expiry set
@@ -479,7 +550,7 @@ func (a *Appender) expireEvery() time.Duration { return min(a.cfg.TTL/10, time.S
 // a log lives TTL after a stream's last event, and between TTL and TTL +
 // expireEvery after the last write of a stream that stopped without one;
 // not one PEXPIRE per write (per chunk of a paced stream). A log that
-// ends within compactBelow bytes of entries is compacted (compact.lua).
+// ends within compactBelow bytes of entries is compacted (compact).
 func (a *Appender) expire(id string, now time.Time, opened, ended bool, size int) (ttl time.Duration, expire, compact bool) {
 	st, known := a.logs[id]
 	switch {

@@ -3,6 +3,7 @@ package streamlog_test
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,9 +87,9 @@ func TestExpirySetOnOpenEveryIntervalAndAtTheEnd(t *testing.T) {
 	}
 }
 
-// A short log is compacted when its stream ends (compact.lua): it reads
-// back the same, keeps its TTL, and takes less than the 4 KB listpack
-// node Redis 7.0 preallocates for a stream (4.7 KB for any short log
+// A short log is compacted when its stream ends (COPY and RENAME): it
+// reads back the same, keeps its TTL, and takes less than the 4 KB
+// listpack node Redis 7.0 preallocates for a stream (4.7 KB for any short log
 // before). A log still running is not.
 func TestShortLogCompactedWhenItEnds(t *testing.T) {
 	t.Parallel()
@@ -139,6 +140,56 @@ func TestShortLogCompactedWhenItEnds(t *testing.T) {
 	}
 }
 
+// On a Redis Cluster the two commands of a compaction go to the log's
+// node (the copy shares its slot): the ended log is compacted there and
+// reads back whole.
+func TestShortLogCompactedOnACluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 3)
+	rdb := c.Client(t)
+	prefix := redistest.Prefix(t)
+	a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb, testutil.DiscardLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runUntilStopped(a)
+	defer stop()
+	r, err := streamlog.NewReader(prefix, rdb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{"c1", "c2", "c3", "c4", "c5", "c6"} // on more than one node
+	for _, id := range ids {
+		a.Open(id, "alice")
+		for i := 1; i <= 50; i++ {
+			a.Append(id, streamlog.Event{ID: int64(i), Data: []byte(`{"content":" token"}`)})
+		}
+		a.Append(id, streamlog.Event{ID: 51, Name: "done", Data: []byte(`{}`)})
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { return a.Pending() == 0 }, "the logs written")
+	nodes := map[string]bool{}
+	for _, id := range ids {
+		key := streamlog.Key(prefix, id)
+		node, err := c.NodeFor(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[node] = true
+		if n := rdb.MemoryUsage(t.Context(), key).Val(); n >= 3000 {
+			t.Errorf("%s takes %d bytes, want it compacted below 3000", id, n)
+		}
+		if got := readAll(t, r, id); len(got) != 51 || got[50] != 51 {
+			t.Errorf("%s reads back %v", id, got)
+		}
+		if d := rdb.PTTL(t.Context(), key).Val(); d <= 50*time.Second || d > time.Minute {
+			t.Errorf("%s: TTL %v, want about a minute", id, d)
+		}
+	}
+	if len(nodes) < 2 {
+		t.Errorf("the logs sat on %d node(s), want more than one", len(nodes))
+	}
+}
+
 // On a server that cannot dump a stream (miniredis, which the embedded
 // mode runs on), compacting leaves the log as it was and the write
 // succeeds: no warning, the log reads back whole with its TTL.
@@ -169,6 +220,81 @@ func TestCompactHarmlessOnMiniredis(t *testing.T) {
 		t.Fatalf("TTL %v", ttl)
 	}
 }
+
+// On a server that refuses COPY, or RENAME (a managed Redis may deny
+// either; rename-command disables it here), an ended log is left as it
+// was: the write succeeds without a warning, the log reads back whole
+// with its TTL, no copy is left beside it, and the appender tries no
+// more compactions after the first refusal, which it notes once.
+func TestCompactionOffWhenServerRefuses(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"COPY", "RENAME"} {
+		t.Run(cmd, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.StartWith(t, "--rename-command", cmd, "")
+			prefix := redistest.Prefix(t)
+			rdb := srv.Client(t)
+			var warned, noted atomic.Int64
+			a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb,
+				slog.New(levelCounter{warn: &warned, info: &noted}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runUntilStopped(a)
+			defer stop()
+			r, err := streamlog.NewReader(prefix, rdb)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, id := range []string{"first", "second"} {
+				a.Open(id, "alice")
+				for i := 1; i <= 5; i++ {
+					a.Append(id, streamlog.Event{ID: int64(i), Data: []byte(`{"content":" token"}`)})
+				}
+				a.Append(id, streamlog.Event{ID: 6, Name: "done", Data: []byte(`{}`)})
+				testutil.Eventually(t, 5*time.Second, func() bool { return a.Pending() == 0 }, "the log written")
+				if ids := readAll(t, r, id); len(ids) != 6 || ids[5] != 6 {
+					t.Fatalf("%s reads back %v", id, ids)
+				}
+				if d := rdb.PTTL(t.Context(), streamlog.Key(prefix, id)).Val(); d <= 50*time.Second || d > time.Minute {
+					t.Fatalf("%s: TTL %v, want about a minute", id, d)
+				}
+			}
+			if n := warned.Load(); n != 0 {
+				t.Errorf("%d warnings: a compaction the server refused failed the write", n)
+			}
+			if n := noted.Load(); n != 1 {
+				t.Errorf("%d notes of compaction turned off, want 1", n)
+			}
+			if keys := rdb.Keys(t.Context(), prefix+"*").Val(); len(keys) != 2 {
+				t.Errorf("keys: %v, want the two logs and no copy", keys)
+			}
+			if cmd == "RENAME" {
+				// COPY worked for the first log only: the second was not tried.
+				stats := rdb.Info(t.Context(), "commandstats").Val()
+				if !strings.Contains(stats, "cmdstat_copy:calls=1,") {
+					t.Errorf("COPY calls: want 1 (none after the refused RENAME) in\n%s", stats)
+				}
+			}
+		})
+	}
+}
+
+// levelCounter counts records of level Warn and above in warn, and of
+// level Info in info.
+type levelCounter struct{ warn, info *atomic.Int64 }
+
+func (c levelCounter) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelInfo }
+func (c levelCounter) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		c.warn.Add(1)
+	} else {
+		c.info.Add(1)
+	}
+	return nil
+}
+func (c levelCounter) WithAttrs([]slog.Attr) slog.Handler { return c }
+func (c levelCounter) WithGroup(string) slog.Handler      { return c }
 
 // warnCounter counts the records of level Warn and above.
 type warnCounter struct{ n *atomic.Int64 }

@@ -17,9 +17,9 @@ func ReaderKey(prefix, requestID string) string {
 	return prefix + "log:{" + requestID + "}:reader"
 }
 
-// compactKey is where compact.lua copies a finished log before it renames
-// the copy back: <prefix>log:{<request_id>}:compact, on the log's slot. It
-// exists only while that script runs.
+// compactKey is where a finished log is copied before the copy is renamed
+// back (Appender.compact): <prefix>log:{<request_id>}:compact, on the
+// log's slot. It exists only between the two commands.
 func compactKey(prefix, requestID string) string {
 	return prefix + "log:{" + requestID + "}:compact"
 }
