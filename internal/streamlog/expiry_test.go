@@ -148,16 +148,7 @@ func TestShortLogCompactedOnACluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	rdb := c.Client(t)
 	prefix := redistest.Prefix(t)
-	a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb, testutil.DiscardLogger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runUntilStopped(a)
-	defer stop()
-	r, err := streamlog.NewReader(prefix, rdb)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, r := runAppender(t, prefix, rdb, testutil.DiscardLogger())
 	ids := []string{"c1", "c2", "c3", "c4", "c5", "c6"} // on more than one node
 	for _, id := range ids {
 		a.Open(id, "alice")
@@ -190,9 +181,8 @@ func TestShortLogCompactedOnACluster(t *testing.T) {
 	}
 }
 
-// On a server that cannot dump a stream (miniredis, which the embedded
-// mode runs on), compacting leaves the log as it was and the write
-// succeeds: no warning, the log reads back whole with its TTL.
+// On miniredis, which the embedded mode runs on, compacting a log is
+// harmless too: no warning, the log reads back whole with its TTL.
 func TestCompactHarmlessOnMiniredis(t *testing.T) {
 	t.Parallel()
 	mr := miniredis.RunT(t)
@@ -235,17 +225,7 @@ func TestCompactionOffWhenServerRefuses(t *testing.T) {
 			prefix := redistest.Prefix(t)
 			rdb := srv.Client(t)
 			var warned, noted atomic.Int64
-			a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb,
-				slog.New(levelCounter{warn: &warned, info: &noted}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			stop := runUntilStopped(a)
-			defer stop()
-			r, err := streamlog.NewReader(prefix, rdb)
-			if err != nil {
-				t.Fatal(err)
-			}
+			a, r := runAppender(t, prefix, rdb, slog.New(levelCounter{warn: &warned, info: &noted}))
 			for _, id := range []string{"first", "second"} {
 				a.Open(id, "alice")
 				for i := 1; i <= 5; i++ {
@@ -278,6 +258,22 @@ func TestCompactionOffWhenServerRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runAppender runs an appender of logs that live a minute on rdb until
+// the test ends, and returns it with a reader of its logs.
+func runAppender(tb testing.TB, prefix string, rdb redis.UniversalClient, log *slog.Logger) (*streamlog.Appender, *streamlog.Reader) {
+	tb.Helper()
+	a, err := streamlog.NewAppender(streamlog.Config{Prefix: prefix, TTL: time.Minute}, rdb, log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(runUntilStopped(a))
+	r, err := streamlog.NewReader(prefix, rdb)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return a, r
 }
 
 // levelCounter counts records of level Warn and above in warn, and of
