@@ -456,7 +456,8 @@ func (a *Appender) flush(ctx context.Context, batch []item) []item {
 	cmds, _ := pipe.Exec(ctx)
 	if err := writeErr(cmds); err != nil {
 		// Which expiries were set is unknown: the next write of each log
-		// sets its expiry again (and none is compacted).
+		// sets its expiry again (and none is compacted; a copy a
+		// compaction made before the failure carries its log's expiry).
 		clear(a.logs)
 		a.log.Warn("stream log write failed", "entries", len(batch), "err", fmt.Errorf("streamlog: pipelined xadd: %w", err))
 	} else {
