@@ -22,9 +22,16 @@ import (
 // Stop sends DELETE, which frees the slot at once even though the api
 // would otherwise keep a disconnected stream generating for its resume
 // window: a new request finds the only slot free within a second.
+//
+// Without a queue, so that a probe sent while the slot is still held is
+// refused rather than queued: a queued probe would take the freed slot
+// first (a waiting job goes before a newer direct request), hold it until
+// its worker saw the probe's client gone, and the next probe would queue
+// behind it in turn (CI once saw no direct answer for 5 s that way).
 func TestChatPageStopFreesSlot(t *testing.T) {
 	t.Parallel()
-	url := startAPI(t, map[string]string{"CONNECTION_POOL_SIZE": "1", "SIM_TOKEN_MS": "300", "STREAM_RESUME_WINDOW_SECONDS": "30"})
+	url := startAPI(t, map[string]string{"CONNECTION_POOL_SIZE": "1", "SIM_TOKEN_MS": "300", "STREAM_RESUME_WINDOW_SECONDS": "30",
+		"QUEUE_FAILOVER_ENABLED": "false"})
 	ctx := openPage(t, url)
 	ask(t, ctx, "a long answer, please")
 	browsertest.Until(t, ctx, lastAnswer+`.textContent.length > 0`, "the first chunk")
