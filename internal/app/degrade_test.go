@@ -30,10 +30,12 @@ import (
 var errUpstream = &llm.Error{Status: 502, Retryable: true, Err: errors.New("bad gateway")}
 
 // degradeState is what an api's /metrics says of its degradation level,
-// and the highest state of its provider circuits (0 closed).
+// and the highest state of its provider circuits (0 closed) over the
+// circuits it reported.
 type degradeState struct {
 	level, errorRate, latestRate, requests, backlog, wait float64
 	circuit                                               float64
+	circuits                                              int
 }
 
 // readDegrade scrapes the degradation level and its inputs; safe to call
@@ -66,6 +68,7 @@ func readDegrade(url string) (degradeState, error) {
 				return s, fmt.Errorf("metric %s: %w", name, err)
 			}
 			s.circuit = max(s.circuit, v)
+			s.circuits++
 			continue
 		}
 		if p := want[name]; ok && p != nil {
@@ -757,6 +760,10 @@ func TestDegradationFollowsASustainedFailure(t *testing.T) {
 	}
 
 	for _, x := range s {
+		if x.a.circuits == 0 || x.b.circuits == 0 {
+			t.Fatalf("an api reported no spillway_circuit_state at %s after the failure began: the circuits cannot be checked",
+				x.to.Sub(failFrom).Round(time.Millisecond))
+		}
 		if x.a.circuit != 0 || x.b.circuit != 0 {
 			t.Fatalf("a provider circuit left closed at %s after the failure began (states %v, %v): the breaker, not the degradation level, refused requests",
 				x.to.Sub(failFrom).Round(time.Millisecond), x.a.circuit, x.b.circuit)

@@ -136,22 +136,13 @@ func newRedisClient(cfg *config.Config, poolSize, minIdle, maxIdle int, probe bo
 	}
 }
 
-// Dial retries of the main client: a refused dial must show as refused
-// within the pool's 500 ms call timeout, not be retried into a timeout that
-// reads as a busy Redis (docs/OPERATIONS.md, "Redis busy or down").
-const (
-	dialRetries    = 2
-	dialRetryPause = 50 * time.Millisecond
-)
-
 // nodeOptions finishes the options of one node's client: the probe's, or
-// the main client's dial retries.
+// the main client's dial retries (redispool.ClientOptions).
 func nodeOptions(o *redis.Options, probe bool) *redis.Options {
 	if probe {
 		return redispool.ProbeOptions(o)
 	}
-	o.DialerRetries, o.DialerRetryTimeout = dialRetries, dialRetryPause
-	return o
+	return redispool.ClientOptions(o)
 }
 
 // switchMasterChannel is where Sentinels announce a failover:

@@ -154,6 +154,25 @@ func ProbeOptions(o *redis.Options) *redis.Options {
 	return &c
 }
 
+// ClientOptions gives the options of the pool's main client (a node's, in
+// a Cluster) the dial retries the pool needs: two attempts 50 ms apart and
+// the call's deadline on the socket, so that a refused dial shows as
+// refused within a call's timeout rather than being retried into a
+// timeout that reads as a busy Redis (docs/OPERATIONS.md, "Redis busy or
+// down"), and a call made as Redis went down does not run on it once it
+// is back. It changes o and returns it.
+func ClientOptions(o *redis.Options) *redis.Options {
+	o.DialerRetries, o.DialerRetryTimeout = clientDialRetries, clientDialRetryPause
+	o.ContextTimeoutEnabled = true
+	return o
+}
+
+// The main client's dial retries (ClientOptions).
+const (
+	clientDialRetries    = 2
+	clientDialRetryPause = 50 * time.Millisecond
+)
+
 // newProber returns the client the default probe PINGs: for a single
 // *redis.Client a copy on its own connection (ProbeOptions), closed by
 // Close; for other clients the client itself.

@@ -14,17 +14,16 @@ import (
 
 // newTestPool returns a Pool on its own client, as a separate process
 // would have, closed when the test ends. The client dials as the app's
-// does (app/redisclient.go: two dial attempts 50 ms apart, the call's
-// deadline on the socket): go-redis's defaults retry a refused dial five
-// times 100 ms apart and again per command retry, so a call made as Redis
-// went down could outlive a short outage and run on the restarted server.
-// CI once found the only slot taken just after TestFallbackWhileRedisDown's
-// return; such a call (the dispatcher's re-check granting a waiter that had
-// already moved to the fallback pool) is the one way found to take it.
+// does (ClientOptions): with go-redis's defaults a refused dial is retried
+// five times 100 ms apart and again per command retry, so a call made as
+// Redis went down could outlive a short outage and run on the restarted
+// server. CI once found the only slot taken just after
+// TestFallbackWhileRedisDown's return; such a call (the dispatcher's
+// re-check granting a waiter that had already moved to the fallback pool)
+// is the one way found to take it.
 func newTestPool(tb testing.TB, addr string, cfg Config, log *slog.Logger, onFallback func(bool)) *Pool {
 	tb.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 2, DialerRetryTimeout: 50 * time.Millisecond,
-		ContextTimeoutEnabled: true})
+	c := redis.NewClient(ClientOptions(&redis.Options{Addr: addr}))
 	if log == nil {
 		log = testutil.DiscardLogger()
 	}
